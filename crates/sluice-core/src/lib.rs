@@ -1,0 +1,22 @@
+//! Sluice's foundation: the domain types every stage shares (images, boxes, labels, batches), the small
+//! object-safe stage traits that let each pipeline stage be swapped and benchmarked alone, the bounded
+//! multi-threaded pipeline runner with its buffer pool and telemetry, and the deterministic sampler.
+//!
+//! Nothing here touches candle or the GPU: stages before the transfer work on plain byte buffers.
+#![warn(missing_docs)]
+
+pub mod batch;
+pub mod error;
+pub mod geometry;
+pub mod image;
+pub mod labels;
+pub mod stage;
+
+pub use batch::{Batch, BatchShape, Target, TargetTable};
+pub use error::{Error, Result};
+pub use geometry::BoxXyxy;
+pub use image::ImageRgb8;
+pub use labels::{ClassId, Detection, ImageLabels, Label, SampleId};
+pub use stage::{
+    Augment, DecodeHint, DecodeInfo, Decoder, ImageSource, Metric, PostProcess, Reader, SourceImage, Transfer,
+};

@@ -1,0 +1,3 @@
+//! One module per `sluice` subcommand: its clap `Args` and its `run`.
+
+pub(crate) mod info;

@@ -1,0 +1,28 @@
+//! The `sluice` command-line tool. Each subcommand lives in its own module under `cmd/`; every subcommand
+//! that reports figures accepts `--json` and then prints exactly one JSON object on stdout.
+
+mod cmd;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Sluice: a YOLO object-detection trainer that never lets the accelerator wait.
+#[derive(Parser)]
+#[command(name = "sluice", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the build: version, compiled-in backends, threads.
+    Info(cmd::info::Args),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Info(args) => cmd::info::run(args),
+    }
+}
