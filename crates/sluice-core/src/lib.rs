@@ -10,13 +10,21 @@ pub mod error;
 pub mod geometry;
 pub mod image;
 pub mod labels;
+pub mod pool;
+pub mod runner;
+pub mod sampler;
 pub mod stage;
+pub mod telemetry;
 
 pub use batch::{Batch, BatchShape, Target, TargetTable};
 pub use error::{Error, Result};
 pub use geometry::BoxXyxy;
 pub use image::ImageRgb8;
 pub use labels::{ClassId, Detection, ImageLabels, Label, SampleId};
+pub use pool::{Pool, Pooled};
+pub use runner::{CancelSource, CancelToken, Pipeline, PipelineIter, StageCtx};
+pub use sampler::{DistributedSampler, RngStream, sample_rng};
 pub use stage::{
     Augment, DecodeHint, DecodeInfo, Decoder, ImageSource, Metric, PostProcess, Reader, SourceImage, Transfer,
 };
+pub use telemetry::{PipelineReport, StageReport};
