@@ -1,0 +1,67 @@
+//! The error type of `sluice-eval`: every variant names the file, the JSON entry or the image it is about.
+
+use std::path::PathBuf;
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of NMS, the COCO evaluator and the metrics.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Reading a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// A JSON document is not valid JSON or does not have the expected shape.
+    #[error("{what}: {source}")]
+    Json {
+        /// The file (or "ground truth" / "detections" for in-memory input).
+        what: String,
+        /// The parser's error, with line and column.
+        source: serde_json::Error,
+    },
+    /// One entry of a COCO document is invalid.
+    #[error("{what}: {entry}: {reason}")]
+    Entry {
+        /// The file (or "ground truth" / "detections").
+        what: String,
+        /// The entry, e.g. `annotations[17] (id 18)`.
+        entry: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A prediction holds a NaN or infinite value where NMS needs a number.
+    #[error("image {image}: non-finite value {value} at anchor {anchor}, row {row} of the prediction")]
+    NonFinite {
+        /// Image index in the batch.
+        image: usize,
+        /// Anchor (column) index.
+        anchor: usize,
+        /// Row: 0-3 box, 4.. class scores.
+        row: usize,
+        /// The offending value.
+        value: f32,
+    },
+    /// An image was added twice to a streaming evaluator.
+    #[error("image {0} was added twice to the evaluator")]
+    DuplicateImage(i64),
+    /// A parameter or input shape is invalid.
+    #[error("invalid {what}: {reason}")]
+    Invalid {
+        /// What was invalid.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl From<Error> for sluice_core::Error {
+    fn from(e: Error) -> Self {
+        sluice_core::Error::other(e)
+    }
+}

@@ -1,0 +1,123 @@
+//! The evaluators as `sluice-core` [`Metric`] stages: per-image `update` with detections (after NMS) and
+//! ground truth in pixel xyxy, one `finalize`. Each post-process worker can own one and the partial results
+//! are merged at the end; the report does not depend on the number of workers or the order of images.
+
+use sluice_core::{Detection, ImageLabels, Metric, SampleId};
+
+use crate::coco::{CocoAccumulator, CocoEval, CocoParams, DtBox, GtBox};
+use crate::error::{Error, Result};
+use crate::ultralytics::{ApAccumulator, ApReport};
+
+fn image_key(id: SampleId) -> Result<i64> {
+    i64::try_from(id).map_err(|_| Error::Invalid { what: "sample id", reason: format!("{id} does not fit i64") })
+}
+
+fn check_classes(id: SampleId, num_classes: u32, dets: &[Detection], truth: &ImageLabels) -> Result<()> {
+    let bad = dets.iter().map(|d| d.class).chain(truth.objects.iter().map(|l| l.class)).find(|&c| c >= num_classes);
+    match bad {
+        Some(c) => Err(Error::Invalid { what: "class", reason: format!("sample {id}: class {c} >= {num_classes}") }),
+        None => Ok(()),
+    }
+}
+
+/// COCO bbox mAP (pycocotools semantics) over classes `0..num_classes`; GT area = box area, no crowd.
+#[derive(Debug, Clone)]
+pub struct CocoMetric {
+    acc: CocoAccumulator,
+    num_classes: u32,
+    gts: Vec<GtBox>,
+    dts: Vec<DtBox>,
+}
+
+impl CocoMetric {
+    /// An evaluator for `num_classes` classes with COCO's default parameters.
+    pub fn new(num_classes: u32) -> Result<Self> {
+        let cats: Vec<i64> = (0..i64::from(num_classes)).collect();
+        Ok(Self { acc: CocoAccumulator::new(CocoParams::default(), &cats)?, num_classes, gts: vec![], dts: vec![] })
+    }
+
+    /// Adds the images of another worker's evaluator.
+    pub fn merge(&mut self, other: CocoMetric) -> Result<()> {
+        self.acc.merge(other.acc)
+    }
+}
+
+impl Metric for CocoMetric {
+    type Report = CocoEval;
+
+    fn update(&mut self, id: SampleId, detections: &[Detection], truth: &ImageLabels) -> sluice_core::Result<()> {
+        check_classes(id, self.num_classes, detections, truth)?;
+        self.gts.clear();
+        self.dts.clear();
+        for (i, l) in truth.objects.iter().enumerate() {
+            let b = &l.bbox;
+            let (x, y) = (f64::from(b.x1), f64::from(b.y1));
+            let (w, h) = (f64::from(b.x2) - x, f64::from(b.y2) - y);
+            // Ids only need to be non-zero (pycocotools reads id 0 as "no match").
+            self.gts.push(GtBox {
+                id: i as i64 + 1,
+                category_id: i64::from(l.class),
+                bbox: [x, y, w, h],
+                area: w * h,
+                iscrowd: false,
+            });
+        }
+        for d in detections {
+            let b = &d.bbox;
+            let (x, y) = (f64::from(b.x1), f64::from(b.y1));
+            self.dts.push(DtBox {
+                category_id: i64::from(d.class),
+                bbox: [x, y, f64::from(b.x2) - x, f64::from(b.y2) - y],
+                score: f64::from(d.score),
+            });
+        }
+        if self.gts.iter().any(|g| !g.bbox.iter().all(|v| v.is_finite()))
+            || self.dts.iter().any(|d| !(d.score.is_finite() && d.bbox.iter().all(|v| v.is_finite())))
+        {
+            return Err(
+                Error::Invalid { what: "boxes", reason: format!("sample {id}: non-finite box or score") }.into()
+            );
+        }
+        Ok(self.acc.add_image(image_key(id)?, &self.gts, &self.dts)?)
+    }
+
+    fn finalize(&mut self) -> sluice_core::Result<CocoEval> {
+        Ok(self.acc.finalize())
+    }
+}
+
+/// Ultralytics `DetMetrics` (P, R, mAP50, mAP50-95, per class, PR curves) over classes `0..num_classes`.
+#[derive(Debug, Clone)]
+pub struct UltralyticsMetric {
+    acc: ApAccumulator,
+    num_classes: u32,
+}
+
+impl UltralyticsMetric {
+    /// An evaluator for `num_classes` classes with the 10 default IoU thresholds.
+    pub fn new(num_classes: u32) -> Self {
+        Self { acc: ApAccumulator::default(), num_classes }
+    }
+
+    /// Adds the images of another worker's evaluator.
+    pub fn merge(&mut self, other: UltralyticsMetric) -> Result<()> {
+        self.acc.merge(other.acc)
+    }
+}
+
+impl Metric for UltralyticsMetric {
+    type Report = ApReport;
+
+    fn update(&mut self, id: SampleId, detections: &[Detection], truth: &ImageLabels) -> sluice_core::Result<()> {
+        check_classes(id, self.num_classes, detections, truth)?;
+        let xyxy = |b: &sluice_core::BoxXyxy| [b.x1, b.y1, b.x2, b.y2];
+        let gts: Vec<_> = truth.objects.iter().map(|l| (l.class, xyxy(&l.bbox))).collect();
+        let dets: Vec<_> = detections.iter().map(|d| (d.class, xyxy(&d.bbox), f64::from(d.score))).collect();
+        self.acc.add_image(image_key(id)?, &gts, &dets)?;
+        Ok(())
+    }
+
+    fn finalize(&mut self) -> sluice_core::Result<ApReport> {
+        Ok(self.acc.finalize())
+    }
+}
