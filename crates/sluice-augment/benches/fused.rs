@@ -1,0 +1,178 @@
+//! Per-sample cost of the fused mosaic-4 + random perspective + HSV + flip sampler against a naive baseline that
+//! does what Ultralytics does in separate full passes (resize each tile, paste into a `2 imgsz` canvas, warp the
+//! canvas, HSV over the output, flip, HWC → CHW), measured in the same run; plus the validation letterbox.
+//! The ratio `naive / fused` is the figure of merit.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sluice_augment::resample::Sampler;
+use sluice_augment::{
+    FILL, HsvLut, Hyp, Layout, Letterbox, LetterboxOpts, RecipeSampler, TrainPlan, TrainRecipe, letterbox_into,
+    load_size,
+};
+use sluice_core::{ImageLabels, ImageRgb8, SourceImage};
+
+fn noise_image(w: u32, h: u32, seed: u64) -> SourceImage {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut image = ImageRgb8::new(w, h);
+    // Smooth-ish content: a gradient plus noise, like a photo at this scale.
+    for y in 0..h {
+        for (x, px) in image.row_mut(y).chunks_exact_mut(3).enumerate() {
+            let base = ((x as u32 + y) / 5) as u8;
+            for (c, v) in px.iter_mut().enumerate() {
+                *v = base.wrapping_mul(c as u8 + 1).wrapping_add(rng.random_range(0..16));
+            }
+        }
+    }
+    SourceImage { image, labels: ImageLabels { width: w, height: h, objects: Vec::new() } }
+}
+
+/// The separate-pass baseline, HWC intermediates allocated once and reused like a careful Python loader would.
+struct Naive {
+    tiles: Vec<Vec<u8>>,
+    canvas: Vec<u8>,
+    warped: Vec<u8>,
+}
+
+impl Naive {
+    fn new() -> Self {
+        Self { tiles: vec![Vec::new(); 4], canvas: Vec::new(), warped: Vec::new() }
+    }
+
+    fn run(&mut self, recipe: &TrainRecipe, images: &[&SourceImage], out: &mut [u8]) {
+        let s = recipe.imgsz as usize;
+        let Layout::Mosaic4 { centre: (xc, yc), .. } = recipe.geometry.layout else { panic!("mosaic recipe") };
+        let (xc, yc, s2) = (xc as i64, yc as i64, 2 * s as i64);
+        // 1. Resize each tile (load_image) and 2. paste it into the 2s canvas.
+        self.canvas.clear();
+        self.canvas.resize(4 * s * s * 3, FILL);
+        for (i, img) in images.iter().enumerate() {
+            let (tw, th) = load_size(img.image.width(), img.image.height(), recipe.imgsz);
+            let (kx, ky) = (img.image.width() as f32 / tw as f32, img.image.height() as f32 / th as f32);
+            let sampler = Sampler::new(&img.image).expect("image");
+            let tile = &mut self.tiles[i];
+            tile.clear();
+            tile.resize(tw as usize * th as usize * 3, 0);
+            for v in 0..th as usize {
+                for u in 0..tw as usize {
+                    let px = sampler.sample((u as f32 + 0.5) * kx - 0.5, (v as f32 + 0.5) * ky - 0.5);
+                    tile[(v * tw as usize + u) * 3..][..3].copy_from_slice(&px);
+                }
+            }
+            let (w, h) = (tw as i64, th as i64);
+            let (x1a, y1a, x2a, y2a, x1b, y1b) = match i {
+                0 => ((xc - w).max(0), (yc - h).max(0), xc, yc, w - (xc - (xc - w).max(0)), h - (yc - (yc - h).max(0))),
+                1 => (xc, (yc - h).max(0), (xc + w).min(s2), yc, 0, h - (yc - (yc - h).max(0))),
+                2 => ((xc - w).max(0), yc, xc, (yc + h).min(s2), w - (xc - (xc - w).max(0)), 0),
+                _ => (xc, yc, (xc + w).min(s2), (yc + h).min(s2), 0, 0),
+            };
+            for y in y1a..y2a {
+                let src = ((y - y1a + y1b) * w + x1b) as usize * 3;
+                let dst = (y as usize * 2 * s + x1a as usize) * 3;
+                let len = (x2a - x1a) as usize * 3;
+                self.canvas[dst..dst + len].copy_from_slice(&tile[src..src + len]);
+            }
+        }
+        // 3. Warp the canvas (bilinear, border 114).
+        let m = recipe.geometry.perspective.matrix(s2 as f64, s2 as f64, s as f64, s as f64);
+        let inv = m.inverse().expect("invertible");
+        let canvas = ImageRgb8::from_raw(s2 as u32, s2 as u32, s2 as usize * 3, std::mem::take(&mut self.canvas))
+            .expect("canvas");
+        let sampler = Sampler::new(&canvas).expect("canvas");
+        self.warped.clear();
+        self.warped.resize(s * s * 3, 0);
+        for y in 0..s {
+            for x in 0..s {
+                let (cx, cy) = inv.apply(x as f64, y as f64);
+                let (cx, cy) = (cx as f32, cy as f32);
+                let px = if cx >= -0.5 && cy >= -0.5 && cx < s2 as f32 - 0.5 && cy < s2 as f32 - 0.5 {
+                    sampler.sample(cx, cy)
+                } else {
+                    [FILL; 3]
+                };
+                self.warped[(y * s + x) * 3..][..3].copy_from_slice(&px);
+            }
+        }
+        self.canvas = canvas.into_raw();
+        // 4. HSV over the output.
+        if let Some(g) = recipe.hsv {
+            let lut = HsvLut::new(g);
+            for px in self.warped.chunks_exact_mut(3) {
+                let o = lut.apply([px[0], px[1], px[2]]);
+                px.copy_from_slice(&o);
+            }
+        }
+        // 5. Flip.
+        if recipe.flip_lr {
+            for row in self.warped.chunks_exact_mut(s * 3) {
+                for x in 0..s / 2 {
+                    for c in 0..3 {
+                        row.swap(x * 3 + c, (s - 1 - x) * 3 + c);
+                    }
+                }
+            }
+        }
+        // 6. HWC -> CHW.
+        let plane = s * s;
+        for (i, px) in self.warped.chunks_exact(3).enumerate() {
+            out[i] = px[0];
+            out[plane + i] = px[1];
+            out[2 * plane + i] = px[2];
+        }
+    }
+}
+
+fn bench_fused(c: &mut Criterion) {
+    let images: Vec<SourceImage> = (0..4).map(|i| noise_image(640, 480 - 40 * (i % 2) as u32, i)).collect();
+    let refs: Vec<&SourceImage> = images.iter().collect();
+    let sampler = RecipeSampler::new(Hyp::default(), 4).expect("sampler");
+    let mut group = c.benchmark_group("train_sample_mosaic_perspective_hsv_flip");
+    group.throughput(Throughput::Elements(1));
+    for imgsz in [320u32, 640] {
+        let mut recipe = sampler.draw(0, imgsz, true, &mut ChaCha8Rng::seed_from_u64(5));
+        recipe.geometry.layout = Layout::Mosaic4 { ids: [0, 1, 2, 3], centre: (imgsz as i32, imgsz as i32 * 9 / 10) };
+        recipe.flip_lr = true;
+        let mut out = vec![0u8; 3 * imgsz as usize * imgsz as usize];
+        group.bench_with_input(BenchmarkId::new("fused_cpu", imgsz), &recipe, |b, r| {
+            b.iter(|| {
+                let plan = TrainPlan::new(r, &refs, &[]).expect("plan");
+                plan.render(&mut out).expect("render");
+                black_box(&out);
+            })
+        });
+        let mut naive = Naive::new();
+        group.bench_with_input(BenchmarkId::new("naive_separate_passes_cpu", imgsz), &recipe, |b, r| {
+            b.iter(|| {
+                naive.run(r, &refs, &mut out);
+                black_box(&out);
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("val_letterbox");
+    group.throughput(Throughput::Elements(1));
+    let lb = Letterbox::new(640, 480, 672, 512, LetterboxOpts { scaleup: false, ..LetterboxOpts::default() });
+    let mut out = vec![0u8; 3 * 672 * 512];
+    group.bench_function("letterbox_640x480_into_672x512_cpu", |b| {
+        b.iter(|| {
+            letterbox_into(&images[0].image, &lb, &mut out);
+            black_box(&out);
+        })
+    });
+    let lb = Letterbox::new(640, 480, 320, 320, LetterboxOpts::default());
+    let mut out = vec![0u8; 3 * 320 * 320];
+    group.bench_function("letterbox_640x480_resize_to_320_cpu", |b| {
+        b.iter(|| {
+            letterbox_into(&images[0].image, &lb, &mut out);
+            black_box(&out);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_fused);
+criterion_main!(benches);

@@ -1,0 +1,226 @@
+//! A composed canvas before the perspective transform, described instead of drawn: where each source image
+//! (tile) lies on it and how a canvas position maps back into that image's pixels. Ultralytics builds this canvas
+//! in memory (a `2 imgsz` square for a mosaic, an `imgsz` letterbox otherwise); the fused sampler only looks
+//! positions up in it.
+
+use sluice_core::{BoxXyxy, Label, SampleId, SourceImage};
+
+use crate::error::{AugmentError, Result};
+use crate::letterbox::{FILL, Letterbox, LetterboxOpts, load_size};
+use crate::recipe::Layout;
+use crate::resample::Sampler;
+
+/// One source image on the canvas.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tile<'a> {
+    sampler: Sampler<'a>,
+    /// Visible region in continuous canvas coordinates, `[x_min, x_max) x [y_min, y_max)` (pixel centres are at
+    /// integers, so pixel columns `x0..x1` cover `[x0 - 0.5, x1 - 0.5)`).
+    x_min: f32,
+    x_max: f32,
+    y_min: f32,
+    y_max: f32,
+    /// Canvas → source: `sx = cx * kx + ox` (OpenCV's half-pixel resize mapping composed with the placement).
+    kx: f32,
+    ox: f32,
+    ky: f32,
+    oy: f32,
+    /// Source positions are clamped to the visible part of the resized tile (edge pixels replicate).
+    sx_lo: f32,
+    sx_hi: f32,
+    sy_lo: f32,
+    sy_hi: f32,
+    /// The tile's labels and their source → canvas mapping `x * bx + dx`.
+    labels: &'a [Label],
+    bx: f32,
+    dx: f32,
+    by: f32,
+    dy: f32,
+}
+
+/// The canvas of one [`Layout`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Canvas<'a> {
+    /// Canvas size in pixels.
+    pub(crate) width: u32,
+    pub(crate) height: u32,
+    /// Quadrant split: tile index = `(cx >= split_x) + 2 (cy >= split_y)`.
+    split_x: f32,
+    split_y: f32,
+    tiles: [Option<Tile<'a>>; 4],
+    /// Mosaic labels are clipped to the canvas and zero-area boxes dropped (Ultralytics' `_cat_labels`).
+    clip_labels: bool,
+}
+
+/// Places a `tw x th` resized copy of `img` with its pixel `(0, 0)` at canvas `(padw, padh)`, visible over canvas
+/// pixels `x0..x1, y0..y1`.
+#[allow(clippy::too_many_arguments)]
+fn tile<'a>(
+    id: SampleId,
+    img: &'a SourceImage,
+    tw: u32,
+    th: u32,
+    padw: i64,
+    padh: i64,
+    (x0, y0, x1, y1): (i64, i64, i64, i64),
+    box_scale: (f64, f64),
+) -> Result<Option<Tile<'a>>> {
+    let (w0, h0) = (img.image.width(), img.image.height());
+    let sampler = Sampler::new(&img.image).ok_or(AugmentError::EmptyImage { id, width: w0, height: h0 })?;
+    if x1 <= x0 || y1 <= y0 || tw == 0 || th == 0 {
+        return Ok(None);
+    }
+    let kx = f64::from(w0) / f64::from(tw);
+    let ky = f64::from(h0) / f64::from(th);
+    // Source coordinate of tile pixel t: (t + 0.5) k - 0.5, tile pixel = canvas pixel - pad.
+    let src = |t: f64, k: f64| (t + 0.5) * k - 0.5;
+    let bounds = |lo: f64, hi: f64, max: f32| {
+        let lo = (lo as f32).max(0.0).min(max);
+        (lo, (hi as f32).min(max).max(lo))
+    };
+    let (sx_lo, sx_hi) = bounds(src((x0 - padw) as f64, kx), src((x1 - 1 - padw) as f64, kx), sampler.max_x());
+    let (sy_lo, sy_hi) = bounds(src((y0 - padh) as f64, ky), src((y1 - 1 - padh) as f64, ky), sampler.max_y());
+    Ok(Some(Tile {
+        sampler,
+        x_min: x0 as f32 - 0.5,
+        x_max: x1 as f32 - 0.5,
+        y_min: y0 as f32 - 0.5,
+        y_max: y1 as f32 - 0.5,
+        kx: kx as f32,
+        ox: ((0.5 - padw as f64) * kx - 0.5) as f32,
+        ky: ky as f32,
+        oy: ((0.5 - padh as f64) * ky - 0.5) as f32,
+        sx_lo,
+        sx_hi,
+        sy_lo,
+        sy_hi,
+        labels: &img.labels.objects,
+        bx: box_scale.0 as f32,
+        dx: padw as f32,
+        by: box_scale.1 as f32,
+        dy: padh as f32,
+    }))
+}
+
+impl<'a> Canvas<'a> {
+    /// The canvas of `layout` at output size `imgsz`; `images` are the layout's source images in tile order.
+    pub(crate) fn new(layout: &Layout, imgsz: u32, images: &[&'a SourceImage]) -> Result<Self> {
+        let ids = layout.ids();
+        let image = |i: usize| {
+            images.get(i).copied().ok_or_else(|| AugmentError::Config {
+                what: "recipe images",
+                reason: format!("sample {}: layout needs {} images, got {}", ids[0], ids.len(), images.len()),
+            })
+        };
+        match *layout {
+            Layout::Single { id } => {
+                let img = image(0)?;
+                let (w0, h0) = (img.image.width(), img.image.height());
+                // load_image (long side -> imgsz), then LetterBox(imgsz x imgsz) of that.
+                let (w1, h1) = load_size(w0, h0, imgsz);
+                let lb = Letterbox::new(w1, h1, imgsz, imgsz, LetterboxOpts::default());
+                let (uw, uh) = lb.new_unpad;
+                let (left, top) = (i64::from(lb.pad[0]), i64::from(lb.pad[1]));
+                let rect = (left, top, left + i64::from(uw), top + i64::from(uh));
+                // Labels: normalised by the source, denormalised by the loaded size, times the letterbox ratio.
+                let bs = (
+                    f64::from(w1) * lb.ratio.0 / f64::from(w0.max(1)),
+                    f64::from(h1) * lb.ratio.1 / f64::from(h0.max(1)),
+                );
+                let t = tile(id, img, uw, uh, left, top, rect, bs)?;
+                Ok(Self {
+                    width: lb.canvas.0,
+                    height: lb.canvas.1,
+                    split_x: f32::INFINITY,
+                    split_y: f32::INFINITY,
+                    tiles: [t, None, None, None],
+                    clip_labels: false,
+                })
+            }
+            Layout::Mosaic4 { ids, centre: (xc, yc) } => {
+                let s2 = 2 * i64::from(imgsz);
+                let (xc, yc) = (i64::from(xc), i64::from(yc));
+                let mut tiles = [None; 4];
+                for (i, slot) in tiles.iter_mut().enumerate() {
+                    let img = image(i)?;
+                    let (w0, h0) = (img.image.width(), img.image.height());
+                    let (tw, th) = load_size(w0, h0, imgsz);
+                    let (w, h) = (i64::from(tw), i64::from(th));
+                    // Ultralytics' _mosaic4 placement: canvas rect (a) and the crop of the tile (b).
+                    let (x1a, y1a, x2a, y2a, x1b, y1b) = match i {
+                        0 => {
+                            let (x1a, y1a) = ((xc - w).max(0), (yc - h).max(0));
+                            (x1a, y1a, xc, yc, w - (xc - x1a), h - (yc - y1a))
+                        }
+                        1 => {
+                            let (y1a, x2a) = ((yc - h).max(0), (xc + w).min(s2));
+                            (xc, y1a, x2a, yc, 0, h - (yc - y1a))
+                        }
+                        2 => {
+                            let (x1a, y2a) = ((xc - w).max(0), (yc + h).min(s2));
+                            (x1a, yc, xc, y2a, w - (xc - x1a), 0)
+                        }
+                        _ => (xc, yc, (xc + w).min(s2), (yc + h).min(s2), 0, 0),
+                    };
+                    let bs = (f64::from(tw) / f64::from(w0.max(1)), f64::from(th) / f64::from(h0.max(1)));
+                    *slot = tile(ids[i], img, tw, th, x1a - x1b, y1a - y1b, (x1a, y1a, x2a, y2a), bs)?;
+                }
+                Ok(Self {
+                    width: s2 as u32,
+                    height: s2 as u32,
+                    split_x: xc as f32 - 0.5,
+                    split_y: yc as f32 - 0.5,
+                    tiles,
+                    clip_labels: true,
+                })
+            }
+        }
+    }
+
+    /// The colour at continuous canvas position `(cx, cy)`: bilinear from the tile that owns it, grey outside.
+    #[inline(always)]
+    pub(crate) fn gather(&self, cx: f32, cy: f32) -> [u8; 3] {
+        let q = usize::from(cx >= self.split_x) + 2 * usize::from(cy >= self.split_y);
+        if let Some(t) = &self.tiles[q]
+            && cx >= t.x_min
+            && cx < t.x_max
+            && cy >= t.y_min
+            && cy < t.y_max
+        {
+            let sx = (cx * t.kx + t.ox).max(t.sx_lo).min(t.sx_hi);
+            let sy = (cy * t.ky + t.oy).max(t.sy_lo).min(t.sy_hi);
+            return t.sampler.sample_clamped(sx, sy);
+        }
+        [FILL; 3]
+    }
+
+    /// Every label on the canvas, in tile order then label order (mosaic: clipped to the canvas, zero-area
+    /// boxes dropped).
+    pub(crate) fn labels(&self, mut f: impl FnMut(Label)) {
+        let (w, h) = (self.width as f32, self.height as f32);
+        for t in self.tiles.iter().flatten() {
+            for l in t.labels {
+                let mut b = l.bbox.scale_shift(t.bx, t.by, t.dx, t.dy);
+                if self.clip_labels {
+                    b = b.clip(w, h);
+                    if !(b.width() > 0.0 && b.height() > 0.0) {
+                        continue;
+                    }
+                }
+                f(Label { class: l.class, bbox: b });
+            }
+        }
+    }
+}
+
+/// Flips a box on a `w x h` canvas.
+pub(crate) fn flip_box(b: &BoxXyxy, w: f32, h: f32, lr: bool, ud: bool) -> BoxXyxy {
+    let (mut x1, mut y1, mut x2, mut y2) = (b.x1, b.y1, b.x2, b.y2);
+    if lr {
+        (x1, x2) = (w - x2, w - x1);
+    }
+    if ud {
+        (y1, y2) = (h - y2, h - y1);
+    }
+    BoxXyxy::new(x1, y1, x2, y2)
+}

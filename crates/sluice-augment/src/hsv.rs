@@ -1,0 +1,241 @@
+//! HSV colour-space augmentation with Ultralytics' semantics (`RandomHSV`, Ultralytics >= 8.3.79): random gains
+//! `r = U(-1, 1) * (hsv_h, hsv_s, hsv_v)`, three 256-entry lookup tables (hue shifted by `r_h * 180` modulo 180,
+//! saturation and value multiplied by `1 + r`, clipped and truncated), applied in OpenCV's 8-bit HSV space
+//! (`COLOR_RGB2HSV`: H in 0..180, fixed-point divisions with 12-bit tables; `COLOR_HSV2RGB`: float sectors,
+//! rounded half to even). [`HsvLut::apply`] is the fast per-pixel path used inside the fused sampler;
+//! [`hsv_reference`] evaluates the same definitions per pixel from the gains, without any table.
+
+use serde::{Deserialize, Serialize};
+
+/// One sample's HSV gains `r` (each `U(-1, 1)` times the configured gain).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HsvGains {
+    /// Hue: the hue moves by `h * 180` (in OpenCV's 0..180 hue units).
+    pub h: f64,
+    /// Saturation: multiplied by `1 + s`.
+    pub s: f64,
+    /// Value: multiplied by `1 + v`.
+    pub v: f64,
+}
+
+const HSV_SHIFT: u32 = 12;
+const HSV_ROUND: i32 = 1 << (HSV_SHIFT - 1);
+const HUE_RANGE: i32 = 180;
+
+/// OpenCV's `sdiv_table`: `round((255 << 12) / i)`, 0 for 0 (exact halves never occur for `i < 256`).
+const SDIV: [i32; 256] = {
+    let mut t = [0i32; 256];
+    let mut i = 1;
+    while i < 256 {
+        let num = 255i64 << HSV_SHIFT;
+        t[i] = ((2 * num + i as i64) / (2 * i as i64)) as i32;
+        i += 1;
+    }
+    t
+};
+
+/// OpenCV's `hdiv_table180`: `round((180 << 12) / (6 i))`, 0 for 0.
+const HDIV: [i32; 256] = {
+    let mut t = [0i32; 256];
+    let mut i = 1;
+    while i < 256 {
+        let num = (HUE_RANGE as i64) << HSV_SHIFT;
+        let den = 6 * i as i64;
+        t[i] = ((2 * num + den) / (2 * den)) as i32;
+        i += 1;
+    }
+    t
+};
+
+/// The three lookup tables of one sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HsvLut {
+    hue: [u8; 256],
+    sat: [u8; 256],
+    val: [u8; 256],
+}
+
+/// NumPy's `float % 180` (result in `[0, 180)`), then `astype(uint8)` (truncation).
+fn hue_entry(x: f64, shift: f64) -> u8 {
+    let m = (x + shift).rem_euclid(180.0);
+    m as u8
+}
+
+/// `clip(x * gain, 0, 255).astype(uint8)`.
+fn gain_entry(x: f64, gain: f64) -> u8 {
+    (x * gain).clamp(0.0, 255.0) as u8
+}
+
+impl HsvLut {
+    /// Builds the tables for `gains` (Ultralytics' `lut_hue`, `lut_sat` with `lut_sat[0] = 0`, `lut_val`).
+    pub fn new(gains: HsvGains) -> Self {
+        let mut lut = Self { hue: [0; 256], sat: [0; 256], val: [0; 256] };
+        for i in 0..256 {
+            let x = i as f64;
+            lut.hue[i] = hue_entry(x, gains.h * 180.0);
+            lut.sat[i] = gain_entry(x, gains.s + 1.0);
+            lut.val[i] = gain_entry(x, gains.v + 1.0);
+        }
+        lut.sat[0] = 0;
+        lut
+    }
+
+    /// The hue, saturation and value tables.
+    pub fn tables(&self) -> (&[u8; 256], &[u8; 256], &[u8; 256]) {
+        (&self.hue, &self.sat, &self.val)
+    }
+
+    /// Applies the augmentation to one RGB pixel.
+    #[inline]
+    pub fn apply(&self, rgb: [u8; 3]) -> [u8; 3] {
+        let (h, s, v) = rgb_to_hsv(rgb, &SDIV, &HDIV);
+        hsv_to_rgb(self.hue[h as usize], self.sat[s as usize], self.val[v as usize])
+    }
+}
+
+/// OpenCV's 8-bit RGB → HSV (`H` in 0..180), given its division tables.
+#[inline]
+fn rgb_to_hsv(rgb: [u8; 3], sdiv: &[i32; 256], hdiv: &[i32; 256]) -> (u8, u8, u8) {
+    let (r, g, b) = (i32::from(rgb[0]), i32::from(rgb[1]), i32::from(rgb[2]));
+    let v = r.max(g).max(b);
+    let diff = v - r.min(g).min(b);
+    let s = (diff * sdiv[v as usize] + HSV_ROUND) >> HSV_SHIFT;
+    let hnum = if v == r {
+        g - b
+    } else if v == g {
+        b - r + 2 * diff
+    } else {
+        r - g + 4 * diff
+    };
+    let mut h = (hnum * hdiv[diff as usize] + HSV_ROUND) >> HSV_SHIFT;
+    if h < 0 {
+        h += HUE_RANGE;
+    }
+    (h as u8, s as u8, v as u8)
+}
+
+/// OpenCV's 8-bit HSV → RGB: float sectors, `saturate_cast<uchar>(x * 255)` (round half to even).
+#[inline]
+fn hsv_to_rgb(h: u8, s: u8, v: u8) -> [u8; 3] {
+    const HSCALE: f32 = 6.0 / 180.0;
+    const INV255: f32 = 1.0 / 255.0;
+    // Which of tab[0..4] goes to (b, g, r) in each sector (OpenCV's `sector_data`).
+    const SECTOR: [[usize; 3]; 6] = [[1, 3, 0], [1, 0, 2], [3, 0, 1], [0, 2, 1], [0, 1, 3], [2, 1, 0]];
+    let s = f32::from(s) * INV255;
+    let v = f32::from(v) * INV255;
+    let (b, g, r) = if s == 0.0 {
+        (v, v, v)
+    } else {
+        let mut hf = f32::from(h) * HSCALE;
+        while hf >= 6.0 {
+            hf -= 6.0;
+        }
+        let mut sector = hf.floor() as usize;
+        hf -= sector as f32;
+        if sector >= 6 {
+            sector = 0;
+            hf = 0.0;
+        }
+        let tab = [v, v * (1.0 - s), v * (1.0 - s * hf), v * (1.0 - s * (1.0 - hf))];
+        let idx = SECTOR[sector];
+        (tab[idx[0]], tab[idx[1]], tab[idx[2]])
+    };
+    let cast = |x: f32| (x * 255.0).round_ties_even().clamp(0.0, 255.0) as u8;
+    [cast(r), cast(g), cast(b)]
+}
+
+/// The per-pixel formula, without lookup tables: OpenCV's RGB → HSV with its divisions evaluated in place,
+/// Ultralytics' gain expressions evaluated for this pixel's H, S and V, OpenCV's HSV → RGB. Equal to
+/// [`HsvLut::apply`] for every pixel (tested); kept as the specification and the test oracle.
+pub fn hsv_reference(rgb: [u8; 3], gains: HsvGains) -> [u8; 3] {
+    let (r, g, b) = (i32::from(rgb[0]), i32::from(rgb[1]), i32::from(rgb[2]));
+    let v = r.max(g).max(b);
+    let diff = v - r.min(g).min(b);
+    // saturate_cast<int>((255 << 12) / (1. * v)) and ((180 << 12) / (6. * diff)): cvRound.
+    let sdiv = if v == 0 { 0 } else { (f64::from(255 << HSV_SHIFT) / f64::from(v)).round_ties_even() as i32 };
+    let hdiv =
+        if diff == 0 { 0 } else { (f64::from(180 << HSV_SHIFT) / (6.0 * f64::from(diff))).round_ties_even() as i32 };
+    let s = (diff * sdiv + HSV_ROUND) >> HSV_SHIFT;
+    let hnum = if v == r {
+        g - b
+    } else if v == g {
+        b - r + 2 * diff
+    } else {
+        r - g + 4 * diff
+    };
+    let mut h = (hnum * hdiv + HSV_ROUND) >> HSV_SHIFT;
+    if h < 0 {
+        h += HUE_RANGE;
+    }
+    let h2 = hue_entry(f64::from(h), gains.h * 180.0);
+    let s2 = if s == 0 { 0 } else { gain_entry(f64::from(s), gains.s + 1.0) };
+    let v2 = gain_entry(f64::from(v), gains.v + 1.0);
+    hsv_to_rgb(h2, s2, v2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_pixel(step: usize) -> impl Iterator<Item = [u8; 3]> {
+        (0..256usize).step_by(step).flat_map(move |r| {
+            (0..256usize).step_by(step).flat_map(move |g| (0..256usize).map(move |b| [r as u8, g as u8, b as u8]))
+        })
+    }
+
+    #[test]
+    fn lut_equals_per_pixel_formula() {
+        let cases = [
+            HsvGains { h: 0.0, s: 0.0, v: 0.0 },
+            HsvGains { h: 0.015, s: 0.7, v: 0.4 },
+            HsvGains { h: -0.015, s: -0.7, v: -0.4 },
+            HsvGains { h: 0.0071, s: -0.23, v: 0.31 },
+            HsvGains { h: -0.5, s: 0.99, v: -0.99 },
+        ];
+        for gains in cases {
+            let lut = HsvLut::new(gains);
+            // Every blue level, red and green in steps of 3 (1.4M pixels per case): all the table and sector
+            // paths are hit.
+            for px in every_pixel(3) {
+                assert_eq!(lut.apply(px), hsv_reference(px, gains), "pixel {px:?} gains {gains:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn division_tables_match_opencv_definition() {
+        for i in 1..256 {
+            assert_eq!(SDIV[i], (f64::from(255 << 12) / i as f64).round() as i32);
+            assert_eq!(HDIV[i], (f64::from(180 << 12) / (6.0 * i as f64)).round() as i32);
+        }
+    }
+
+    #[test]
+    fn known_conversions() {
+        assert_eq!(rgb_to_hsv([255, 0, 0], &SDIV, &HDIV), (0, 255, 255));
+        assert_eq!(rgb_to_hsv([0, 255, 0], &SDIV, &HDIV), (60, 255, 255));
+        assert_eq!(rgb_to_hsv([0, 0, 255], &SDIV, &HDIV), (120, 255, 255));
+        assert_eq!(rgb_to_hsv([114, 114, 114], &SDIV, &HDIV), (0, 0, 114));
+        assert_eq!(hsv_to_rgb(0, 255, 255), [255, 0, 0]);
+        assert_eq!(hsv_to_rgb(60, 255, 255), [0, 255, 0]);
+        assert_eq!(hsv_to_rgb(120, 255, 255), [0, 0, 255]);
+        // Value gain -0.5 halves a grey; a hue shift of +60 units (1/3 turn) turns red into green.
+        assert_eq!(HsvLut::new(HsvGains { h: 0.0, s: 0.0, v: -0.5 }).apply([114, 114, 114]), [57, 57, 57]);
+        assert_eq!(HsvLut::new(HsvGains { h: 1.0 / 3.0, s: 0.0, v: 0.0 }).apply([255, 0, 0]), [0, 255, 0]);
+    }
+
+    #[test]
+    fn zero_gains_round_trip_closely() {
+        let lut = HsvLut::new(HsvGains { h: 0.0, s: 0.0, v: 0.0 });
+        let mut worst = 0;
+        for px in every_pixel(5) {
+            let out = lut.apply(px);
+            for c in 0..3 {
+                worst = worst.max((i32::from(out[c]) - i32::from(px[c])).abs());
+            }
+        }
+        // OpenCV's 8-bit HSV quantises hue to 2-degree steps: at full saturation half a step is 255/60 levels of
+        // the middle channel, plus the saturation's rounding (the worst case here is 5).
+        assert!(worst <= 5, "round trip moved a channel by {worst}");
+    }
+}

@@ -1,0 +1,114 @@
+//! Bilinear sampling of an RGB8 image at a continuous pixel position, in fixed point: OpenCV's `INTER_LINEAR`
+//! conventions (pixel centres at integer coordinates, 11-bit weights, edge pixels replicated when the position
+//! is clamped to the image), shared by the letterbox and the fused sampler.
+
+use sluice_core::ImageRgb8;
+
+/// Fractional bits of the interpolation weights (OpenCV's `INTER_RESIZE_COEF_BITS`).
+const COEF_BITS: u32 = 11;
+const COEF_ONE: u32 = 1 << COEF_BITS;
+const ROUND: u32 = 1 << (2 * COEF_BITS - 1);
+
+/// A borrowed view of an image's pixels for fast sampling.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampler<'a> {
+    data: &'a [u8],
+    stride: usize,
+    /// Largest valid x index.
+    max_x: f32,
+    /// Largest valid y index.
+    max_y: f32,
+}
+
+impl<'a> Sampler<'a> {
+    /// A sampler over `img`; `None` when the image has no pixels.
+    pub fn new(img: &'a ImageRgb8) -> Option<Self> {
+        if img.width() == 0 || img.height() == 0 {
+            return None;
+        }
+        Some(Self {
+            data: img.as_bytes(),
+            stride: img.stride(),
+            max_x: (img.width() - 1) as f32,
+            max_y: (img.height() - 1) as f32,
+        })
+    }
+
+    /// Largest valid x index.
+    pub fn max_x(&self) -> f32 {
+        self.max_x
+    }
+
+    /// Largest valid y index.
+    pub fn max_y(&self) -> f32 {
+        self.max_y
+    }
+
+    /// The bilinear sample at `(x, y)`, which the caller has clamped to `[0, max_x] x [0, max_y]`.
+    #[inline(always)]
+    pub fn sample_clamped(&self, x: f32, y: f32) -> [u8; 3] {
+        debug_assert!((0.0..=self.max_x).contains(&x) && (0.0..=self.max_y).contains(&y), "{x} {y}");
+        let x0 = x as usize; // floor: x >= 0
+        let y0 = y as usize;
+        let wx = ((x - x0 as f32) * COEF_ONE as f32).round() as u32;
+        let wy = ((y - y0 as f32) * COEF_ONE as f32).round() as u32;
+        // At the last column/row the weight of the next pixel is 0 (the position is clamped), so reading the
+        // same pixel twice is exact.
+        let dx = if (x0 as f32) < self.max_x { 3 } else { 0 };
+        let dy = if (y0 as f32) < self.max_y { self.stride } else { 0 };
+        let i = y0 * self.stride + x0 * 3;
+        let d = self.data;
+        let (top, bot) = (&d[i..i + dx + 3], &d[i + dy..i + dy + dx + 3]);
+        let mut out = [0u8; 3];
+        for c in 0..3 {
+            let t = u32::from(top[c]) * (COEF_ONE - wx) + u32::from(top[dx + c]) * wx;
+            let b = u32::from(bot[c]) * (COEF_ONE - wx) + u32::from(bot[dx + c]) * wx;
+            out[c] = ((t * (COEF_ONE - wy) + b * wy + ROUND) >> (2 * COEF_BITS)) as u8;
+        }
+        out
+    }
+
+    /// The bilinear sample at `(x, y)` after clamping it into the image (edge pixels replicate).
+    #[inline(always)]
+    pub fn sample(&self, x: f32, y: f32) -> [u8; 3] {
+        self.sample_clamped(x.clamp(0.0, self.max_x), y.clamp(0.0, self.max_y))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp() -> ImageRgb8 {
+        let mut img = ImageRgb8::new(4, 3);
+        for y in 0..3 {
+            for (x, px) in img.row_mut(y).chunks_exact_mut(3).enumerate() {
+                px.copy_from_slice(&[(x * 10) as u8, (y * 20) as u8, 200]);
+            }
+        }
+        img
+    }
+
+    #[test]
+    fn integer_positions_are_exact_and_halves_average() {
+        let img = ramp();
+        let s = Sampler::new(&img).expect("non-empty");
+        assert_eq!(s.sample(2.0, 1.0), [20, 20, 200]);
+        assert_eq!(s.sample(1.5, 0.5), [15, 10, 200]);
+        assert_eq!(s.sample(0.25, 0.0), [3, 0, 200]); // 2.5 rounds half up in fixed point
+        // Clamped positions replicate the edge.
+        assert_eq!(s.sample(-3.0, 7.0), [0, 40, 200]);
+        assert_eq!(s.sample(3.0, 2.0), [30, 40, 200]);
+    }
+
+    #[test]
+    fn strided_images_sample_the_right_rows() {
+        let mut data = vec![0u8; 2 * 10];
+        data[10..16].copy_from_slice(&[9, 9, 9, 7, 7, 7]);
+        let img = ImageRgb8::from_raw(2, 2, 10, data).expect("image");
+        let s = Sampler::new(&img).expect("non-empty");
+        assert_eq!(s.sample(1.0, 1.0), [7, 7, 7]);
+        assert_eq!(s.sample(0.5, 1.0), [8, 8, 8]);
+        assert!(Sampler::new(&ImageRgb8::new(0, 5)).is_none());
+    }
+}
