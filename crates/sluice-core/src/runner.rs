@@ -37,7 +37,9 @@ impl Default for CancelSource {
 impl CancelSource {
     /// A new, not yet fired, signal.
     pub fn new() -> Self {
-        let (tx, rx) = bounded(0);
+        // Capacity 1, never sent to: a zero-capacity channel would heap-allocate a packet every time a blocking
+        // `select!` registers on it, i.e. once per blocked hand-off.
+        let (tx, rx) = bounded(1);
         Self { tx: Mutex::new(Some(tx)), rx }
     }
 
