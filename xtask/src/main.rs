@@ -23,6 +23,24 @@ enum Task {
         #[arg(long)]
         tests_only: bool,
     },
+    /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed.
+    GenData {
+        /// Output folder (default: datasets/synthetic under the workspace root).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Train images.
+        #[arg(long, default_value_t = 256)]
+        train: usize,
+        /// Val images.
+        #[arg(long, default_value_t = 64)]
+        val: usize,
+        /// Image side in pixels.
+        #[arg(long, default_value_t = 320)]
+        imgsz: u32,
+    },
 }
 
 fn main() -> Result<()> {
@@ -30,6 +48,20 @@ fn main() -> Result<()> {
     let root = workspace_root();
     match cli.task {
         Task::Ci { tests_only } => ci(&root, tests_only),
+        Task::GenData { out, seed, train, val, imgsz } => {
+            let out = out.unwrap_or_else(|| root.join("datasets/synthetic"));
+            let cfg = sluice_dataset::synth::SynthConfig { out, seed, train, val, imgsz, ..Default::default() };
+            let s = sluice_dataset::synth::generate(&cfg)
+                .with_context(|| format!("gen-data into {}", cfg.out.display()))?;
+            eprintln!(
+                "xtask: wrote {} ({} train + {} val images, {} boxes)",
+                s.data_yaml.display(),
+                s.train_images,
+                s.val_images,
+                s.boxes
+            );
+            Ok(())
+        }
     }
 }
 

@@ -119,6 +119,13 @@ pub fn save(path: &Path, nc: usize, entries: &[ScanEntry]) -> Result<()> {
     let json = serde_json::to_vec(&body)
         .map_err(|e| DatasetError::Json { path: path.to_path_buf(), reason: e.to_string() })?;
     let header = format!("{MAGIC} {CACHE_VERSION} {:016x} {}\n", fnv1a64(&json), json.len());
+    // Like Ultralytics' `is_dir_writeable`, but also for root: a folder without write bits (a read-only shared
+    // dataset) is left alone.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if std::fs::metadata(dir).map_err(|e| DatasetError::io(dir, e))?.permissions().readonly() {
+        let e = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "cache folder is not writeable");
+        return Err(DatasetError::io(dir, e));
+    }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let write = || -> std::io::Result<()> {

@@ -18,11 +18,14 @@ struct Cli {
 enum Command {
     /// Show the build: version, compiled-in backends, threads.
     Info(cmd::info::Args),
+    /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset).
+    Data(cmd::data::Args),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Info(args) => cmd::info::run(args),
+        Command::Data(args) => cmd::data::run(args),
     }
 }

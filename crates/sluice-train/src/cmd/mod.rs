@@ -1,3 +1,4 @@
 //! One module per `sluice` subcommand: its clap `Args` and its `run`.
 
+pub(crate) mod data;
 pub(crate) mod info;
