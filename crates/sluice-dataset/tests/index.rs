@@ -167,3 +167,20 @@ fn synthetic_dataset_is_deterministic_and_clean() {
     write(foreign.path(), "images/x.jpg", b"x");
     assert!(generate(&cfg(foreign.path())).is_err());
 }
+
+#[test]
+fn read_only_dataset_folder_gets_no_cache_but_a_full_index() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    problem_dataset(root);
+    let labels = root.join("labels");
+    std::fs::set_permissions(&labels, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let cfg = DataConfig::load(root.join("data.yaml")).unwrap();
+    let r = cfg.index(Split::Train, &IndexOptions::default()).unwrap();
+    std::fs::set_permissions(&labels, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(!r.cache.saved);
+    assert!(r.cache.warning.as_deref().unwrap().contains("not writeable"), "{:?}", r.cache);
+    assert!(!labels.join("train.cache").exists());
+    assert_eq!(r.index.len(), 6);
+}

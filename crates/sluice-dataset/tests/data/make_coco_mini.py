@@ -1,0 +1,21 @@
+"""Makes coco128-mini/instances_mini.json: the entries of ../shared/fixtures/eval/coco128train_gt.json (COCO
+ground truth written from coco128's YOLO labels by the fixture generator m10_metrics_fixture.py) for the six
+images of coco128-mini, with the crowd flag of coco128train_gt_crowd.json. Run from this folder:
+    python3 make_coco_mini.py /work/shared/fixtures/eval
+"""
+
+import json
+import sys
+
+src = sys.argv[1]
+gt = json.load(open(f"{src}/coco128train_gt.json"))
+crowd = {a["id"]: a["iscrowd"] for a in json.load(open(f"{src}/coco128train_gt_crowd.json"))["annotations"]}
+keep = {250, 359, 472, 536, 562, 643}
+out = {
+    "images": [i for i in gt["images"] if i["id"] in keep],
+    "annotations": [dict(a, iscrowd=crowd[a["id"]]) for a in gt["annotations"] if a["image_id"] in keep],
+    "categories": gt["categories"],
+}
+json.dump(out, open("coco128-mini/instances_mini.json", "w"), indent=None, separators=(",", ":"))
+print(len(out["images"]), "images", len(out["annotations"]), "annotations",
+      sum(a["iscrowd"] for a in out["annotations"]), "crowd")
