@@ -1,0 +1,31 @@
+//! Criterion bench of the model's hot path on the CPU backend: yolov8n eval forward at 320×320 (the baseline)
+//! against the Conv+BN-folded forward, measured in the same run, plus the SPPF max-pool workaround (native
+//! padded pool vs the differentiable shifted-maximum form).
+
+use candle_core::{DType, Device, Tensor, Var};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use sluice_model::{Scale, YoloConfig, YoloV8, ops};
+
+fn forward(c: &mut Criterion) {
+    let dev = Device::Cpu;
+    let model = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &dev).expect("model");
+    let fused = model.fuse().expect("fuse");
+    let x = Tensor::rand(0f32, 1.0, (1, 3, 320, 320), &dev).expect("input");
+    let mut g = c.benchmark_group("yolov8n_320_cpu");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    g.bench_function("eval_forward", |b| b.iter(|| model.forward(&x).expect("forward")));
+    g.bench_function("fused_forward", |b| b.iter(|| fused.forward(&x).expect("forward")));
+    g.finish();
+
+    let p = Tensor::rand(0f32, 1.0, (8, 128, 20, 20), &dev).expect("input");
+    let v = Var::from_tensor(&p).expect("var");
+    let mut g = c.benchmark_group("sppf_pool_cpu");
+    g.throughput(Throughput::Elements(p.elem_count() as u64));
+    g.bench_function("native_padded", |b| b.iter(|| ops::max_pool2d_same(&p, 5).expect("pool")));
+    g.bench_function("shifted_max_tracked", |b| b.iter(|| ops::max_pool2d_same(v.as_tensor(), 5).expect("pool")));
+    g.finish();
+}
+
+criterion_group!(benches, forward);
+criterion_main!(benches);

@@ -1,0 +1,166 @@
+//! The legacy YOLOv8 Detect head (box branch `cv2` with 4×reg_max DFL logits, class branch `cv3`), anchors and
+//! the DFL box decode.
+
+use candle_core::{DType, Device, Result, Tensor};
+use candle_nn::Init;
+
+use crate::config::{REG_MAX, STRIDES, YoloConfig};
+use crate::layers::{Conv, Mode};
+use crate::ops;
+use crate::params::Params;
+
+/// A plain `nn.Conv2d` 1×1 with bias (the last conv of each head branch).
+#[derive(Debug, Clone)]
+struct Conv2dBias {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Conv2dBias {
+    fn new(p: &Params<'_>, c1: usize, c2: usize, bias_init: f64) -> Result<Self> {
+        let weight = p.var("weight", (c2, c1, 1, 1), Params::conv_init(c1))?;
+        let bias = p.var("bias", c2, Init::Const(bias_init))?;
+        Ok(Self { weight: weight.as_tensor().clone(), bias: bias.as_tensor().clone() })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.conv2d(&self.weight, 0, 1, 1, 1)?.broadcast_add(&self.bias.reshape((1, self.bias.dim(0)?, 1, 1))?)
+    }
+}
+
+/// One branch: Conv 3×3 → Conv 3×3 → Conv2d 1×1 with bias.
+#[derive(Debug, Clone)]
+struct Branch {
+    c0: Conv,
+    c1: Conv,
+    out: Conv2dBias,
+}
+
+impl Branch {
+    fn new(p: &Params<'_>, cin: usize, hidden: usize, cout: usize, bias_init: f64) -> Result<Self> {
+        Ok(Self {
+            c0: Conv::new(&p.pp(0), cin, hidden, 3, 1)?,
+            c1: Conv::new(&p.pp(1), hidden, hidden, 3, 1)?,
+            out: Conv2dBias::new(&p.pp(2), hidden, cout, bias_init)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.out.forward(&self.c1.forward(&self.c0.forward(x, mode)?, mode)?)
+    }
+
+    fn fused(&self) -> Result<Self> {
+        Ok(Self { c0: self.c0.fused()?, c1: self.c1.fused()?, out: self.out.clone() })
+    }
+}
+
+/// Raw head outputs, flattened over the three levels: `(B, 4·reg_max, A)` DFL logits and `(B, nc, A)` class logits.
+#[derive(Debug, Clone)]
+pub struct RawHead {
+    /// DFL logits, side-major (l, t, r, b) × 16 bins.
+    pub boxes: Tensor,
+    /// Class logits (before the sigmoid).
+    pub scores: Tensor,
+    /// `(h, w)` of each level's grid.
+    pub grids: [(usize, usize); 3],
+}
+
+/// The legacy v8 Detect head.
+#[derive(Debug, Clone)]
+pub(crate) struct Detect {
+    nc: usize,
+    cv2: Vec<Branch>,
+    cv3: Vec<Branch>,
+}
+
+impl Detect {
+    pub(crate) fn new(p: &Params<'_>, cfg: &YoloConfig) -> Result<Self> {
+        let ch = cfg.head_channels();
+        let (c2, c3) = (cfg.box_hidden(), cfg.cls_hidden());
+        let mut cv2 = Vec::new();
+        let mut cv3 = Vec::new();
+        for (i, (&c, &s)) in ch.iter().zip(STRIDES.iter()).enumerate() {
+            // Ultralytics `Detect.bias_init`: box bias 1.0, class bias log(5 / nc / (640 / s)^2).
+            let cls_bias = (5.0 / cfg.nc as f64 / (640.0 / s as f64).powi(2)).ln();
+            cv2.push(Branch::new(&p.pp("cv2").pp(i), c, c2, 4 * REG_MAX, 1.0)?);
+            cv3.push(Branch::new(&p.pp("cv3").pp(i), c, c3, cfg.nc, cls_bias)?);
+        }
+        Ok(Self { nc: cfg.nc, cv2, cv3 })
+    }
+
+    pub(crate) fn forward(&self, feats: &[Tensor; 3], mode: Mode) -> Result<RawHead> {
+        let mut boxes = Vec::with_capacity(3);
+        let mut scores = Vec::with_capacity(3);
+        let mut grids = [(0, 0); 3];
+        for i in 0..3 {
+            let (b, _, h, w) = feats[i].dims4()?;
+            grids[i] = (h, w);
+            boxes.push(self.cv2[i].forward(&feats[i], mode)?.reshape((b, 4 * REG_MAX, h * w))?);
+            scores.push(self.cv3[i].forward(&feats[i], mode)?.reshape((b, self.nc, h * w))?);
+        }
+        Ok(RawHead { boxes: Tensor::cat(&boxes, 2)?, scores: Tensor::cat(&scores, 2)?, grids })
+    }
+
+    pub(crate) fn fused(&self) -> Result<Self> {
+        Ok(Self {
+            nc: self.nc,
+            cv2: self.cv2.iter().map(Branch::fused).collect::<Result<_>>()?,
+            cv3: self.cv3.iter().map(Branch::fused).collect::<Result<_>>()?,
+        })
+    }
+
+    /// Every Conv of the head with its Ultralytics name (`<prefix>.cv2.0.0`, …).
+    pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
+        for (name, branches) in [("cv2", &self.cv2), ("cv3", &self.cv3)] {
+            for (i, b) in branches.iter().enumerate() {
+                out.push((format!("{prefix}.{name}.{i}.0"), &b.c0));
+                out.push((format!("{prefix}.{name}.{i}.1"), &b.c1));
+            }
+        }
+    }
+}
+
+/// Anchor centres `(A, 2)` in grid units ((x + 0.5, y + 0.5), each level row-major) and strides `(A, 1)`.
+pub fn make_anchors(grids: &[(usize, usize); 3], dtype: DType, device: &Device) -> Result<(Tensor, Tensor)> {
+    let mut pts = Vec::new();
+    let mut strides = Vec::new();
+    for (&(h, w), &s) in grids.iter().zip(STRIDES.iter()) {
+        for y in 0..h {
+            for x in 0..w {
+                pts.push(x as f32 + 0.5);
+                pts.push(y as f32 + 0.5);
+                strides.push(s as f32);
+            }
+        }
+    }
+    let a = strides.len();
+    Ok((
+        Tensor::from_vec(pts, (a, 2), device)?.to_dtype(dtype)?,
+        Tensor::from_vec(strides, (a, 1), device)?.to_dtype(dtype)?,
+    ))
+}
+
+/// Decodes distances `(B, 4, A)` (l, t, r, b in grid units) around anchors `(A, 2)` to `(B, 4, A)` boxes
+/// `x1, y1, x2, y2` in grid units.
+pub fn dist2bbox_xyxy(dist: &Tensor, anchors: &Tensor) -> Result<Tensor> {
+    let anc = anchors.t()?.unsqueeze(0)?; // (1, 2, A)
+    let lt = dist.narrow(1, 0, 2)?;
+    let rb = dist.narrow(1, 2, 2)?;
+    let x1y1 = anc.broadcast_sub(&lt)?;
+    let x2y2 = anc.broadcast_add(&rb)?;
+    Tensor::cat(&[&x1y1, &x2y2], 1)
+}
+
+/// The eval-mode output `y = cat(cx, cy, w, h (input pixels), sigmoid(class logits))`, `(B, 4 + nc, A)`.
+pub fn decode(raw: &RawHead) -> Result<Tensor> {
+    let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
+    let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?;
+    let xyxy = dist2bbox_xyxy(&dist, &anchors)?;
+    let x1y1 = xyxy.narrow(1, 0, 2)?;
+    let x2y2 = xyxy.narrow(1, 2, 2)?;
+    let c = ((&x1y1 + &x2y2)? * 0.5)?;
+    let wh = (&x2y2 - &x1y1)?;
+    let s = strides.t()?.unsqueeze(0)?; // (1, 1, A)
+    let dbox = Tensor::cat(&[&c, &wh], 1)?.broadcast_mul(&s)?;
+    Tensor::cat(&[&dbox, &ops::sigmoid(&raw.scores)?], 1)
+}

@@ -1,0 +1,237 @@
+//! YOLOv8 building blocks: Conv (Conv2d + BatchNorm + SiLU), Bottleneck, C2f and SPPF, each in eval or train
+//! mode, and Conv+BN folding.
+
+use candle_core::{Result, Tensor, Var};
+use candle_nn::Init;
+
+use crate::ops;
+use crate::params::Params;
+
+/// BatchNorm's epsilon in Ultralytics' Conv.
+pub const BN_EPS: f64 = 1e-3;
+/// BatchNorm's running-stat momentum in Ultralytics' Conv.
+pub const BN_MOMENTUM: f64 = 0.03;
+
+/// Whether BatchNorm uses running statistics (eval) or batch statistics and updates the running ones (train).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Inference: running statistics.
+    Eval,
+    /// Training: batch statistics (biased variance), running statistics updated with momentum 0.03 (unbiased).
+    Train,
+}
+
+/// `nn.BatchNorm2d(eps=1e-3, momentum=0.03)`.
+#[derive(Debug, Clone)]
+pub(crate) struct BatchNorm {
+    weight: Var,
+    bias: Var,
+    running_mean: Var,
+    running_var: Var,
+}
+
+impl BatchNorm {
+    fn new(p: &Params<'_>, c: usize) -> Result<Self> {
+        Ok(Self {
+            weight: p.var("weight", c, Init::Const(1.0))?,
+            bias: p.var("bias", c, Init::Const(0.0))?,
+            running_mean: p.var("running_mean", c, Init::Const(0.0))?,
+            running_var: p.var("running_var", c, Init::Const(1.0))?,
+        })
+    }
+
+    /// Per-channel `(scale, shift)` of the eval-mode affine map `x·scale + shift`.
+    fn eval_affine(&self) -> Result<(Tensor, Tensor)> {
+        // The same operation order as Ultralytics' `fuse_conv_and_bn`, so folded weights agree to rounding.
+        let std = (self.running_var.as_tensor() + BN_EPS)?.sqrt()?;
+        let scale = self.weight.as_tensor().div(&std)?;
+        let shift = (self.bias.as_tensor() - (self.weight.as_tensor() * self.running_mean.as_tensor())?.div(&std)?)?;
+        Ok((scale, shift))
+    }
+
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let c = self.weight.dim(0)?;
+        match mode {
+            Mode::Eval => {
+                let (scale, shift) = self.eval_affine()?;
+                x.broadcast_mul(&scale.reshape((1, c, 1, 1))?)?.broadcast_add(&shift.reshape((1, c, 1, 1))?)
+            }
+            Mode::Train => {
+                let (b, _, h, w) = x.dims4()?;
+                let n = (b * h * w) as f64;
+                let mean = x.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
+                let centred = x.broadcast_sub(&mean)?;
+                let var = centred.sqr()?.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
+                let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
+                let y = centred.broadcast_mul(&inv)?;
+                let y = y
+                    .broadcast_mul(&self.weight.as_tensor().reshape((1, c, 1, 1))?)?
+                    .broadcast_add(&self.bias.as_tensor().reshape((1, c, 1, 1))?)?;
+                // Running statistics: momentum 0.03, unbiased variance, no gradient.
+                let mean = mean.detach().flatten_all()?;
+                let unbiased = (var.detach().flatten_all()? * (n / (n - 1.0).max(1.0)))?;
+                let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
+                let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
+                self.running_mean.set(&rm)?;
+                self.running_var.set(&rv)?;
+                Ok(y)
+            }
+        }
+    }
+}
+
+/// Ultralytics `Conv`: Conv2d (no bias, padding k/2) + BatchNorm2d + SiLU; after folding, Conv2d with bias + SiLU.
+#[derive(Debug, Clone)]
+pub(crate) struct Conv {
+    weight: Tensor,
+    bn: Option<BatchNorm>,
+    fused_bias: Option<Tensor>,
+    stride: usize,
+    pad: usize,
+}
+
+impl Conv {
+    pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, k: usize, s: usize) -> Result<Self> {
+        let weight = p.pp("conv").var("weight", (c2, c1, k, k), Params::conv_init(c1 * k * k))?;
+        Ok(Self {
+            weight: weight.as_tensor().clone(),
+            bn: Some(BatchNorm::new(&p.pp("bn"), c2)?),
+            fused_bias: None,
+            stride: s,
+            pad: k / 2,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let y = x.conv2d(&self.weight, self.pad, self.stride, 1, 1)?;
+        let y = match (&self.bn, &self.fused_bias) {
+            (Some(bn), _) => bn.forward(&y, mode)?,
+            (None, Some(b)) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?,
+            (None, None) => y,
+        };
+        y.silu()
+    }
+
+    /// The folded copy: `w' = w·γ/√(var+eps)`, `b' = β − mean·γ/√(var+eps)`.
+    pub(crate) fn fused(&self) -> Result<Self> {
+        let Some(bn) = &self.bn else { return Ok(self.clone()) };
+        let (scale, shift) = bn.eval_affine()?;
+        let c2 = scale.dim(0)?;
+        let weight = self.weight.detach().broadcast_mul(&scale.detach().reshape((c2, 1, 1, 1))?)?;
+        Ok(Self { weight, bn: None, fused_bias: Some(shift.detach()), stride: self.stride, pad: self.pad })
+    }
+
+    /// The (possibly folded) weight and bias.
+    pub(crate) fn weight_and_bias(&self) -> (&Tensor, Option<&Tensor>) {
+        (&self.weight, self.fused_bias.as_ref())
+    }
+}
+
+/// Bottleneck: two 3×3 Convs and a residual add when `shortcut` (channels in = out).
+#[derive(Debug, Clone)]
+pub(crate) struct Bottleneck {
+    cv1: Conv,
+    cv2: Conv,
+    add: bool,
+}
+
+impl Bottleneck {
+    fn new(p: &Params<'_>, c: usize, shortcut: bool) -> Result<Self> {
+        Ok(Self { cv1: Conv::new(&p.pp("cv1"), c, c, 3, 1)?, cv2: Conv::new(&p.pp("cv2"), c, c, 3, 1)?, add: shortcut })
+    }
+
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let y = self.cv2.forward(&self.cv1.forward(x, mode)?, mode)?;
+        if self.add { x + y } else { Ok(y) }
+    }
+
+    fn fused(&self) -> Result<Self> {
+        Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, add: self.add })
+    }
+
+    fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
+        out.push((format!("{prefix}.cv1"), &self.cv1));
+        out.push((format!("{prefix}.cv2"), &self.cv2));
+    }
+}
+
+/// C2f: cv1 (1×1, 2c) → split → n Bottlenecks chained on the second half → concat of all → cv2 (1×1).
+#[derive(Debug, Clone)]
+pub(crate) struct C2f {
+    c: usize,
+    cv1: Conv,
+    cv2: Conv,
+    m: Vec<Bottleneck>,
+}
+
+impl C2f {
+    pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, n: usize, shortcut: bool) -> Result<Self> {
+        let c = c2 / 2;
+        let m = (0..n).map(|i| Bottleneck::new(&p.pp("m").pp(i), c, shortcut)).collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            c,
+            cv1: Conv::new(&p.pp("cv1"), c1, 2 * c, 1, 1)?,
+            cv2: Conv::new(&p.pp("cv2"), (2 + n) * c, c2, 1, 1)?,
+            m,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let y = self.cv1.forward(x, mode)?;
+        let mut ys = vec![y.narrow(1, 0, self.c)?, y.narrow(1, self.c, self.c)?];
+        for b in &self.m {
+            let last = ys.last().cloned().ok_or_else(|| candle_core::Error::Msg("C2f: empty".into()))?;
+            ys.push(b.forward(&last, mode)?);
+        }
+        self.cv2.forward(&Tensor::cat(&ys, 1)?, mode)
+    }
+
+    pub(crate) fn fused(&self) -> Result<Self> {
+        Ok(Self {
+            c: self.c,
+            cv1: self.cv1.fused()?,
+            cv2: self.cv2.fused()?,
+            m: self.m.iter().map(Bottleneck::fused).collect::<Result<_>>()?,
+        })
+    }
+
+    pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
+        out.push((format!("{prefix}.cv1"), &self.cv1));
+        out.push((format!("{prefix}.cv2"), &self.cv2));
+        for (i, b) in self.m.iter().enumerate() {
+            b.convs(&format!("{prefix}.m.{i}"), out);
+        }
+    }
+}
+
+/// SPPF: cv1 (1×1, c1/2, with SiLU) → three 5×5 stride-1 max-pools in a row → concat of the four → cv2 (1×1).
+#[derive(Debug, Clone)]
+pub(crate) struct Sppf {
+    cv1: Conv,
+    cv2: Conv,
+    k: usize,
+}
+
+impl Sppf {
+    pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, k: usize) -> Result<Self> {
+        let c = c1 / 2;
+        Ok(Self { cv1: Conv::new(&p.pp("cv1"), c1, c, 1, 1)?, cv2: Conv::new(&p.pp("cv2"), 4 * c, c2, 1, 1)?, k })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let x = self.cv1.forward(x, mode)?;
+        let y1 = ops::max_pool2d_same(&x, self.k)?;
+        let y2 = ops::max_pool2d_same(&y1, self.k)?;
+        let y3 = ops::max_pool2d_same(&y2, self.k)?;
+        self.cv2.forward(&Tensor::cat(&[&x, &y1, &y2, &y3], 1)?, mode)
+    }
+
+    pub(crate) fn fused(&self) -> Result<Self> {
+        Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, k: self.k })
+    }
+
+    pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
+        out.push((format!("{prefix}.cv1"), &self.cv1));
+        out.push((format!("{prefix}.cv2"), &self.cv2));
+    }
+}

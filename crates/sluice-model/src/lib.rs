@@ -1,0 +1,34 @@
+//! YOLOv8 detection in candle, matched to Ultralytics 8.4: the model at every scale (n, s, m, l, x) and any
+//! class count, weights in safetensors with Ultralytics' key names, Conv+BN folding, and the
+//! v8 detection loss with the task-aligned assigner.
+//!
+//! ```no_run
+//! use candle_core::{DType, Device, Tensor};
+//! use sluice_model::{Scale, YoloConfig, YoloV8};
+//! # fn main() -> sluice_model::Result<()> {
+//! let model = YoloV8::load(YoloConfig::new(Scale::N, 80), "yolov8n.safetensors", DType::F32, &Device::Cpu)?;
+//! let x = Tensor::zeros((1, 3, 320, 320), DType::F32, &Device::Cpu)?;
+//! let out = model.forward(&x)?; // out.y: (1, 84, 2100)
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod head;
+pub mod layers;
+pub mod loss;
+pub mod model;
+pub mod ops;
+mod params;
+pub mod run;
+pub mod weights;
+
+pub use config::{REG_MAX, STRIDES, Scale, YoloConfig};
+pub use error::{ModelError, Result};
+pub use head::RawHead;
+pub use layers::Mode;
+pub use loss::{DetectionLoss, LossGains, LossOutput};
+pub use model::{Detections, YoloV8};
+pub use run::{RunOptions, RunSummary, run_npy};
+pub use weights::LoadMode;

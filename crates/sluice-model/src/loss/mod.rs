@@ -1,0 +1,181 @@
+//! Ultralytics' `v8DetectionLoss`: BCE-with-logits class loss normalised by the target-score sum, CIoU box loss
+//! and DFL loss weighted by the target scores, gains box 7.5 / cls 0.5 / dfl 1.5, times the batch size.
+//! The targets are sluice-core's per-batch [`Target`] table, read as it is on the host; the assigner runs on the
+//! host from one copy of the detached predictions per batch.
+
+pub mod assigner;
+pub mod bbox;
+
+use candle_core::{DType, Tensor};
+use sluice_core::Target;
+
+use crate::config::REG_MAX;
+use crate::error::{ModelError, Result};
+use crate::head::{RawHead, dist2bbox_xyxy, make_anchors};
+use crate::ops;
+pub use assigner::{AssignerConfig, Assignment, GtBox};
+
+/// Loss gains (Ultralytics hyper-parameters `box`, `cls`, `dfl`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossGains {
+    /// CIoU box loss gain.
+    pub box_gain: f64,
+    /// Class loss gain.
+    pub cls: f64,
+    /// DFL loss gain.
+    pub dfl: f64,
+}
+
+impl Default for LossGains {
+    fn default() -> Self {
+        Self { box_gain: 7.5, cls: 0.5, dfl: 1.5 }
+    }
+}
+
+/// The v8 detection loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetectionLoss {
+    /// Number of classes.
+    pub nc: usize,
+    /// Gains.
+    pub gains: LossGains,
+    /// Assigner parameters.
+    pub assigner: AssignerConfig,
+}
+
+/// One evaluation of the loss.
+#[derive(Debug, Clone)]
+pub struct LossOutput {
+    /// What to call `backward` on: `(box + cls + dfl) · batch size`, a scalar.
+    pub total: Tensor,
+    /// `(box, cls, dfl)` after the gains, before the batch-size factor (Ultralytics' `loss_items`).
+    pub items: [f64; 3],
+    /// The assigner's result.
+    pub assignment: Assignment,
+}
+
+impl DetectionLoss {
+    /// The loss for `nc` classes with Ultralytics' default gains and assigner.
+    pub fn new(nc: usize) -> Self {
+        Self { nc, gains: LossGains::default(), assigner: AssignerConfig::default() }
+    }
+
+    /// Groups a batch's targets per image as assigner GT boxes; rows with an image index ≥ `batch` or a class
+    /// ≥ `nc` are errors naming the row.
+    pub fn group_targets(&self, targets: &[Target], batch: usize) -> Result<Vec<Vec<GtBox>>> {
+        let mut gts = vec![Vec::new(); batch];
+        for (i, t) in targets.iter().enumerate() {
+            let img = t.image as usize;
+            if img >= batch || t.class as usize >= self.nc {
+                return Err(ModelError::BadInput(format!(
+                    "target row {i}: image {} class {} outside a batch of {batch} with {} classes",
+                    t.image, t.class, self.nc
+                )));
+            }
+            gts[img].push(GtBox { class: t.class as usize, xyxy: [t.bbox.x1, t.bbox.y1, t.bbox.x2, t.bbox.y2] });
+        }
+        Ok(gts)
+    }
+
+    /// Computes the loss of the train-mode head outputs against the batch's targets (boxes in input pixels).
+    pub fn compute(&self, raw: &RawHead, targets: &[Target]) -> Result<LossOutput> {
+        let (b, c, a) = raw.boxes.dims3()?;
+        let (_, nc, a2) = raw.scores.dims3()?;
+        if c != 4 * REG_MAX || nc != self.nc || a2 != a {
+            return Err(ModelError::BadInput(format!(
+                "head outputs {:?} / {:?} do not fit a loss with {} classes",
+                raw.boxes.dims(),
+                raw.scores.dims(),
+                self.nc
+            )));
+        }
+        let gts = self.group_targets(targets, b)?;
+        let dev = raw.boxes.device().clone();
+        let dtype = raw.boxes.dtype();
+        let (anchors, strides) = make_anchors(&raw.grids, dtype, &dev)?;
+        let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?; // (B, 4, A) grid units
+        let pred_xyxy = dist2bbox_xyxy(&dist, &anchors)?; // (B, 4, A) grid units
+
+        // Host side: one copy of the detached predictions for the assigner.
+        let stride_row = strides.t()?.unsqueeze(0)?; // (1, 1, A)
+        let pred_px = pred_xyxy.detach().broadcast_mul(&stride_row)?;
+        let scores_host: Vec<f32> =
+            ops::sigmoid(&raw.scores.detach())?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let pred_host: Vec<f32> = pred_px.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let anchors_grid: Vec<f32> = anchors.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let strides_host: Vec<f32> = strides.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let anchors_px: Vec<[f32; 2]> = (0..a)
+            .map(|i| [anchors_grid[2 * i] * strides_host[i], anchors_grid[2 * i + 1] * strides_host[i]])
+            .collect();
+        let asg = assigner::assign(&self.assigner, &scores_host, &pred_host, &anchors_px, &gts, self.nc);
+        let tss = asg.score_sum().max(1.0);
+
+        // Class loss over all anchors and classes.
+        let mut ts = vec![0f32; b * nc * a];
+        for bi in 0..b {
+            for ai in 0..a {
+                let o = bi * a + ai;
+                if asg.fg[o] {
+                    ts[(bi * nc + asg.label[o]) * a + ai] = asg.score[o];
+                }
+            }
+        }
+        let ts = Tensor::from_vec(ts, (b, nc, a), &dev)?.to_dtype(dtype)?;
+        let cls = (ops::bce_with_logits(&raw.scores, &ts)?.sum_all()? / tss)?;
+
+        // Box and DFL losses over the foreground anchors.
+        let fg_idx: Vec<u32> = (0..b * a).filter(|&o| asg.fg[o]).map(|o| o as u32).collect();
+        let (box_loss, dfl_loss) = if fg_idx.is_empty() {
+            let zero = raw.boxes.sum_all()?.affine(0.0, 0.0)?;
+            (zero.clone(), zero)
+        } else {
+            let f = fg_idx.len();
+            let mut tbox = Vec::with_capacity(4 * f);
+            let mut weight = Vec::with_capacity(f);
+            let mut tl = Vec::with_capacity(4 * f);
+            let mut wl = Vec::with_capacity(4 * f);
+            for &o in &fg_idx {
+                let o = o as usize;
+                let ai = o % a;
+                let s = strides_host[ai];
+                let bx = asg.bbox[o].map(|v| v / s);
+                tbox.extend_from_slice(&bx);
+                weight.push(asg.score[o]);
+                let (ax, ay) = (anchors_grid[2 * ai], anchors_grid[2 * ai + 1]);
+                for d in [ax - bx[0], ay - bx[1], bx[2] - ax, bx[3] - ay] {
+                    let d = d.clamp(0.0, REG_MAX as f32 - 1.0 - 0.01);
+                    let left = d.floor();
+                    tl.push(left as u32);
+                    wl.push(left + 1.0 - d);
+                }
+            }
+            let tbox = Tensor::from_vec(tbox, (f, 4), &dev)?.to_dtype(dtype)?;
+            let weight = Tensor::from_vec(weight, f, &dev)?.to_dtype(dtype)?;
+            let idx = Tensor::from_vec(fg_idx, f, &dev)?;
+            let pbox = pred_xyxy.permute((0, 2, 1))?.reshape((b * a, 4))?.index_select(&idx, 0)?;
+            let iou = bbox::ciou(&pbox, &tbox)?; // (F)
+            let box_loss = ((iou.affine(-1.0, 1.0)? * &weight)?.sum_all()? / tss)?;
+            let pdist = raw.boxes.reshape((b, 4 * REG_MAX, a))?.permute((0, 2, 1))?.reshape((b * a, 4, REG_MAX))?;
+            let logp = ops::log_softmax(&pdist.index_select(&idx, 0)?, 2)?; // (F, 4, 16)
+            let tl_t = Tensor::from_vec(tl.clone(), (f, 4, 1), &dev)?;
+            let tr_t = Tensor::from_vec(tl.iter().map(|v| v + 1).collect::<Vec<u32>>(), (f, 4, 1), &dev)?;
+            let wl_t = Tensor::from_vec(wl.clone(), (f, 4), &dev)?.to_dtype(dtype)?;
+            let wr_t = wl_t.affine(-1.0, 1.0)?;
+            let ce_l = logp.gather(&tl_t, 2)?.squeeze(2)?.neg()?;
+            let ce_r = logp.gather(&tr_t, 2)?.squeeze(2)?.neg()?;
+            let per_anchor = ((ce_l * wl_t)? + (ce_r * wr_t)?)?.mean(1)?; // (F)
+            let dfl_loss = ((per_anchor * &weight)?.sum_all()? / tss)?;
+            (box_loss, dfl_loss)
+        };
+        let box_loss = (box_loss * self.gains.box_gain)?;
+        let cls = (cls * self.gains.cls)?;
+        let dfl_loss = (dfl_loss * self.gains.dfl)?;
+        let items = [
+            box_loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            cls.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            dfl_loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+        ];
+        let total = (((box_loss + cls)? + dfl_loss)? * b as f64)?;
+        Ok(LossOutput { total, items, assignment: asg })
+    }
+}

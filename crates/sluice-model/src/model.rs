@@ -1,0 +1,270 @@
+//! The YOLOv8 detection model (backbone, PAN neck, legacy Detect head) at any scale and class count.
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+
+use crate::config::{REG_MAX, YoloConfig};
+use crate::error::{ModelError, Result};
+use crate::head::{self, Detect, RawHead};
+use crate::layers::{C2f, Conv, Mode, Sppf};
+use crate::ops;
+use crate::params::Params;
+
+/// One top-level layer `model.<i>` of `yolov8.yaml` (the Detect head, `model.22`, is kept apart).
+#[derive(Debug, Clone)]
+enum Layer {
+    Conv(Conv),
+    C2f(C2f),
+    Sppf(Sppf),
+    Upsample,
+    /// Concat of the previous output and the output of layer `.0`.
+    Concat(usize),
+}
+
+/// Outputs of the eval-mode forward.
+#[derive(Debug, Clone)]
+pub struct Detections {
+    /// `(B, 4 + nc, A)`: rows 0–3 box centre x, y, width, height in input pixels; then class probabilities.
+    pub y: Tensor,
+    /// Raw head outputs (DFL logits `(B, 64, A)` and class logits `(B, nc, A)`).
+    pub raw: RawHead,
+    /// The Detect inputs P3, P4, P5 (outputs of `model.15`, `model.18`, `model.21`).
+    pub feats: [Tensor; 3],
+}
+
+/// YOLOv8 detection model. Parameters live in a [`VarMap`] under Ultralytics' state-dict names.
+pub struct YoloV8 {
+    cfg: YoloConfig,
+    layers: Vec<Layer>,
+    detect: Detect,
+    varmap: VarMap,
+    fused: bool,
+    dtype: DType,
+    device: Device,
+    pub(crate) num_batches_tracked: BTreeMap<String, i64>,
+}
+
+impl std::fmt::Debug for YoloV8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("YoloV8")
+            .field("cfg", &self.cfg)
+            .field("fused", &self.fused)
+            .field("dtype", &self.dtype)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Key of the fixed DFL projection (0..15) in Ultralytics checkpoints.
+pub const DFL_KEY: &str = "model.22.dfl.conv.weight";
+
+impl YoloV8 {
+    /// A freshly initialised model (PyTorch default conv init, BN weight 1 / bias 0 / mean 0 / var 1,
+    /// Ultralytics' head bias init).
+    pub fn new(cfg: YoloConfig, dtype: DType, device: &Device) -> Result<Self> {
+        if cfg.nc == 0 {
+            return Err(ModelError::BadInput("the class count must be at least 1".into()));
+        }
+        let varmap = VarMap::new();
+        let (layers, detect) = {
+            let p = Params::new(&varmap, dtype, device).pp("model");
+            let c = |x| cfg.ch(x);
+            let d = |x| cfg.depth(x);
+            let layers = vec![
+                Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
+                Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
+                Layer::C2f(C2f::new(&p.pp(2), c(128), c(128), d(3), true)?),
+                Layer::Conv(Conv::new(&p.pp(3), c(128), c(256), 3, 2)?),
+                Layer::C2f(C2f::new(&p.pp(4), c(256), c(256), d(6), true)?),
+                Layer::Conv(Conv::new(&p.pp(5), c(256), c(512), 3, 2)?),
+                Layer::C2f(C2f::new(&p.pp(6), c(512), c(512), d(6), true)?),
+                Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
+                Layer::C2f(C2f::new(&p.pp(8), c(1024), c(1024), d(3), true)?),
+                Layer::Sppf(Sppf::new(&p.pp(9), c(1024), c(1024), 5)?),
+                Layer::Upsample,
+                Layer::Concat(6),
+                Layer::C2f(C2f::new(&p.pp(12), c(1024) + c(512), c(512), d(3), false)?),
+                Layer::Upsample,
+                Layer::Concat(4),
+                Layer::C2f(C2f::new(&p.pp(15), c(512) + c(256), c(256), d(3), false)?),
+                Layer::Conv(Conv::new(&p.pp(16), c(256), c(256), 3, 2)?),
+                Layer::Concat(12),
+                Layer::C2f(C2f::new(&p.pp(18), c(256) + c(512), c(512), d(3), false)?),
+                Layer::Conv(Conv::new(&p.pp(19), c(512), c(512), 3, 2)?),
+                Layer::Concat(9),
+                Layer::C2f(C2f::new(&p.pp(21), c(512) + c(1024), c(1024), d(3), false)?),
+            ];
+            (layers, Detect::new(&p.pp(22), &cfg)?)
+        };
+        let num_batches_tracked = bn_prefixes(&varmap).into_iter().map(|p| (p, 0)).collect();
+        Ok(Self { cfg, layers, detect, varmap, fused: false, dtype, device: device.clone(), num_batches_tracked })
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> YoloConfig {
+        self.cfg
+    }
+
+    /// The parameter dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether Conv+BN are folded (inference only).
+    pub fn is_fused(&self) -> bool {
+        self.fused
+    }
+
+    /// All variables (including BN running statistics) by Ultralytics name.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// The variable with this Ultralytics name.
+    pub fn var(&self, name: &str) -> Option<Var> {
+        #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+        self.varmap.data().lock().unwrap().get(name).cloned()
+    }
+
+    /// The parameters an optimiser updates (everything but BN running statistics), sorted by name.
+    pub fn trainable_vars(&self) -> Vec<(String, Var)> {
+        #[allow(clippy::unwrap_used)]
+        let data = self.varmap.data().lock().unwrap();
+        let mut v: Vec<_> = data
+            .iter()
+            .filter(|(k, _)| !k.ends_with(".running_mean") && !k.ends_with(".running_var"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    fn check_input(&self, x: &Tensor) -> Result<()> {
+        let dims = x.dims();
+        if dims.len() != 4
+            || dims[1] != 3
+            || !dims[2].is_multiple_of(32)
+            || !dims[3].is_multiple_of(32)
+            || dims[2] == 0
+            || dims[3] == 0
+        {
+            return Err(ModelError::BadInput(format!(
+                "expected an NCHW tensor with 3 channels and H, W multiples of 32, got shape {dims:?}"
+            )));
+        }
+        if x.dtype() != self.dtype {
+            return Err(ModelError::BadInput(format!("input dtype {:?}, model dtype {:?}", x.dtype(), self.dtype)));
+        }
+        Ok(())
+    }
+
+    /// Outputs of every top-level layer `model.0` … `model.21`.
+    pub fn forward_layers(&self, x: &Tensor, mode: Mode) -> Result<Vec<Tensor>> {
+        self.check_input(x)?;
+        if self.fused && mode == Mode::Train {
+            return Err(ModelError::Fused("a train-mode forward"));
+        }
+        let mut outs: Vec<Tensor> = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let prev = outs.last().unwrap_or(x);
+            let y = match layer {
+                Layer::Conv(m) => m.forward(prev, mode)?,
+                Layer::C2f(m) => m.forward(prev, mode)?,
+                Layer::Sppf(m) => m.forward(prev, mode)?,
+                Layer::Upsample => ops::upsample_nearest2x(prev)?,
+                Layer::Concat(j) => Tensor::cat(&[prev, &outs[*j]], 1)?,
+            };
+            outs.push(y);
+        }
+        Ok(outs)
+    }
+
+    /// Backbone, neck and head: raw head outputs and the P3–P5 features. In [`Mode::Train`] BatchNorm uses batch
+    /// statistics and updates its running statistics.
+    pub fn forward_raw(&self, x: &Tensor, mode: Mode) -> Result<(RawHead, [Tensor; 3])> {
+        let outs = self.forward_layers(x, mode)?;
+        let feats = [outs[15].clone(), outs[18].clone(), outs[21].clone()];
+        let raw = self.detect.forward(&feats, mode)?;
+        Ok((raw, feats))
+    }
+
+    /// The eval-mode forward: decoded output `(B, 4 + nc, A)`, raw logits and P3–P5 features.
+    pub fn forward(&self, x: &Tensor) -> Result<Detections> {
+        let (raw, feats) = self.forward_raw(x, Mode::Eval)?;
+        let y = head::decode(&raw)?;
+        Ok(Detections { y, raw, feats })
+    }
+
+    /// A copy with every Conv's BatchNorm folded into its convolution (Ultralytics `model.fuse()`); the head's
+    /// final 1×1 convs are unchanged. The copy shares no mutable state and can only run eval forwards.
+    pub fn fuse(&self) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(match l {
+                    Layer::Conv(m) => Layer::Conv(m.fused()?),
+                    Layer::C2f(m) => Layer::C2f(m.fused()?),
+                    Layer::Sppf(m) => Layer::Sppf(m.fused()?),
+                    Layer::Upsample => Layer::Upsample,
+                    Layer::Concat(j) => Layer::Concat(*j),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            cfg: self.cfg,
+            layers,
+            detect: self.detect.fused()?,
+            varmap: VarMap::new(),
+            fused: true,
+            dtype: self.dtype,
+            device: self.device.clone(),
+            num_batches_tracked: BTreeMap::new(),
+        })
+    }
+
+    fn convs(&self) -> Vec<(String, &Conv)> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.{i}");
+            match l {
+                Layer::Conv(m) => out.push((p, m)),
+                Layer::C2f(m) => m.convs(&p, &mut out),
+                Layer::Sppf(m) => m.convs(&p, &mut out),
+                Layer::Upsample | Layer::Concat(_) => {}
+            }
+        }
+        self.detect.convs("model.22", &mut out);
+        out
+    }
+
+    /// The weight and (after folding) bias of the Conv module with this Ultralytics name (e.g. `model.9.cv2`).
+    pub fn conv_params(&self, module: &str) -> Option<(Tensor, Option<Tensor>)> {
+        self.convs().into_iter().find(|(n, _)| n == module).map(|(_, c)| {
+            let (w, b) = c.weight_and_bias();
+            (w.clone(), b.cloned())
+        })
+    }
+
+    /// Number of DFL bins per side.
+    pub fn reg_max(&self) -> usize {
+        REG_MAX
+    }
+}
+
+/// `model.x.bn` prefixes of every BatchNorm in a var map.
+pub(crate) fn bn_prefixes(map: &VarMap) -> Vec<String> {
+    #[allow(clippy::unwrap_used)]
+    let data = map.data().lock().unwrap();
+    let mut v: Vec<String> =
+        data.keys().filter_map(|k| k.strip_suffix(".running_mean").map(|p| p.to_string())).collect();
+    v.sort();
+    v
+}

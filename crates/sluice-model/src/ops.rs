@@ -1,0 +1,192 @@
+//! Tensor operations built from candle primitives with correct forward *and* backward passes, working around
+//! candle 0.11 defects this model hits (each is pinned by a gradient-check test in `tests/gradcheck.rs`):
+//!
+//! * `max_pool2d` has no padding, and its backward bails out when kernel != stride (and scales ties wrongly);
+//!   [`max_pool2d_same`] pads with −inf and, when a gradient is needed, takes the maximum of shifted views.
+//! * `upsample_nearest2d`'s backward *overwrites* the input's gradient instead of accumulating it, so a tensor
+//!   feeding both an upsample and a concat gets a wrong gradient; [`upsample_nearest2x`] is a reshape+broadcast.
+//! * `candle_nn::ops::softmax_last_dim` has no backward; [`softmax`] is composed of `exp`/`sum`/`div`.
+//! * `candle_nn::loss::binary_cross_entropy_with_logit` computes `log(sigmoid(x))` and overflows for large
+//!   logits; [`bce_with_logits`] is the stable `max(x,0) − x·z + log(1 + e^{−|x|})`.
+//! * candle has no `atan` (needed by CIoU); [`atan`] is Cephes' single-precision polynomial with range
+//!   reduction, built from differentiable ops.
+
+use candle_core::{Result, Tensor};
+
+/// A tensor shaped like `x` filled with `v` (same dtype and device, not tracked).
+pub(crate) fn full_like(x: &Tensor, v: f64) -> Result<Tensor> {
+    x.zeros_like()?.affine(1.0, v)
+}
+
+/// Pads dims 2 and 3 of an NCHW tensor by `p` on every side with −inf.
+fn pad_neg_inf(x: &Tensor, p: usize) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    let side = Tensor::full(f32::NEG_INFINITY, (b, c, h, p), x.device())?.to_dtype(x.dtype())?;
+    let x = Tensor::cat(&[&side, x, &side], 3)?;
+    let top = Tensor::full(f32::NEG_INFINITY, (b, c, p, w + 2 * p), x.device())?.to_dtype(x.dtype())?;
+    Tensor::cat(&[&top, &x, &top], 2)
+}
+
+/// `MaxPool2d(kernel_size = k, stride = 1, padding = k / 2)` as in PyTorch (the padding is −inf, so it never
+/// wins the max). `k` must be odd. Without gradient tracking it runs candle's native pool on the padded input;
+/// with tracking it is the maximum over the `k` shifted views along W, then along H, whose backward is right.
+pub fn max_pool2d_same(x: &Tensor, k: usize) -> Result<Tensor> {
+    if k.is_multiple_of(2) {
+        candle_core::bail!("max_pool2d_same: kernel {k} must be odd");
+    }
+    let p = k / 2;
+    let (_, _, h, w) = x.dims4()?;
+    let padded = pad_neg_inf(x, p)?;
+    if !x.track_op() {
+        return padded.max_pool2d_with_stride(k, 1);
+    }
+    // Max along W over the k shifts, then along H.
+    let mut rows = padded.narrow(3, 0, w)?;
+    for dx in 1..k {
+        rows = rows.maximum(&padded.narrow(3, dx, w)?)?;
+    }
+    let mut out = rows.narrow(2, 0, h)?;
+    for dy in 1..k {
+        out = out.maximum(&rows.narrow(2, dy, h)?)?;
+    }
+    Ok(out)
+}
+
+/// Nearest-neighbour upsampling by 2 in H and W (`nn.Upsample(scale_factor=2, mode="nearest")`), as a
+/// reshape + broadcast so that its gradient accumulates like any other op.
+pub fn upsample_nearest2x(x: &Tensor) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    if !x.track_op() {
+        return x.upsample_nearest2d(2 * h, 2 * w);
+    }
+    x.reshape((b, c, h, 1, w, 1))?.broadcast_as((b, c, h, 2, w, 2))?.reshape((b, c, 2 * h, 2 * w))
+}
+
+/// Softmax along `dim`, differentiable (the max subtracted for stability is detached; it cancels exactly).
+pub fn softmax(x: &Tensor, dim: usize) -> Result<Tensor> {
+    let max = x.max_keepdim(dim)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    let s = e.sum_keepdim(dim)?;
+    e.broadcast_div(&s)
+}
+
+/// Log-softmax along `dim`, differentiable and stable.
+pub fn log_softmax(x: &Tensor, dim: usize) -> Result<Tensor> {
+    let max = x.max_keepdim(dim)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(dim)?.log()?;
+    shifted.broadcast_sub(&lse)
+}
+
+/// Element-wise binary cross-entropy with logits, `max(x,0) − x·z + log(1 + e^{−|x|})` (PyTorch's
+/// `BCEWithLogitsLoss(reduction="none")`), finite for any logit.
+pub fn bce_with_logits(x: &Tensor, z: &Tensor) -> Result<Tensor> {
+    let softplus = (x.abs()?.neg()?.exp()? + 1.0)?.log()?;
+    (x.relu()? - (x * z)?)? + softplus
+}
+
+/// Element-wise arctangent (Cephes `atanf`: range reduction to |t| ≤ tan(π/8) and a degree-9 odd polynomial,
+/// about 1 ulp in float32), differentiable everywhere.
+pub fn atan(x: &Tensor) -> Result<Tensor> {
+    const TAN_3PI_8: f64 = 2.414_213_562_373_095;
+    const TAN_PI_8: f64 = 0.414_213_562_373_095;
+    let a = x.abs()?;
+    let ones = full_like(x, 1.0)?;
+    let big = a.gt(TAN_3PI_8)?;
+    let mid = a.gt(TAN_PI_8)?;
+    // Only feed safe values to each branch so the unselected branch never produces inf/NaN gradients.
+    let a_big = big.where_cond(&a, &ones)?;
+    let t_big = a_big.recip()?.neg()?;
+    let t_mid = ((&a - 1.0)? / (&a + 1.0)?)?;
+    let t = big.where_cond(&t_big, &mid.where_cond(&t_mid, &a)?)?;
+    let off = big.where_cond(
+        &full_like(x, std::f64::consts::FRAC_PI_2)?,
+        &mid.where_cond(&full_like(x, std::f64::consts::FRAC_PI_4)?, &full_like(x, 0.0)?)?,
+    )?;
+    let z = t.sqr()?;
+    let poly = ((((((&z * 8.053_744_495_38e-2)? - 1.387_768_560_32e-1)? * &z)? + 1.997_771_064_78e-1)? * &z)?
+        - 3.333_294_915_39e-1)?;
+    let r = ((off + (&poly * &z)?.mul(&t)?)? + &t)?;
+    let sign = x.lt(0.0)?.where_cond(&full_like(x, -1.0)?, &ones)?;
+    r * sign
+}
+
+/// Distribution focal loss decode: `(B, 4·reg_max, A)` bin logits → `(B, 4, A)` expected distances in bins.
+pub fn dfl_decode(raw_boxes: &Tensor, reg_max: usize) -> Result<Tensor> {
+    let (b, c, a) = raw_boxes.dims3()?;
+    if c != 4 * reg_max {
+        candle_core::bail!("dfl_decode: {c} channels, expected 4 x {reg_max}");
+    }
+    let p = softmax(&raw_boxes.reshape((b, 4, reg_max, a))?, 2)?;
+    let proj = Tensor::arange(0u32, reg_max as u32, raw_boxes.device())?
+        .to_dtype(raw_boxes.dtype())?
+        .reshape((1, 1, reg_max, 1))?;
+    p.broadcast_mul(&proj)?.sum(2)
+}
+
+/// Sigmoid that is differentiable (`candle_nn::ops::sigmoid` with its custom backward).
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    candle_nn::ops::sigmoid(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn atan_matches_std_over_a_wide_range() {
+        let v: Vec<f32> = (-400..=400).map(|i| (i as f32 / 20.0).powi(3) / 10.0).collect();
+        let x = Tensor::new(v.as_slice(), &Device::Cpu).unwrap();
+        let y: Vec<f32> = atan(&x).unwrap().to_vec1().unwrap();
+        for (a, b) in v.iter().zip(&y) {
+            assert!((a.atan() - b).abs() < 3e-7, "atan({a}) = {b}, std {}", a.atan());
+        }
+    }
+
+    #[test]
+    fn bce_is_finite_for_huge_logits_and_matches_the_formula() {
+        let x = Tensor::new(&[-200f32, -3.0, 0.0, 2.5, 200.0], &Device::Cpu).unwrap();
+        let z = Tensor::new(&[1f32, 0.0, 1.0, 0.3, 0.0], &Device::Cpu).unwrap();
+        let l: Vec<f32> = bce_with_logits(&x, &z).unwrap().to_vec1().unwrap();
+        let xs = [-200f64, -3.0, 0.0, 2.5, 200.0];
+        let zs = [1f64, 0.0, 1.0, 0.3, 0.0];
+        for i in 0..5 {
+            let s = 1.0 / (1.0 + (-xs[i]).exp());
+            let reference = if xs[i].abs() > 50.0 {
+                // The limit: |x| times the wrong-side weight.
+                if xs[i] > 0.0 { xs[i] * (1.0 - zs[i]) } else { -xs[i] * zs[i] }
+            } else {
+                -(zs[i] * s.ln() + (1.0 - zs[i]) * (1.0 - s).ln())
+            };
+            assert!((l[i] as f64 - reference).abs() < 1e-5, "{i}: {} vs {reference}", l[i]);
+        }
+    }
+
+    #[test]
+    fn max_pool_paths_agree_and_ignore_padding() {
+        let dev = Device::Cpu;
+        let x = (Tensor::randn(0f32, 1.0, (2, 3, 7, 6), &dev).unwrap() - 5.0).unwrap();
+        let native = max_pool2d_same(&x, 5).unwrap();
+        let var = candle_core::Var::from_tensor(&x).unwrap();
+        let composed = max_pool2d_same(var.as_tensor(), 5).unwrap();
+        let d = (native - composed).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(d, 0.0);
+        // Every output is one of the inputs in its window (all negative: zero padding would show up as 0).
+        let m = max_pool2d_same(&x, 5).unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(m < 0.0);
+    }
+
+    #[test]
+    fn upsample_paths_agree() {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f64, 1.0, (1, 2, 3, 4), &dev).unwrap();
+        let a = upsample_nearest2x(&x).unwrap();
+        let var = candle_core::Var::from_tensor(&x).unwrap();
+        let b = upsample_nearest2x(var.as_tensor()).unwrap();
+        assert_eq!(a.dims(), &[1, 2, 6, 8]);
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+        assert_eq!(d, 0.0);
+        assert_eq!(x.dtype(), DType::F64);
+    }
+}

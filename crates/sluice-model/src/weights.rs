@@ -1,0 +1,138 @@
+//! Weights I/O in safetensors with Ultralytics' state-dict key names (`model.0.conv.weight`, …), so that a
+//! converted Ultralytics checkpoint loads here and a saved model loads back in Ultralytics
+//! (`scripts/convert_weights.py` converts between `.pt` and `.safetensors`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+
+use crate::config::REG_MAX;
+use crate::error::{ModelError, Result};
+use crate::model::{DFL_KEY, YoloV8};
+
+/// How [`YoloV8::load_weights`] treats the keys of the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadMode {
+    /// Every parameter and running statistic of the model must be in the file, and nothing else
+    /// (`num_batches_tracked` and the fixed DFL projection are accepted and checked).
+    Strict,
+    /// Only the keys present in the file are overwritten (e.g. a BN-calibration overlay); unknown keys are
+    /// still an error.
+    Overlay,
+}
+
+impl YoloV8 {
+    /// A model of this configuration with the weights of a safetensors file (Ultralytics key names).
+    pub fn load(
+        cfg: crate::config::YoloConfig,
+        path: impl AsRef<Path>,
+        dtype: DType,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let mut m = Self::new(cfg, dtype, device)?;
+        m.load_weights(path, LoadMode::Strict)?;
+        Ok(m)
+    }
+
+    /// Overwrites the model's parameters with the tensors of a safetensors file.
+    pub fn load_weights(&mut self, path: impl AsRef<Path>, mode: LoadMode) -> Result<()> {
+        if self.is_fused() {
+            return Err(ModelError::Fused("loading weights"));
+        }
+        let path = path.as_ref();
+        let file = path.to_path_buf();
+        let tensors = candle_core::safetensors::load(path, self.device())
+            .map_err(|source| ModelError::WeightsIo { file: file.clone(), source })?;
+        // Check every key and shape before touching the model, so a bad file leaves it unchanged.
+        let vars: HashMap<String, candle_core::Var> = {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+            let data = self.varmap().data().lock().unwrap();
+            data.clone()
+        };
+        let mut keys: Vec<&String> = tensors.keys().collect();
+        keys.sort();
+        for key in &keys {
+            let t = &tensors[*key];
+            if let Some(v) = vars.get(*key) {
+                if v.dims() != t.dims() {
+                    return Err(ModelError::ShapeMismatch {
+                        file,
+                        key: (*key).clone(),
+                        expected: v.dims().to_vec(),
+                        got: t.dims().to_vec(),
+                    });
+                }
+            } else if let Some(prefix) = key.strip_suffix(".num_batches_tracked") {
+                if !self.num_batches_tracked.contains_key(prefix) {
+                    return Err(ModelError::UnexpectedKey { file, key: (*key).clone() });
+                }
+            } else if key.as_str() == DFL_KEY {
+                check_dfl(&file, t)?;
+            } else {
+                return Err(ModelError::UnexpectedKey { file, key: (*key).clone() });
+            }
+        }
+        if mode == LoadMode::Strict {
+            let mut names: Vec<&String> = vars.keys().collect();
+            names.sort();
+            if let Some(missing) = names.into_iter().find(|k| !tensors.contains_key(*k)) {
+                return Err(ModelError::MissingKey { file, key: missing.clone() });
+            }
+        }
+        for key in keys {
+            let t = &tensors[key];
+            if let Some(v) = vars.get(key) {
+                v.set(&t.to_dtype(self.dtype())?)?;
+            } else if let Some(prefix) = key.strip_suffix(".num_batches_tracked") {
+                let n = t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?.first().copied().unwrap_or(0);
+                self.num_batches_tracked.insert(prefix.to_string(), n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tensor of Ultralytics' `state_dict` for this model: parameters and running statistics in float32,
+    /// `num_batches_tracked` as int64 scalars and the fixed DFL projection.
+    pub fn state_dict(&self) -> Result<HashMap<String, Tensor>> {
+        if self.is_fused() {
+            return Err(ModelError::Fused("exporting weights"));
+        }
+        let cpu = candle_core::Device::Cpu;
+        let mut out = HashMap::new();
+        {
+            #[allow(clippy::unwrap_used)]
+            let data = self.varmap().data().lock().unwrap();
+            for (k, v) in data.iter() {
+                out.insert(k.clone(), v.as_tensor().detach().to_dtype(DType::F32)?.to_device(&cpu)?);
+            }
+        }
+        for (prefix, n) in &self.num_batches_tracked {
+            out.insert(format!("{prefix}.num_batches_tracked"), Tensor::new(*n, &cpu)?);
+        }
+        let proj = Tensor::arange(0f32, REG_MAX as f32, &cpu)?.reshape((1, REG_MAX, 1, 1))?;
+        out.insert(DFL_KEY.to_string(), proj);
+        Ok(out)
+    }
+
+    /// Writes [`YoloV8::state_dict`] as a safetensors file.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let sd = self.state_dict()?;
+        candle_core::safetensors::save(&sd, path)
+            .map_err(|source| ModelError::WeightsIo { file: path.to_path_buf(), source })
+    }
+}
+
+/// The DFL projection must be 0, 1, …, 15 shaped (1, 16, 1, 1).
+fn check_dfl(file: &Path, t: &Tensor) -> Result<()> {
+    let bad = |reason: String| ModelError::BadWeight { file: file.to_path_buf(), key: DFL_KEY.into(), reason };
+    if t.dims() != [1, REG_MAX, 1, 1] {
+        return Err(bad(format!("shape {:?}, expected [1, {REG_MAX}, 1, 1]", t.dims())));
+    }
+    let v = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    if v.iter().enumerate().any(|(i, &x)| x != i as f32) {
+        return Err(bad(format!("values {v:?}, expected 0..{}", REG_MAX - 1)));
+    }
+    Ok(())
+}

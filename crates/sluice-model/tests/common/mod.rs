@@ -1,0 +1,59 @@
+//! Helpers shared by the integration tests: fixture paths, the reference models and comparisons.
+#![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use sluice_model::{LoadMode, Scale, YoloConfig, YoloV8};
+
+/// `tests/data/<name>`.
+pub(crate) fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+}
+
+/// A fixture `.npy` as a tensor.
+pub(crate) fn npy(name: &str) -> Tensor {
+    Tensor::read_npy(data(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The seed-0 yolov8n model of the fixture.
+pub(crate) fn seed0() -> YoloV8 {
+    YoloV8::load(YoloConfig::new(Scale::N, 80), data("yolov8n_seed0.safetensors"), DType::F32, &Device::Cpu).unwrap()
+}
+
+/// The BN-calibrated yolov8n model of the fixture (seed-0 weights + the BN overlay).
+pub(crate) fn bncal() -> YoloV8 {
+    let mut m = seed0();
+    m.load_weights(data("yolov8n_seed0_bncal_overlay.safetensors"), LoadMode::Overlay).unwrap();
+    m
+}
+
+/// Largest absolute difference.
+pub(crate) fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.dims(), b.dims(), "shapes differ");
+    (a.to_dtype(DType::F64).unwrap() - b.to_dtype(DType::F64).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
+/// Asserts `max |a - b| <= tol`, printing the figure.
+pub(crate) fn assert_close(what: &str, a: &Tensor, b: &Tensor, tol: f64) {
+    let d = max_abs(a, b);
+    println!("{what}: max abs diff {d:.3e} (tolerance {tol:.0e})");
+    assert!(d <= tol, "{what}: max abs diff {d:e} > {tol:e}");
+}
+
+/// Relative L2 error `||a - b|| / ||b||`.
+pub(crate) fn rel_l2(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.dims(), b.dims(), "shapes differ");
+    let a = a.to_dtype(DType::F64).unwrap();
+    let b = b.to_dtype(DType::F64).unwrap();
+    let n = |t: &Tensor| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap().sqrt();
+    n(&(a - &b).unwrap()) / n(&b)
+}

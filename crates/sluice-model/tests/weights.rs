@@ -1,0 +1,124 @@
+//! Weights I/O: the safetensors side of the conversion round trip (`scripts/convert_weights.py` holds the
+//! PyTorch side), the key set against Ultralytics' state_dict, parameter counts of every scale against
+//! Ultralytics' `yolov8.yaml`, and clear errors for wrong files.
+#![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
+
+mod common;
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+use common::{assert_close, data, npy, seed0};
+use sluice_model::{LoadMode, ModelError, Scale, YoloConfig, YoloV8};
+
+fn load_st(path: &std::path::Path) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(path, &Device::Cpu).unwrap()
+}
+
+fn bytes(t: &Tensor) -> Vec<u8> {
+    match t.dtype() {
+        DType::F32 => t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::I64 => t.flatten_all().unwrap().to_vec1::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+        d => panic!("unexpected dtype {d:?}"),
+    }
+}
+
+#[test]
+fn save_gives_back_the_ultralytics_state_dict_bit_for_bit() {
+    let original = load_st(&data("yolov8n_seed0.safetensors"));
+    assert_eq!(original.len(), 355);
+    let model = seed0();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("roundtrip.safetensors");
+    model.save(&out).unwrap();
+    let saved = load_st(&out);
+    let mut a: Vec<&String> = original.keys().collect();
+    let mut b: Vec<&String> = saved.keys().collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "key sets differ");
+    for (k, t) in &original {
+        let s = &saved[k];
+        assert_eq!(t.dtype(), s.dtype(), "{k} dtype");
+        assert_eq!(t.dims(), s.dims(), "{k} shape");
+        assert!(bytes(t) == bytes(s), "{k} values differ");
+    }
+    // And the saved file loads back to the same outputs.
+    let again = YoloV8::load(YoloConfig::new(Scale::N, 80), &out, DType::F32, &Device::Cpu).unwrap();
+    let x = npy("parity_in_seed1_320.npy");
+    assert_close("reloaded y", &again.forward(&x).unwrap().y, &model.forward(&x).unwrap().y, 0.0);
+}
+
+#[test]
+fn a_fresh_model_has_ultralytics_keys_shapes_and_parameter_counts() {
+    let original = load_st(&data("yolov8n_seed0.safetensors"));
+    let fresh = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap().state_dict().unwrap();
+    assert_eq!(fresh.len(), original.len());
+    for (k, t) in &original {
+        assert_eq!(fresh.get(k).map(|f| f.dims().to_vec()), Some(t.dims().to_vec()), "{k}");
+    }
+    // Ultralytics' head bias init.
+    let b: Vec<f32> = fresh["model.22.cv3.0.2.bias"].to_vec1().unwrap();
+    assert!((b[0] as f64 - (5.0f64 / 80.0 / 80.0f64.powi(2)).ln()).abs() < 1e-6);
+    // Parameter counts from the comments of Ultralytics' yolov8.yaml (nc 80; includes the 16 DFL weights).
+    for (scale, want) in [(Scale::N, 3_157_200usize), (Scale::S, 11_166_560), (Scale::M, 25_902_640)] {
+        let m = YoloV8::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
+        let n: usize = m.trainable_vars().iter().map(|(_, v)| v.elem_count()).sum::<usize>() + 16;
+        assert_eq!(n, want, "yolov8{}", scale.letter());
+    }
+}
+
+#[test]
+fn large_scales_have_ultralytics_parameter_counts() {
+    // Counted from the shapes alone (no allocation of 68M parameters).
+    for (scale, want) in [(Scale::L, 43_691_520usize), (Scale::X, 68_229_648)] {
+        let m = YoloV8::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
+        let n: usize = m.trainable_vars().iter().map(|(_, v)| v.elem_count()).sum::<usize>() + 16;
+        assert_eq!(n, want, "yolov8{}", scale.letter());
+    }
+}
+
+#[test]
+fn wrong_files_give_errors_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sd = load_st(&data("yolov8n_seed0.safetensors"));
+    sd.remove("model.4.m.1.cv2.bn.running_var");
+    let p = dir.path().join("missing.safetensors");
+    candle_core::safetensors::save(&sd, &p).unwrap();
+    let e = YoloV8::load(YoloConfig::new(Scale::N, 80), &p, DType::F32, &Device::Cpu).unwrap_err();
+    assert!(matches!(&e, ModelError::MissingKey { key, .. } if key == "model.4.m.1.cv2.bn.running_var"), "{e}");
+    // An overlay may leave keys out.
+    let mut m = seed0();
+    m.load_weights(&p, LoadMode::Overlay).unwrap();
+    // Another class count: the class branch's last conv has another shape.
+    let e = YoloV8::load(YoloConfig::new(Scale::N, 3), data("yolov8n_seed0.safetensors"), DType::F32, &Device::Cpu)
+        .unwrap_err();
+    assert!(matches!(&e, ModelError::ShapeMismatch { .. }), "{e}");
+    assert!(e.to_string().contains("yolov8n_seed0.safetensors"), "{e}");
+    // Another scale: extra or missing keys.
+    let e = YoloV8::load(YoloConfig::new(Scale::M, 80), data("yolov8n_seed0.safetensors"), DType::F32, &Device::Cpu)
+        .unwrap_err();
+    assert!(matches!(&e, ModelError::ShapeMismatch { .. } | ModelError::UnexpectedKey { .. }), "{e}");
+    // Not a safetensors file.
+    let e = YoloV8::load(YoloConfig::new(Scale::N, 80), data("parity_in_seed1_320.npy"), DType::F32, &Device::Cpu)
+        .unwrap_err();
+    assert!(matches!(&e, ModelError::WeightsIo { .. }), "{e}");
+    // A wrong DFL projection.
+    let mut sd = load_st(&data("yolov8n_seed0.safetensors"));
+    sd.insert("model.22.dfl.conv.weight".into(), Tensor::ones((1, 16, 1, 1), DType::F32, &Device::Cpu).unwrap());
+    let p = dir.path().join("dfl.safetensors");
+    candle_core::safetensors::save(&sd, &p).unwrap();
+    let e = YoloV8::load(YoloConfig::new(Scale::N, 80), &p, DType::F32, &Device::Cpu).unwrap_err();
+    assert!(matches!(&e, ModelError::BadWeight { .. }), "{e}");
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let m = seed0();
+    for shape in [(1usize, 3usize, 100usize, 320usize), (1, 1, 320, 320)] {
+        let x = Tensor::zeros(shape, DType::F32, &Device::Cpu).unwrap();
+        assert!(matches!(m.forward(&x), Err(ModelError::BadInput(_))), "{shape:?}");
+    }
+    let x = Tensor::zeros((1, 3, 64, 64), DType::F64, &Device::Cpu).unwrap();
+    assert!(matches!(m.forward(&x), Err(ModelError::BadInput(_))));
+}
