@@ -47,12 +47,18 @@ const HDIV: [i32; 256] = {
     t
 };
 
-/// The three lookup tables of one sample.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The lookup tables of one sample: Ultralytics' three 256-entry tables, and the same tables pre-converted to what
+/// the HSV → RGB step consumes (hue sector and fraction, saturation and value as floats), so the per-pixel work is
+/// integer RGB → HSV, three table reads and a few multiplications.
+#[derive(Debug, Clone, PartialEq)]
 pub struct HsvLut {
     hue: [u8; 256],
     sat: [u8; 256],
     val: [u8; 256],
+    hue_sector: [u8; 256],
+    hue_frac: [f32; 256],
+    sat_f: [f32; 256],
+    val_f: [f32; 256],
 }
 
 /// NumPy's `float % 180` (result in `[0, 180)`), then `astype(uint8)` (truncation).
@@ -66,10 +72,31 @@ fn gain_entry(x: f64, gain: f64) -> u8 {
     (x * gain).clamp(0.0, 255.0) as u8
 }
 
+const HSCALE: f32 = 6.0 / 180.0;
+const INV255: f32 = 1.0 / 255.0;
+
+/// OpenCV's sector and in-sector fraction of an 8-bit hue (`h * 6/180`, wrapped into `[0, 6)`).
+fn sector_of(h: u8) -> (u8, f32) {
+    let mut hf = f32::from(h) * HSCALE;
+    if hf >= 6.0 {
+        hf -= 6.0; // h <= 255, so one subtraction is enough
+    }
+    let sector = hf as u8; // floor: hf >= 0
+    if sector >= 6 { (0, 0.0) } else { (sector, hf - f32::from(sector)) }
+}
+
 impl HsvLut {
     /// Builds the tables for `gains` (Ultralytics' `lut_hue`, `lut_sat` with `lut_sat[0] = 0`, `lut_val`).
     pub fn new(gains: HsvGains) -> Self {
-        let mut lut = Self { hue: [0; 256], sat: [0; 256], val: [0; 256] };
+        let mut lut = Self {
+            hue: [0; 256],
+            sat: [0; 256],
+            val: [0; 256],
+            hue_sector: [0; 256],
+            hue_frac: [0.0; 256],
+            sat_f: [0.0; 256],
+            val_f: [0.0; 256],
+        };
         for i in 0..256 {
             let x = i as f64;
             lut.hue[i] = hue_entry(x, gains.h * 180.0);
@@ -77,6 +104,11 @@ impl HsvLut {
             lut.val[i] = gain_entry(x, gains.v + 1.0);
         }
         lut.sat[0] = 0;
+        for i in 0..256 {
+            (lut.hue_sector[i], lut.hue_frac[i]) = sector_of(lut.hue[i]);
+            lut.sat_f[i] = f32::from(lut.sat[i]) * INV255;
+            lut.val_f[i] = f32::from(lut.val[i]) * INV255;
+        }
         lut
     }
 
@@ -86,15 +118,16 @@ impl HsvLut {
     }
 
     /// Applies the augmentation to one RGB pixel.
-    #[inline]
+    #[inline(always)]
     pub fn apply(&self, rgb: [u8; 3]) -> [u8; 3] {
         let (h, s, v) = rgb_to_hsv(rgb, &SDIV, &HDIV);
-        hsv_to_rgb(self.hue[h as usize], self.sat[s as usize], self.val[v as usize])
+        let (h, s, v) = (h as usize, s as usize, v as usize);
+        sector_to_rgb(self.hue_sector[h], self.hue_frac[h], self.sat_f[s], self.val_f[v])
     }
 }
 
 /// OpenCV's 8-bit RGB → HSV (`H` in 0..180), given its division tables.
-#[inline]
+#[inline(always)]
 fn rgb_to_hsv(rgb: [u8; 3], sdiv: &[i32; 256], hdiv: &[i32; 256]) -> (u8, u8, u8) {
     let (r, g, b) = (i32::from(rgb[0]), i32::from(rgb[1]), i32::from(rgb[2]));
     let v = r.max(g).max(b);
@@ -114,34 +147,42 @@ fn rgb_to_hsv(rgb: [u8; 3], sdiv: &[i32; 256], hdiv: &[i32; 256]) -> (u8, u8, u8
     (h as u8, s as u8, v as u8)
 }
 
-/// OpenCV's 8-bit HSV → RGB: float sectors, `saturate_cast<uchar>(x * 255)` (round half to even).
-#[inline]
-fn hsv_to_rgb(h: u8, s: u8, v: u8) -> [u8; 3] {
-    const HSCALE: f32 = 6.0 / 180.0;
-    const INV255: f32 = 1.0 / 255.0;
-    // Which of tab[0..4] goes to (b, g, r) in each sector (OpenCV's `sector_data`).
-    const SECTOR: [[usize; 3]; 6] = [[1, 3, 0], [1, 0, 2], [3, 0, 1], [0, 2, 1], [0, 1, 3], [2, 1, 0]];
-    let s = f32::from(s) * INV255;
-    let v = f32::from(v) * INV255;
-    let (b, g, r) = if s == 0.0 {
+/// Round half to even for `|x| < 2^22` by adding and removing `1.5 * 2^23` (the FPU's default rounding mode does
+/// the rounding): what `f32::round_ties_even` computes, without a libm call on baseline x86-64.
+#[inline(always)]
+fn round_ties_even_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// OpenCV's 8-bit HSV → RGB from the hue's sector and fraction and `s, v` in `[0, 1]`: `tab = [v, v(1 - s),
+/// v(1 - s f), v(1 - s(1 - f))]` distributed over (r, g, b) by sector (OpenCV's `sector_data`), then
+/// `saturate_cast<uchar>(x * 255)` (round half to even).
+#[inline(always)]
+fn sector_to_rgb(sector: u8, f: f32, s: f32, v: f32) -> [u8; 3] {
+    let (r, g, b) = if s == 0.0 {
         (v, v, v)
     } else {
-        let mut hf = f32::from(h) * HSCALE;
-        while hf >= 6.0 {
-            hf -= 6.0;
+        let p = v * (1.0 - s);
+        let q = v * (1.0 - s * f);
+        let t = v * (1.0 - s * (1.0 - f));
+        match sector {
+            0 => (v, t, p),
+            1 => (q, v, p),
+            2 => (p, v, t),
+            3 => (p, q, v),
+            4 => (t, p, v),
+            _ => (v, p, q),
         }
-        let mut sector = hf.floor() as usize;
-        hf -= sector as f32;
-        if sector >= 6 {
-            sector = 0;
-            hf = 0.0;
-        }
-        let tab = [v, v * (1.0 - s), v * (1.0 - s * hf), v * (1.0 - s * (1.0 - hf))];
-        let idx = SECTOR[sector];
-        (tab[idx[0]], tab[idx[1]], tab[idx[2]])
     };
-    let cast = |x: f32| (x * 255.0).round_ties_even().clamp(0.0, 255.0) as u8;
+    let cast = |x: f32| round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8;
     [cast(r), cast(g), cast(b)]
+}
+
+/// OpenCV's 8-bit HSV → RGB.
+fn hsv_to_rgb(h: u8, s: u8, v: u8) -> [u8; 3] {
+    let (sector, f) = sector_of(h);
+    sector_to_rgb(sector, f, f32::from(s) * INV255, f32::from(v) * INV255)
 }
 
 /// The per-pixel formula, without lookup tables: OpenCV's RGB → HSV with its divisions evaluated in place,
@@ -199,6 +240,14 @@ mod tests {
             for px in every_pixel(3) {
                 assert_eq!(lut.apply(px), hsv_reference(px, gains), "pixel {px:?} gains {gains:?}");
             }
+        }
+    }
+
+    #[test]
+    fn magic_rounding_is_round_ties_even() {
+        for i in 0..=(256 * 64) {
+            let x = i as f32 / 64.0 - 2.0;
+            assert_eq!(round_ties_even_small(x), x.round_ties_even(), "{x}");
         }
     }
 

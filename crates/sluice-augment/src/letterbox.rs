@@ -127,6 +127,20 @@ pub fn letterbox_into(src: &ImageRgb8, lb: &Letterbox, out: &mut [u8]) {
     let ky = src.height() as f32 / uh.max(1) as f32;
     let (rp, rest) = out.split_at_mut(plane);
     let (gp, bp) = rest.split_at_mut(plane);
+    if (uw, uh) == (src.width(), src.height()) {
+        // No resize (the common validation case: the long side already is imgsz): the bilinear weights are all
+        // zero, so the sample is the pixel itself. Copy rows, splitting the channels.
+        for v in 0..uh as usize {
+            let row = (top + v) * cw + left;
+            let (r, g, b) = (&mut rp[row..row + uw as usize], &mut gp[row..], &mut bp[row..]);
+            for (u, px) in src.row(v as u32).chunks_exact(3).enumerate() {
+                r[u] = px[0];
+                g[u] = px[1];
+                b[u] = px[2];
+            }
+        }
+        return;
+    }
     for v in 0..uh as usize {
         let sy = ((v as f32 + 0.5) * ky - 0.5).clamp(0.0, sampler.max_y());
         let row = (top + v) * cw + left;
@@ -265,6 +279,27 @@ mod tests {
             assert_eq!(out[c * 4], avg(0, c));
             assert_eq!(out[c * 4 + 1], avg(1, c));
             assert_eq!(&out[c * 4 + 2..c * 4 + 4], &[FILL, FILL]);
+        }
+    }
+
+    #[test]
+    fn unscaled_letterbox_copies_pixels_exactly() {
+        let mut src = ImageRgb8::new(7, 3);
+        for (i, b) in src.as_bytes_mut().iter_mut().enumerate() {
+            *b = (i * 37 % 251) as u8;
+        }
+        let lb = Letterbox::new(7, 3, 9, 8, LetterboxOpts { scaleup: false, ..LetterboxOpts::default() });
+        assert_eq!((lb.new_unpad, lb.pad), ((7, 3), [1, 2, 1, 3]));
+        let mut out = vec![0u8; 3 * 9 * 8];
+        letterbox_into(&src, &lb, &mut out);
+        let sampler = Sampler::new(&src).expect("non-empty");
+        for y in 0..8 {
+            for x in 0..9 {
+                let got = [out[y * 9 + x], out[72 + y * 9 + x], out[144 + y * 9 + x]];
+                let inside = (1..8).contains(&x) && (2..5).contains(&y);
+                let want = if inside { sampler.sample((x - 1) as f32, (y - 2) as f32) } else { [FILL; 3] };
+                assert_eq!(got, want, "({x}, {y})");
+            }
         }
     }
 

@@ -18,6 +18,8 @@ pub struct Sampler<'a> {
     max_x: f32,
     /// Largest valid y index.
     max_y: f32,
+    last_x: usize,
+    last_y: usize,
 }
 
 impl<'a> Sampler<'a> {
@@ -31,6 +33,8 @@ impl<'a> Sampler<'a> {
             stride: img.stride(),
             max_x: (img.width() - 1) as f32,
             max_y: (img.height() - 1) as f32,
+            last_x: img.width() as usize - 1,
+            last_y: img.height() as usize - 1,
         })
     }
 
@@ -48,22 +52,26 @@ impl<'a> Sampler<'a> {
     #[inline(always)]
     pub fn sample_clamped(&self, x: f32, y: f32) -> [u8; 3] {
         debug_assert!((0.0..=self.max_x).contains(&x) && (0.0..=self.max_y).contains(&y), "{x} {y}");
-        let x0 = x as usize; // floor: x >= 0
-        let y0 = y as usize;
-        let wx = ((x - x0 as f32) * COEF_ONE as f32).round() as u32;
-        let wy = ((y - y0 as f32) * COEF_ONE as f32).round() as u32;
+        // Truncation is floor for x, y >= 0; i32 conversions are single instructions, usize ones are not.
+        let (xi, yi) = (x as i32, y as i32);
+        // Round half up without a libm call (`f32::round` is not an instruction on baseline x86-64).
+        let wx = ((x - xi as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
+        let wy = ((y - yi as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
+        let (x0, y0) = (xi as usize, yi as usize);
         // At the last column/row the weight of the next pixel is 0 (the position is clamped), so reading the
         // same pixel twice is exact.
-        let dx = if (x0 as f32) < self.max_x { 3 } else { 0 };
-        let dy = if (y0 as f32) < self.max_y { self.stride } else { 0 };
+        let dx = if x0 < self.last_x { 3 } else { 0 };
+        let dy = if y0 < self.last_y { self.stride } else { 0 };
         let i = y0 * self.stride + x0 * 3;
         let d = self.data;
-        let (top, bot) = (&d[i..i + dx + 3], &d[i + dy..i + dy + dx + 3]);
+        let (p00, p01, p10, p11) =
+            (&d[i..i + 3], &d[i + dx..i + dx + 3], &d[i + dy..i + dy + 3], &d[i + dy + dx..i + dy + dx + 3]);
+        let (ax, ay) = (COEF_ONE - wx, COEF_ONE - wy);
         let mut out = [0u8; 3];
         for c in 0..3 {
-            let t = u32::from(top[c]) * (COEF_ONE - wx) + u32::from(top[dx + c]) * wx;
-            let b = u32::from(bot[c]) * (COEF_ONE - wx) + u32::from(bot[dx + c]) * wx;
-            out[c] = ((t * (COEF_ONE - wy) + b * wy + ROUND) >> (2 * COEF_BITS)) as u8;
+            let t = u32::from(p00[c]) * ax + u32::from(p01[c]) * wx;
+            let b = u32::from(p10[c]) * ax + u32::from(p11[c]) * wx;
+            out[c] = ((t * ay + b * wy + ROUND) >> (2 * COEF_BITS)) as u8;
         }
         out
     }
