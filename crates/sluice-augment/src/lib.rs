@@ -10,6 +10,13 @@
 //! * [`Letterbox`], [`letterbox_into`], [`RectPlan`], [`ValLetterbox`]: Ultralytics' `LetterBox` (including its
 //!   rounding), the validation transform and the rectangular validation batches.
 //! * [`HsvLut`]: OpenCV/Ultralytics HSV augmentation through lookup tables.
+//!
+//! How a loader uses it (training): per sample position `i` of epoch `e`, draw
+//! `RecipeSampler::draw(id, imgsz, hyp.mosaic_active(e, epochs), &mut sluice_core::sampler::sample_rng(seed, e, i))`
+//! in the sampler, and let a worker call `TrainAugment.apply(&recipe, &cache, &mut batch)` on a batch of shape
+//! `(3, imgsz, imgsz)`. Validation: `RectPlan::new(sizes, batch, imgsz, 32, 0.5)` once, then per image
+//! `ValLetterbox.apply(&ValRecipe { id, imgsz, canvas: plan.shapes[b] }, ...)` into a batch of that canvas;
+//! `ValTransform::unmap_box` maps predictions back to the source image.
 #![warn(missing_docs)]
 
 pub mod affine;
