@@ -1,7 +1,10 @@
 //! COCO bbox evaluation (evaluate + accumulate + summarize, from parsed JSON) on the reference set replicated
 //! x40 (5120 images, ~55k detections, image id = k * 1_000_000 + id) single-threaded and with 2 threads, as
 //! `m6_coco_eval.py time base` does for pycocotools (16.6 s) and faster-coco-eval (1.9 s) on the reference
-//! machine. Also the per-image streaming update of the 128-image set.
+//! machine. `coco_eval_hard_x40` pads every image to 100 detections first (512k detections; a deterministic
+//! stand-in for `m6_coco_eval.pad_dets`: half near-duplicates of a GT box, half random boxes, scores < 0.5),
+//! the case where pycocotools takes 60.5 s and faster-coco-eval 5.0 s there. Also the per-image streaming update
+//! of the 128-image set.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_eval::{CocoAccumulator, CocoDataset, CocoParams, Detections, DtBox, GtBox, coco_evaluate};
@@ -26,6 +29,45 @@ fn replicate(gt: &CocoDataset, dt: &Detections, k: i64) -> (CocoDataset, Detecti
     (g, d)
 }
 
+/// A small deterministic generator (SplitMix64) for the padding.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Pads every image of `gt` to 100 detections.
+fn pad_to_100(gt: &CocoDataset, dt: &Detections) -> Detections {
+    let mut rng = Rng(1);
+    let mut out = dt.clone();
+    for im in &gt.images {
+        let (w, h) = (im.width.unwrap_or(640.0), im.height.unwrap_or(480.0));
+        let mine: Vec<&GtBox> = gt.annotations.iter().filter(|(i, _)| *i == im.id).map(|(_, a)| a).collect();
+        let have = dt.dets.iter().filter(|(i, _)| *i == im.id).count();
+        for _ in have..100 {
+            let cat = 1 + (rng.next() * 80.0) as i64;
+            let bbox = if !mine.is_empty() && rng.next() < 0.5 {
+                let a = mine[(rng.next() * mine.len() as f64) as usize];
+                let j = |s: f64, r: &mut Rng| (r.next() - 0.5) * 0.3 * s;
+                let [x, y, bw, bh] = a.bbox;
+                [x + j(bw, &mut rng), y + j(bh, &mut rng), bw * (1.0 + j(1.0, &mut rng)), bh * (1.0 + j(1.0, &mut rng))]
+            } else {
+                let (bw, bh) = ((0.01 + 0.59 * rng.next()) * w, (0.01 + 0.59 * rng.next()) * h);
+                [rng.next() * (w - bw), rng.next() * (h - bh), bw, bh]
+            };
+            let category_id = if rng.next() < 0.5 && !mine.is_empty() { mine[0].category_id } else { cat };
+            out.dets.push((im.id, DtBox { category_id, bbox, score: 0.5 * rng.next() }));
+        }
+    }
+    out
+}
+
 fn bench(c: &mut Criterion) {
     let gt = CocoDataset::from_path(data("coco128train_gt.json")).expect("gt");
     let dt = Detections::from_path(data("coco128train_dets_seed1.json"), &gt).expect("dets");
@@ -37,6 +79,18 @@ fn bench(c: &mut Criterion) {
     for threads in [1usize, 2] {
         grp.bench_function(format!("cpu/threads{threads}"), |b| {
             b.iter(|| coco_evaluate(&g40, &d40, &params, threads).expect("eval").stats[0])
+        });
+    }
+    grp.finish();
+
+    let hard = pad_to_100(&gt, &dt);
+    let (h40, hd40) = replicate(&gt, &hard, 40);
+    let mut grp = c.benchmark_group("coco_eval_hard_x40");
+    grp.sample_size(10);
+    grp.throughput(Throughput::Elements(h40.images.len() as u64));
+    for threads in [1usize, 2] {
+        grp.bench_function(format!("cpu/threads{threads}"), |b| {
+            b.iter(|| coco_evaluate(&h40, &hd40, &params, threads).expect("eval").stats[0])
         });
     }
     grp.finish();

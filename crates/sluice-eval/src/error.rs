@@ -10,7 +10,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// Reading a file failed.
-    #[error("{}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,

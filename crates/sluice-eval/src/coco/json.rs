@@ -7,7 +7,7 @@
 //! truth (pycocotools asserts the same) or with a non-finite score. Detections of a category the ground truth
 //! does not list are skipped and counted, as pycocotools skips them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -254,7 +254,7 @@ impl Detections {
     pub fn from_slice(bytes: &[u8], what: &str, gt: &CocoDataset) -> Result<Self> {
         let raw: Vec<RawDet> = parse(bytes, what, &[("", check_as::<RawDet>)])?;
         let images: HashSet<i64> = gt.images.iter().map(|i| i.id).collect();
-        let cats: HashMap<i64, ()> = gt.categories.iter().map(|c| (c.id, ())).collect();
+        let cats: HashSet<i64> = gt.categories.iter().map(|c| c.id).collect();
         let mut out = Detections { dets: Vec::with_capacity(raw.len()), skipped_unknown_category: 0 };
         for (i, d) in raw.into_iter().enumerate() {
             let err = |reason: String| Error::Entry {
@@ -269,7 +269,7 @@ impl Detections {
             if !d.score.is_finite() {
                 return Err(err(format!("score {} is not finite", d.score)));
             }
-            if !cats.contains_key(&d.category_id) {
+            if !cats.contains(&d.category_id) {
                 out.skipped_unknown_category += 1;
                 continue;
             }
