@@ -1,4 +1,5 @@
 //! One module per `sluice` subcommand: its clap `Args` and its `run`.
 
 pub(crate) mod data;
+pub(crate) mod eval_coco;
 pub(crate) mod info;
