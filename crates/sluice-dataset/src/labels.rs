@@ -75,17 +75,19 @@ fn parse_value(tok: &str, col: usize, path: &Path, line: usize) -> Result<f32> {
 /// errors. An error means Ultralytics would ignore the image and its labels ("ignoring corrupt image/label").
 pub fn parse_yolo_labels(text: &str, path: &Path, nc: usize) -> Result<ParsedLabels> {
     let err = |line: usize, reason: String| DatasetError::Label { path: path.to_path_buf(), line, reason };
-    let raw: Vec<(usize, Vec<&str>)> = label_lines(text).map(|(n, l)| (n, l.split_whitespace().collect())).collect();
-    let segments = raw.iter().any(|(_, t)| t.len() > 6);
-    let mut rows = Vec::with_capacity(raw.len());
-    for (line, toks) in &raw {
-        let line = *line;
-        let vals =
-            toks.iter().enumerate().map(|(c, t)| parse_value(t, c + 1, path, line)).collect::<Result<Vec<f32>>>()?;
+    let lines: Vec<(usize, &str)> = label_lines(text).collect();
+    let segments = lines.iter().any(|(_, l)| l.split_whitespace().nth(6).is_some());
+    let mut rows = Vec::with_capacity(lines.len());
+    let mut vals: Vec<f32> = Vec::with_capacity(8);
+    for &(line, l) in &lines {
+        vals.clear();
+        for (c, t) in l.split_whitespace().enumerate() {
+            vals.push(parse_value(t, c + 1, path, line)?);
+        }
         let (class, [cx, cy, w, h]) = if segments {
             // Polygon row: class x1 y1 x2 y2 ...; the box is the points' min/max (`segments2boxes`).
             let pts = &vals[1.min(vals.len())..];
-            if vals.is_empty() || pts.is_empty() || pts.len() % 2 != 0 {
+            if vals.is_empty() || pts.is_empty() || !pts.len().is_multiple_of(2) {
                 return Err(err(
                     line,
                     format!(
@@ -131,6 +133,9 @@ pub fn parse_yolo_labels(text: &str, path: &Path, nc: usize) -> Result<ParsedLab
         rows.push(YoloRow { class: class as ClassId, cx, cy, w, h, line });
     }
     let n = rows.len();
+    if n < 2 {
+        return Ok(ParsedLabels { rows, duplicates: 0, segments });
+    }
     let mut sorted = rows.clone();
     let key = |r: &YoloRow| [r.class as f32, r.cx, r.cy, r.w, r.h];
     sorted.sort_by(|a, b| {
