@@ -250,6 +250,10 @@ impl DataConfig {
 
     /// The sorted image files of `split`, as Ultralytics' `get_img_files` lists them.
     pub fn image_files(&self, split: Split) -> Result<Vec<PathBuf>> {
+        if self.sources(split).is_empty() {
+            let reason = format!("no '{}' split in this dataset YAML", split.as_str());
+            return Err(DatasetError::Config { path: self.yaml.clone(), reason });
+        }
         list_images(self.sources(split), &self.yaml)
     }
 }
@@ -367,6 +371,8 @@ mod tests {
         let c = DataConfig::from_yaml_str("train: a\nvalidation: b\nnc: 3", y).unwrap();
         assert_eq!(c.names, vec!["class_0", "class_1", "class_2"]);
         assert!(c.val[0].ends_with("b"));
+        let e = c.image_files(Split::Test).unwrap_err();
+        assert_eq!(e.to_string(), "/nonexistent/d.yaml: no 'test' split in this dataset YAML");
         let e = DataConfig::from_yaml_str("train: a\nval: b\nnames: [a]\nnc: 2", y).unwrap_err();
         assert!(e.to_string().contains("'names' length 1 and 'nc: 2' must match"), "{e}");
         let e = DataConfig::from_yaml_str("train: a\nval: b\nnames: {0: a, 2: b}", y).unwrap_err();
