@@ -123,6 +123,13 @@ fn cache_is_reused_only_while_files_are_unchanged() {
     assert_eq!(fourth.cache.scanned, 1);
     assert_eq!(fourth.index.boxes(), third.index.boxes() + 1);
 
+    // Same size, new modification time (an edit that keeps the length): rescanned too.
+    let f = std::fs::File::options().write(true).open(root.join("labels/train/good.txt")).unwrap();
+    f.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000)).unwrap();
+    drop(f);
+    let touched = build_index(&images, &cfg.names, Some(&cache), &opts);
+    assert_eq!((touched.cache.reused, touched.cache.scanned), (10, 1));
+
     // A corrupt cache is never trusted: everything is rescanned and the cache rewritten.
     let mut bytes = std::fs::read(&cache).unwrap();
     let n = bytes.len();
@@ -150,6 +157,9 @@ fn synthetic_dataset_is_deterministic_and_clean() {
     {
         assert_eq!(std::fs::read(a.path().join(rel)).unwrap(), std::fs::read(b.path().join(rel)).unwrap(), "{rel}");
     }
+    // Real JPEGs: they decode to the requested size.
+    let img = image::open(a.path().join("images/val/000002.jpg")).unwrap();
+    assert_eq!((img.width(), img.height()), (96, 96));
     let yaml = sa.data_yaml;
     let opts = IndexOptions { cache: false, find_orphans: true };
     let (train, _) = check::check(&yaml, Split::Train, &opts).unwrap();
