@@ -125,8 +125,24 @@ impl Naive {
     }
 }
 
+/// The two coco128 photos of the test data (640x480 and 640x426), twice, as mosaic tiles; synthetic images when
+/// they cannot be read.
+fn photos() -> Vec<SourceImage> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let load = |name: &str| -> Option<SourceImage> {
+        let img = image::open(dir.join(name)).ok()?.to_rgb8();
+        let (w, h) = img.dimensions();
+        let image = ImageRgb8::from_raw(w, h, w as usize * 3, img.into_raw()).ok()?;
+        Some(SourceImage { image, labels: ImageLabels { width: w, height: h, objects: Vec::new() } })
+    };
+    match (load("000000000009.jpg"), load("000000000025.jpg")) {
+        (Some(a), Some(b)) => vec![a.clone(), b.clone(), b, a],
+        _ => (0..4).map(|i| noise_image(640, 480 - 40 * (i % 2) as u32, i)).collect(),
+    }
+}
+
 fn bench_fused(c: &mut Criterion) {
-    let images: Vec<SourceImage> = (0..4).map(|i| noise_image(640, 480 - 40 * (i % 2) as u32, i)).collect();
+    let images = photos();
     let refs: Vec<&SourceImage> = images.iter().collect();
     let sampler = RecipeSampler::new(Hyp::default(), 4).expect("sampler");
     let mut group = c.benchmark_group("train_sample_mosaic_perspective_hsv_flip");

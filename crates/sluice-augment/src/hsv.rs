@@ -163,17 +163,12 @@ fn sector_to_rgb(sector: u8, f: f32, s: f32, v: f32) -> [u8; 3] {
     let (r, g, b) = if s == 0.0 {
         (v, v, v)
     } else {
-        let p = v * (1.0 - s);
-        let q = v * (1.0 - s * f);
-        let t = v * (1.0 - s * (1.0 - f));
-        match sector {
-            0 => (v, t, p),
-            1 => (q, v, p),
-            2 => (p, v, t),
-            3 => (p, q, v),
-            4 => (t, p, v),
-            _ => (v, p, q),
-        }
+        // Indexed selection instead of a `match`: the sector changes from pixel to pixel and a branch on it
+        // mispredicts; OpenCV's `sector_data` permutation, as (r, g, b) indices into `tab`.
+        const PERM: [[u8; 3]; 6] = [[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]];
+        let tab = [v, v * (1.0 - s), v * (1.0 - s * f), v * (1.0 - s * (1.0 - f))];
+        let idx = PERM[usize::from(sector.min(5))];
+        (tab[usize::from(idx[0] & 3)], tab[usize::from(idx[1] & 3)], tab[usize::from(idx[2] & 3)])
     };
     let cast = |x: f32| round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8;
     [cast(r), cast(g), cast(b)]
