@@ -149,3 +149,30 @@ fn letterbox_perspective_without_mosaic_and_flips() {
         check(&r, &slot, &labels, &data);
     }
 }
+
+#[test]
+fn mixup_blends_two_samples_and_keeps_both_label_sets() {
+    let data = rect_dataset();
+    let sampler = RecipeSampler::new(Hyp { mixup: 1.0, hsv_h: 0.0, hsv_s: 0.0, hsv_v: 0.0, ..Hyp::default() }, 4)
+        .expect("sampler");
+    let r = sampler.draw(1, 256, true, &mut ChaCha8Rng::seed_from_u64(3));
+    let m = r.mixup.expect("mixup drawn");
+    let imgs = |g: &sluice_augment::Geometry| -> Vec<&SourceImage> {
+        g.layout.ids().iter().map(|&i| &data[i as usize]).collect()
+    };
+    let (main_imgs, mix_imgs) = (imgs(&r.geometry), imgs(&m.geometry));
+    let full = TrainPlan::new(&r, &main_imgs, &mix_imgs).expect("plan");
+    let alone = TrainRecipe { mixup: None, ..r };
+    let partner = TrainRecipe { mixup: None, geometry: m.geometry, ..r };
+    let (a, la) = render(&alone, &data);
+    let (b, lb) = render(&partner, &data);
+    let mut out = vec![0u8; full.slot_len()];
+    full.render(&mut out).expect("render");
+    for i in 0..out.len() {
+        let want = (f32::from(a[i]) * m.ratio + f32::from(b[i]) * (1.0 - m.ratio)) as u8;
+        assert_eq!(out[i], want, "byte {i}");
+    }
+    let mut labels = Vec::new();
+    full.labels(|l| labels.push(l));
+    assert_eq!(labels, [la, lb].concat());
+}
