@@ -1,0 +1,55 @@
+//! Helpers shared by the integration tests: fixture loading and pixel comparison.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+
+use sluice_decode::{Backend, Decoder, ImageRgb8};
+
+/// Path of a fixture in `tests/data`.
+pub fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+}
+
+/// Bytes of a fixture.
+pub fn bytes(name: &str) -> Vec<u8> {
+    std::fs::read(data(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// A reference PNG as an RGB8 image (decoded with the `image` crate's PNG decoder, lossless).
+pub fn reference(name: &str) -> ImageRgb8 {
+    let img = image::load_from_memory_with_format(&bytes(name), image::ImageFormat::Png).expect("reference png");
+    let rgb = img.into_rgb8();
+    let (w, h) = rgb.dimensions();
+    ImageRgb8::from_raw(w, h, w as usize * 3, rgb.into_raw()).expect("packed")
+}
+
+/// Every decoder compiled into this build.
+pub fn decoders() -> Vec<Box<dyn Decoder>> {
+    let all: Vec<_> = Backend::compiled().into_iter().map(|b| b.decoder().expect("compiled backend")).collect();
+    assert!(!all.is_empty(), "no backend compiled in");
+    all
+}
+
+/// Pixel difference statistics between two images of the same size.
+#[derive(Debug, Clone, Copy)]
+pub struct Diff {
+    pub mean: f64,
+    pub max: u8,
+    /// Fraction of channel values differing by more than 8 levels.
+    pub over8: f64,
+}
+
+pub fn diff(a: &ImageRgb8, b: &ImageRgb8) -> Diff {
+    assert_eq!((a.width(), a.height()), (b.width(), b.height()), "sizes differ");
+    let (mut sum, mut max, mut over, mut n) = (0u64, 0u8, 0u64, 0u64);
+    for y in 0..a.height() {
+        for (p, q) in a.row(y).iter().zip(b.row(y)) {
+            let d = p.abs_diff(*q);
+            sum += u64::from(d);
+            max = max.max(d);
+            over += u64::from(d > 8);
+            n += 1;
+        }
+    }
+    Diff { mean: sum as f64 / n.max(1) as f64, max, over8: over as f64 / n.max(1) as f64 }
+}

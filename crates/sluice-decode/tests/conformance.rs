@@ -1,0 +1,223 @@
+//! The decode conformance suite, run against every compiled backend: real JPEGs against Pillow's decode (same
+//! pixels within a tolerance), grayscale / CMYK / progressive JPEGs, EXIF orientation, PNG with alpha, BMP and
+//! WebP, DCT-scaled decodes against libjpeg's scaled IDCT, and broken input (zero-length, truncated, garbage)
+//! → an image or a clear error, never a panic. Fixtures and their generator: `tests/data/README.md`.
+#![cfg(any(feature = "image", feature = "turbojpeg"))]
+
+mod common;
+
+use common::{bytes, decoders, diff, reference};
+use sluice_decode::{Backend, DecodeHint, Decoder, ImageRgb8, TargetDecoder, TargetOptions, decode_to_target};
+
+const FULL: DecodeHint = DecodeHint { min_long_side: None };
+
+fn decode(d: &dyn Decoder, name: &str, hint: DecodeHint) -> (ImageRgb8, sluice_decode::DecodeInfo) {
+    let mut out = ImageRgb8::default();
+    let info = d.decode(&bytes(name), hint, &mut out).unwrap_or_else(|e| panic!("{} on {name}: {e}", d.name()));
+    (out, info)
+}
+
+/// Tolerance for two JPEG decoders of the same file: libjpeg-turbo and zune-jpeg differ in IDCT rounding and
+/// chroma upsampling, which moves a few values by more than a couple of levels near sharp colour edges.
+fn assert_close(what: &str, d: &dyn Decoder, got: &ImageRgb8, want: &ImageRgb8, mean: f64, over8: f64) {
+    let s = diff(got, want);
+    eprintln!("{} {what}: {s:?}", d.name());
+    assert!(s.mean <= mean && s.over8 <= over8, "{} {what}: {s:?} (allowed mean {mean}, over8 {over8})", d.name());
+}
+
+#[test]
+fn real_jpegs_match_pillow() {
+    for d in decoders() {
+        for name in ["coco_536", "coco_643"] {
+            let (img, info) = decode(&*d, &format!("{name}.jpg"), FULL);
+            let want = reference(&format!("{name}_ref.png"));
+            assert_eq!((info.orig_width, info.orig_height, info.scale), (want.width(), want.height(), 1.0));
+            assert_close(name, &*d, &img, &want, 1.0, 0.005);
+        }
+    }
+}
+
+#[test]
+fn backends_agree_on_every_real_jpeg() {
+    let all = decoders();
+    for name in ["coco_472.jpg", "coco_536.jpg", "coco_562.jpg", "coco_643.jpg"] {
+        let (first, _) = decode(&*all[0], name, FULL);
+        for d in &all[1..] {
+            let (img, _) = decode(&**d, name, FULL);
+            assert_close(name, &**d, &img, &first, 1.0, 0.005);
+        }
+        // Sizes come from the headers: coco_562 is portrait.
+        if name == "coco_562.jpg" {
+            assert_eq!((first.width(), first.height()), (423, 640));
+        }
+    }
+}
+
+#[test]
+fn grayscale_cmyk_and_progressive_jpegs_become_rgb() {
+    for d in decoders() {
+        let (gray, _) = decode(&*d, "gray.jpg", FULL);
+        assert!((0..gray.height()).all(|y| gray.row(y).chunks(3).all(|p| p[0] == p[1] && p[1] == p[2])));
+        assert_close("gray", &*d, &gray, &reference("gray_ref.png"), 0.5, 0.001);
+        let (cmyk, _) = decode(&*d, "cmyk.jpg", FULL);
+        assert_close("cmyk", &*d, &cmyk, &reference("cmyk_ref.png"), 1.0, 0.01);
+        let (prog, _) = decode(&*d, "progressive.jpg", FULL);
+        assert_close("progressive", &*d, &prog, &reference("progressive_ref.png"), 1.0, 0.01);
+    }
+}
+
+#[test]
+fn exif_orientation_is_applied() {
+    for d in decoders() {
+        // Stored 120 x 160 with orientation 6: displayed 160 x 120.
+        let (img, info) = decode(&*d, "exif_orient6.jpg", FULL);
+        assert_eq!((img.width(), img.height(), info.orig_width, info.orig_height), (160, 120, 160, 120));
+        assert_close("exif", &*d, &img, &reference("exif_orient6_ref.png"), 1.0, 0.01);
+        // The hint is about the displayed long side; orientation also holds for reduced decodes.
+        let (small, info) = decode(&*d, "exif_orient6.jpg", DecodeHint { min_long_side: Some(40) });
+        assert!(small.width() > small.height() && small.width() >= 40, "{small:?}");
+        assert_eq!((info.orig_width, info.orig_height), (160, 120));
+    }
+}
+
+#[test]
+fn lossless_formats_and_alpha() {
+    let rgb = reference("rgb.png");
+    for d in decoders() {
+        for name in ["rgb.png", "rgba.png", "rgb.bmp", "rgb.webp"] {
+            let mut out = ImageRgb8::default();
+            match d.decode(&bytes(name), FULL, &mut out) {
+                // Alpha is dropped (as cv2.imread and Pillow's convert("RGB") do): the RGB planes are exact.
+                Ok(_) => assert_eq!(diff(&out, &rgb).max, 0, "{} {name}", d.name()),
+                // Only a JPEG-only build may refuse other formats, and it must say so.
+                Err(e) => {
+                    let image_compiled = cfg!(feature = "image");
+                    assert!(!image_compiled, "{} {name}: {e}", d.name());
+                    assert!(e.to_string().contains("unsupported"), "{e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dct_scaled_decodes_honour_the_hint() {
+    let half = reference("coco_643_half_ref.png"); // Pillow draft mode: libjpeg's 1/2 scaled IDCT.
+    for d in decoders() {
+        for min in [100u32, 250, 251, 400, 500, 640] {
+            let (img, info) = decode(&*d, "coco_643.jpg", DecodeHint { min_long_side: Some(min) });
+            assert!(img.width() >= min.min(500), "{} min {min}: {img:?}", d.name());
+            assert_eq!(img.width(), (500.0 * info.scale).ceil() as u32, "{} min {min}", d.name());
+            assert_eq!(img.height(), (375.0 * info.scale).ceil() as u32, "{} min {min}", d.name());
+            assert!([1.0, 0.5, 0.25, 0.125].contains(&info.scale));
+            if min > 250 {
+                assert_eq!(info.scale, 1.0, "{} must not scale below the hint", d.name());
+            }
+            if info.scale == 0.5 {
+                assert_close("half", &*d, &img, &half, 1.0, 0.01);
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_to_target_matches_across_backends_and_dct() {
+    for b in Backend::compiled() {
+        let d = b.decoder().expect("compiled");
+        // 500 x 375 → imgsz 200: DCT 1/2 (250 x 188) where supported, then area to 200 x 150.
+        let mut scratch = ImageRgb8::default();
+        let mut with_dct = ImageRgb8::default();
+        let mut full = ImageRgb8::default();
+        let src = bytes("coco_643.jpg");
+        let t = decode_to_target(&*d, &src, TargetOptions::new(200), &mut scratch, &mut with_dct).expect("decode");
+        assert_eq!((with_dct.width(), with_dct.height(), t.orig_width, t.orig_height), (200, 150, 500, 375));
+        assert_eq!(t.ratio, 0.4);
+        let opts = TargetOptions { dct_scaling: false, ..TargetOptions::new(200) };
+        let t2 = decode_to_target(&*d, &src, opts, &mut scratch, &mut full).expect("decode");
+        assert_eq!(t2.dct_scale, 1.0);
+        // libjpeg's 1/2-scale IDCT is a different low-pass than a 2x2 mean, so the two routes differ a little
+        // near edges (measured: mean 1.7 levels, 4% of values by more than 8); a misaligned last row or a box
+        // filter at the fractional factor pushes this past mean 3 and 10%.
+        assert_close("dct vs full", &*d, &with_dct, &full, 2.5, 0.06);
+        // Enlarging: long side 500 → 640 (linear).
+        let wrapped = TargetDecoder::new(b.decoder().expect("compiled"), TargetOptions::new(640));
+        let mut big = ImageRgb8::default();
+        let info = wrapped.decode(&src, DecodeHint::default(), &mut big).expect("decode");
+        assert_eq!((big.width(), big.height(), info.scale), (640, 480, 1.28));
+        assert!(wrapped.name().ends_with("@640"));
+    }
+}
+
+/// A deterministic byte generator for garbage inputs.
+fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 33) as u8
+        })
+        .collect()
+}
+
+/// Broken input must give an image or an error whose message says what is wrong; a panic fails the test.
+#[test]
+fn broken_input_gives_an_image_or_a_clear_error() {
+    let jpeg = bytes("coco_643.jpg");
+    let png = bytes("rgb.png");
+    let mut cases: Vec<(String, Vec<u8>)> = vec![("zero-length".into(), Vec::new())];
+    for cut in [2, 3, 4, 20, 100, 300, 600, jpeg.len() / 10, jpeg.len() / 2, jpeg.len() - 2] {
+        cases.push((format!("jpeg cut at {cut}"), jpeg[..cut].to_vec()));
+    }
+    for cut in [8, 16, 33, 100, png.len() / 2, png.len() - 12] {
+        cases.push((format!("png cut at {cut}"), png[..cut].to_vec()));
+    }
+    for seed in 0..20 {
+        cases.push((format!("garbage {seed}"), noise(1000 + seed as usize * 37, seed)));
+        let mut j = jpeg[..2].to_vec();
+        j.extend(noise(2000, seed + 100));
+        cases.push((format!("jpeg magic + garbage {seed}"), j));
+        let mut p = png[..8].to_vec();
+        p.extend(noise(500, seed + 200));
+        cases.push((format!("png magic + garbage {seed}"), p));
+        // Flipped bytes inside a valid JPEG's entropy-coded data and header.
+        let mut f = jpeg.clone();
+        for k in 0..8 {
+            let at = 2 + (noise(1, seed * 8 + k)[0] as usize * 157 + k as usize * 4099) % (jpeg.len() - 2);
+            f[at] ^= 0x5a;
+        }
+        cases.push((format!("jpeg bit flips {seed}"), f));
+    }
+    for d in decoders() {
+        let mut out = ImageRgb8::default();
+        for (what, input) in &cases {
+            match d.decode(input, DecodeHint::default(), &mut out) {
+                Ok(info) => {
+                    assert!(out.width() > 0 && out.height() > 0, "{} {what}: empty image", d.name());
+                    assert_eq!(out.byte_size(), out.width() as usize * out.height() as usize * 3);
+                    assert!(info.orig_width > 0);
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(
+                        ["empty input", "corrupt", "unsupported"].iter().any(|k| msg.contains(k)),
+                        "{} {what}: unclear error: {msg}",
+                        d.name()
+                    );
+                    assert!(msg.contains(d.name()) || msg.contains("image"), "{} {what}: {msg}", d.name());
+                }
+            }
+        }
+        assert!(d.decode(&[], FULL, &mut out).expect_err("empty").to_string().contains("empty input"));
+    }
+}
+
+#[test]
+fn output_buffer_is_reused() {
+    for d in decoders() {
+        let mut out = ImageRgb8::default();
+        d.decode(&bytes("coco_643.jpg"), FULL, &mut out).expect("decode");
+        let ptr = out.as_bytes().as_ptr();
+        d.decode(&bytes("coco_536.jpg"), FULL, &mut out).expect("decode");
+        assert_eq!(out.as_bytes().as_ptr(), ptr, "{}: smaller image reuses the allocation", d.name());
+    }
+}
