@@ -6,11 +6,13 @@
 //! Two per-class modes: [`NmsMode::Exact`] runs each class on its own boxes (what `torchvision.ops.batched_nms`
 //! does on the CPU for large inputs), [`NmsMode::ClassOffset`] reproduces Ultralytics' trick of shifting every
 //! box by `class * max_wh` in float32 before one class-blind NMS, including the IoU roundings that shift causes.
-//! Unlike Ultralytics there is no time limit: every image is processed completely. NaN or infinite inputs are
-//! an error, never a panic.
+//! Unlike Ultralytics there is no time limit: every image is processed completely. A NaN or infinite value
+//! anywhere in the prediction is an error naming the image, anchor and row, never a panic.
 //!
-//! Speed: each candidate is compared only with the boxes already kept in its own class (exactly equivalent to
-//! the suppression loop), and processing stops once `max_det` boxes are kept (the output is in score order).
+//! Speed: one sequential pass over the class rows (branch-free running max, or a chunked threshold test for
+//! multi-label), candidates sorted by integer keys, boxes read only for the candidates that are reached, each
+//! compared only with the boxes already kept in its own class (exactly equivalent to the suppression loop), and
+//! processing stops once `max_det` boxes are kept (the output is in score order).
 
 use sluice_core::{BoxXyxy, Detection, PostProcess};
 
@@ -153,24 +155,29 @@ impl PredBatch {
     }
 }
 
-/// One candidate: box in original and in suppression coordinates, score, class, anchor.
-#[derive(Debug, Clone, Copy)]
-struct Cand {
-    bbox: [f32; 4],
-    score: f32,
-    class: u32,
-    anchor: u32,
-}
-
 /// Reusable buffers of [`Nms::run`]; keep one per worker thread to avoid allocating per image.
 #[derive(Debug, Default)]
 pub struct NmsScratch {
-    best: Vec<f32>,
-    arg: Vec<u32>,
-    keys: Vec<u64>,
-    cands: Vec<Cand>,
-    order: Vec<u32>,
+    /// Candidates as (`anchor * nc + class`, score), in Ultralytics' order (anchor, then class).
+    keys: Vec<(u64, f32)>,
+    /// `(descending score key << 32) | position in keys`, sorted.
+    order: Vec<u64>,
+    /// Kept boxes per group: suppression coordinates and area.
     kept: Vec<Vec<[f32; 5]>>,
+}
+
+/// A u32 whose ascending order is the descending order of the (finite) float `s`; -0.0 and 0.0 are equal.
+#[inline]
+fn desc_key(s: f32) -> u32 {
+    let b = (s + 0.0).to_bits();
+    let asc = if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 };
+    !asc
+}
+
+/// Box extent of all anchors: `(min of x1/y1, max of x2/y2)` in float64.
+struct Extent {
+    lo: f64,
+    hi: f64,
 }
 
 /// Non-maximum suppression with fixed parameters.
@@ -187,7 +194,8 @@ impl Nms {
     }
 
     /// Runs NMS on one image (`image` only names it in errors). Writes the kept detections, in descending
-    /// score order, to `out` and, when given, the anchor index of each to `anchors`.
+    /// score order, to `out` and, when given, the anchor index of each to `anchors`. Any NaN or infinite value
+    /// in the prediction is an error.
     pub fn run(
         &self,
         pred: &PredView<'_>,
@@ -205,164 +213,47 @@ impl Nms {
             return Err(Error::Invalid { what: "NMS thresholds", reason: format!("{p:?}") });
         }
         let nc = pred.num_classes;
-        let na = pred.num_anchors;
-        let conf = p.conf_thres as f32;
-        self.check_scores(pred, image)?;
-        self.candidates(pred, conf, scratch);
-        // Boxes of candidates must be finite.
-        scratch.cands.clear();
-        for &key in &scratch.keys {
-            let (anchor, class) = ((key / nc as u64) as usize, (key % nc as u64) as usize);
-            let mut b = [0f32; 4];
-            for (r, v) in b.iter_mut().enumerate() {
-                *v = pred.at(r, anchor);
-                if !v.is_finite() {
-                    return Err(Error::NonFinite { image, anchor, row: r, value: *v });
-                }
-            }
-            // Ultralytics' xywh2xyxy: xy -+ wh / 2 in float32.
-            let (hw, hh) = (b[2] / 2.0, b[3] / 2.0);
-            scratch.cands.push(Cand {
-                bbox: [b[0] - hw, b[1] - hh, b[0] + hw, b[1] + hh],
-                score: pred.at(4 + class, anchor),
-                class: class as u32,
-                anchor: anchor as u32,
-            });
+        let extent = check_boxes(pred, image)?;
+        let multi = p.multi_label && nc > 1;
+        let all_finite = candidates(pred, p.conf_thres as f32, multi, scratch);
+        if !all_finite {
+            return Err(first_non_finite(pred, image));
         }
-        debug_assert!(na <= u32::MAX as usize);
-        // Stable descending score order (torch's stable sort; -0.0 and 0.0 are equal there).
-        let cands = &scratch.cands;
+        if scratch.keys.len() > u32::MAX as usize {
+            return Err(Error::Invalid { what: "prediction", reason: "more than 2^32 candidates".into() });
+        }
+        // Stable descending score order: ties keep the candidate order (torch's stable sort).
         scratch.order.clear();
-        scratch.order.extend(0..cands.len() as u32);
-        scratch.order.sort_by(|&i, &j| (cands[j as usize].score + 0.0).total_cmp(&(cands[i as usize].score + 0.0)));
+        for (pos, &(_, score)) in scratch.keys.iter().enumerate() {
+            scratch.order.push((u64::from(desc_key(score)) << 32) | pos as u64);
+        }
+        scratch.order.sort_unstable();
         scratch.order.truncate(p.max_nms);
-        self.suppress(scratch, nc, out, anchors);
+        self.suppress(pred, &extent, scratch, out, anchors);
         Ok(())
-    }
-
-    fn check_scores(&self, pred: &PredView<'_>, image: usize) -> Result<()> {
-        let nc = pred.num_classes;
-        let na = pred.num_anchors;
-        let bad = |row: usize, anchor: usize, value: f32| Error::NonFinite { image, anchor, row, value };
-        match pred.layout {
-            Layout::ChannelsFirst => {
-                let scores = &pred.data[4 * na..];
-                if scores.iter().any(|v| !v.is_finite()) {
-                    let i = scores.iter().position(|v| !v.is_finite()).unwrap_or(0);
-                    return Err(bad(4 + i / na, i % na, scores[i]));
-                }
-            }
-            Layout::AnchorsFirst => {
-                for a in 0..na {
-                    for r in 4..4 + nc {
-                        let v = pred.at(r, a);
-                        if !v.is_finite() {
-                            return Err(bad(r, a, v));
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Fills `scratch.keys` with `anchor * nc + class` of every candidate, in Ultralytics' order (anchor, then
-    /// class), before the `max_nms` cut.
-    fn candidates(&self, pred: &PredView<'_>, conf: f32, scratch: &mut NmsScratch) {
-        let nc = pred.num_classes;
-        let na = pred.num_anchors;
-        scratch.keys.clear();
-        let multi = self.params.multi_label && nc > 1;
-        match (pred.layout, multi) {
-            (Layout::ChannelsFirst, true) => {
-                for c in 0..nc {
-                    let row = &pred.data[(4 + c) * na..(5 + c) * na];
-                    for (a, &s) in row.iter().enumerate() {
-                        if s > conf {
-                            scratch.keys.push((a * nc + c) as u64);
-                        }
-                    }
-                }
-                scratch.keys.sort_unstable();
-            }
-            (Layout::ChannelsFirst, false) => {
-                // Row-wise running max keeps memory access sequential; strict `>` keeps the first maximum.
-                scratch.best.clear();
-                scratch.best.extend_from_slice(&pred.data[4 * na..5 * na]);
-                scratch.arg.clear();
-                scratch.arg.resize(na, 0);
-                for c in 1..nc {
-                    let row = &pred.data[(4 + c) * na..(5 + c) * na];
-                    for ((b, g), &s) in scratch.best.iter_mut().zip(scratch.arg.iter_mut()).zip(row) {
-                        if s > *b {
-                            *b = s;
-                            *g = c as u32;
-                        }
-                    }
-                }
-                for (a, (&b, &g)) in scratch.best.iter().zip(&scratch.arg).enumerate() {
-                    if b > conf {
-                        scratch.keys.push((a * nc) as u64 + u64::from(g));
-                    }
-                }
-            }
-            (Layout::AnchorsFirst, _) => {
-                let stride = 4 + nc;
-                for a in 0..na {
-                    let row = &pred.data[a * stride + 4..(a + 1) * stride];
-                    if multi {
-                        for (c, &s) in row.iter().enumerate() {
-                            if s > conf {
-                                scratch.keys.push((a * nc + c) as u64);
-                            }
-                        }
-                    } else {
-                        let (mut g, mut b) = (0usize, row[0]);
-                        for (c, &s) in row.iter().enumerate().skip(1) {
-                            if s > b {
-                                b = s;
-                                g = c;
-                            }
-                        }
-                        if b > conf {
-                            scratch.keys.push((a * nc + g) as u64);
-                        }
-                    }
-                }
-            }
-        }
     }
 
     /// Greedy suppression over `scratch.order`.
     fn suppress(
         &self,
+        pred: &PredView<'_>,
+        extent: &Extent,
         scratch: &mut NmsScratch,
-        nc: usize,
         out: &mut Vec<Detection>,
-        anchors: Option<&mut Vec<usize>>,
+        mut anchors: Option<&mut Vec<usize>>,
     ) {
         let p = &self.params;
-        let cands = &scratch.cands;
-        let order = &scratch.order;
-        // Suppression coordinates and grouping.
+        let nc = pred.num_classes;
         let offset = match (p.agnostic, p.mode) {
             (false, NmsMode::ClassOffset { max_wh }) => Some(max_wh),
             _ => None,
         };
-        // With the class offset, boxes of different classes can only interact when the candidates span at
-        // least `max_wh` pixels; otherwise comparing within the class is exact, else compare with every kept box.
-        let per_class = if p.agnostic {
-            false
-        } else if let Some(w) = offset {
-            let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-            for &i in order {
-                let b = &cands[i as usize].bbox;
-                lo = lo.min(f64::from(b[0])).min(f64::from(b[1]));
-                hi = hi.max(f64::from(b[2])).max(f64::from(b[3]));
-            }
-            hi - lo < f64::from(w)
-        } else {
-            true
+        // With the class offset, boxes of different classes can only overlap when the boxes span at least
+        // `max_wh` pixels; otherwise comparing within the class is exact, else compare with every kept box.
+        let per_class = match (p.agnostic, offset) {
+            (true, _) => false,
+            (false, Some(w)) => extent.hi - extent.lo < f64::from(w),
+            (false, None) => true,
         };
         let groups = if per_class { nc } else { 1 };
         if scratch.kept.len() < groups {
@@ -372,21 +263,24 @@ impl Nms {
             k.clear();
         }
         let thr = p.iou_thres;
-        let mut anchors = anchors;
-        for &i in order {
+        for &o in &scratch.order {
             if out.len() >= p.max_det {
                 break;
             }
-            let c = &cands[i as usize];
-            let mut b = c.bbox;
+            let (key, score) = scratch.keys[(o & 0xffff_ffff) as usize];
+            let (a, c) = ((key / nc as u64) as usize, (key % nc as u64) as usize);
+            // Ultralytics' xywh2xyxy: xy -+ wh / 2 in float32.
+            let (cx, cy, hw, hh) = (pred.at(0, a), pred.at(1, a), pred.at(2, a) / 2.0, pred.at(3, a) / 2.0);
+            let bbox = [cx - hw, cy - hh, cx + hw, cy + hh];
+            let mut b = bbox;
             if let Some(w) = offset {
-                let off = c.class as f32 * w;
+                let off = c as f32 * w;
                 for v in &mut b {
                     *v += off;
                 }
             }
             let area = (b[2] - b[0]) * (b[3] - b[1]);
-            let g = if per_class { c.class as usize } else { 0 };
+            let g = if per_class { c } else { 0 };
             let suppressed = scratch.kept[g].iter().any(|k| {
                 let w = (k[2].min(b[2]) - k[0].max(b[0])).max(0.0);
                 let h = (k[3].min(b[3]) - k[1].max(b[1])).max(0.0);
@@ -398,13 +292,9 @@ impl Nms {
                 continue;
             }
             scratch.kept[g].push([b[0], b[1], b[2], b[3], area]);
-            out.push(Detection {
-                bbox: BoxXyxy::new(c.bbox[0], c.bbox[1], c.bbox[2], c.bbox[3]),
-                score: c.score,
-                class: c.class,
-            });
-            if let Some(a) = anchors.as_deref_mut() {
-                a.push(c.anchor as usize);
+            out.push(Detection { bbox: BoxXyxy::new(bbox[0], bbox[1], bbox[2], bbox[3]), score, class: c as u32 });
+            if let Some(v) = anchors.as_deref_mut() {
+                v.push(a);
             }
         }
     }
@@ -418,6 +308,130 @@ impl Nms {
         }
         Ok(())
     }
+}
+
+/// Checks that every box value is finite and returns the extent of all boxes (as xyxy).
+fn check_boxes(pred: &PredView<'_>, image: usize) -> Result<Extent> {
+    let na = pred.num_anchors;
+    let (mut lo, mut hi, mut finite) = (f32::INFINITY, f32::NEG_INFINITY, true);
+    let mut visit = |cx: f32, cy: f32, w: f32, h: f32| {
+        finite &= cx.is_finite() & cy.is_finite() & w.is_finite() & h.is_finite();
+        let (hw, hh) = (w / 2.0, h / 2.0);
+        lo = lo.min(cx - hw).min(cy - hh);
+        hi = hi.max(cx + hw).max(cy + hh);
+    };
+    match pred.layout {
+        Layout::ChannelsFirst => {
+            let d = pred.data;
+            let (x, rest) = d[..4 * na].split_at(na);
+            let (y, rest) = rest.split_at(na);
+            let (w, h) = rest.split_at(na);
+            for (((&cx, &cy), &w), &h) in x.iter().zip(y).zip(w).zip(h) {
+                visit(cx, cy, w, h);
+            }
+        }
+        Layout::AnchorsFirst => {
+            for row in pred.data.chunks_exact(4 + pred.num_classes) {
+                visit(row[0], row[1], row[2], row[3]);
+            }
+        }
+    }
+    if !finite {
+        return Err(first_non_finite(pred, image));
+    }
+    Ok(Extent { lo: f64::from(lo), hi: f64::from(hi) })
+}
+
+/// The error naming the first non-finite value (row-major over rows, then anchors).
+fn first_non_finite(pred: &PredView<'_>, image: usize) -> Error {
+    for row in 0..4 + pred.num_classes {
+        for anchor in 0..pred.num_anchors {
+            let value = pred.at(row, anchor);
+            if !value.is_finite() {
+                return Error::NonFinite { image, anchor, row, value };
+            }
+        }
+    }
+    Error::Invalid { what: "prediction", reason: format!("image {image}: non-finite value") }
+}
+
+/// Fills `scratch.keys` with `anchor * nc + class` of every candidate, in Ultralytics' order (anchor, then
+/// class), before the `max_nms` cut. Returns whether every class score was finite.
+fn candidates(pred: &PredView<'_>, conf: f32, multi: bool, scratch: &mut NmsScratch) -> bool {
+    let nc = pred.num_classes;
+    let na = pred.num_anchors;
+    scratch.keys.clear();
+    let mut finite = true;
+    match pred.layout {
+        Layout::ChannelsFirst => {
+            // Every (anchor, class) above the threshold, found with a branch-free test per chunk of a row
+            // (most chunks hold none). For single-label, an anchor's best class is among its pairs above the
+            // threshold whenever its maximum is, so the per-anchor argmax only needs those pairs.
+            const CHUNK: usize = 32;
+            for c in 0..nc {
+                let row = &pred.data[(4 + c) * na..(5 + c) * na];
+                for (ci, chunk) in row.chunks(CHUNK).enumerate() {
+                    let (mut any, mut ok) = (false, true);
+                    for &s in chunk {
+                        any |= s > conf;
+                        ok &= s.is_finite();
+                    }
+                    finite &= ok;
+                    if any {
+                        for (j, &s) in chunk.iter().enumerate() {
+                            if s > conf {
+                                scratch.keys.push((((ci * CHUNK + j) * nc + c) as u64, s));
+                            }
+                        }
+                    }
+                }
+            }
+            scratch.keys.sort_unstable_by_key(|k| k.0);
+            if !multi {
+                // Keep the first maximum of each anchor (class order), like torch's `max(1)`.
+                let n = nc as u64;
+                let mut w = 0;
+                for r in 0..scratch.keys.len() {
+                    let (key, s) = scratch.keys[r];
+                    if w > 0 && scratch.keys[w - 1].0 / n == key / n {
+                        if s > scratch.keys[w - 1].1 {
+                            scratch.keys[w - 1] = (key, s);
+                        }
+                    } else {
+                        scratch.keys[w] = (key, s);
+                        w += 1;
+                    }
+                }
+                scratch.keys.truncate(w);
+            }
+        }
+        Layout::AnchorsFirst => {
+            let stride = 4 + nc;
+            for a in 0..na {
+                let row = &pred.data[a * stride + 4..(a + 1) * stride];
+                finite &= row.iter().fold(true, |ok, s| ok & s.is_finite());
+                if multi {
+                    for (c, &s) in row.iter().enumerate() {
+                        if s > conf {
+                            scratch.keys.push(((a * nc + c) as u64, s));
+                        }
+                    }
+                } else {
+                    let (mut g, mut b) = (0usize, row[0]);
+                    for (c, &s) in row.iter().enumerate().skip(1) {
+                        if s > b {
+                            b = s;
+                            g = c;
+                        }
+                    }
+                    if b > conf {
+                        scratch.keys.push(((a * nc + g) as u64, b));
+                    }
+                }
+            }
+        }
+    }
+    finite
 }
 
 impl PostProcess for Nms {
@@ -471,6 +485,13 @@ mod tests {
         assert_eq!(idx, vec![0, 3]);
         assert_eq!(out[0].bbox, BoxXyxy::new(40.0, 40.0, 60.0, 60.0));
         assert_eq!((out[1].class, out[1].score), (1, 0.6));
+    }
+
+    #[test]
+    fn single_label_takes_the_first_of_tied_best_classes() {
+        let r = vec![vec![50.0, 50.0, 20.0, 20.0, 0.1, 0.6, 0.6], vec![90.0, 50.0, 20.0, 20.0, 0.0005, 0.0001, 0.0]];
+        let (out, idx) = run(NmsParams { multi_label: false, ..NmsParams::default() }, &r).unwrap();
+        assert_eq!((idx, out[0].class, out[0].score), (vec![0], 1, 0.6));
     }
 
     #[test]

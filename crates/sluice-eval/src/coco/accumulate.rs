@@ -37,6 +37,12 @@ struct Scratch {
     gt_ig: Vec<bool>,
     gt_sorted: Vec<u32>,
     gt_matched: Vec<bool>,
+    /// Per detection, the GTs it may match (IoU >= the lowest threshold): offsets into `cand`.
+    cand_off: Vec<u32>,
+    cand: Vec<u32>,
+    /// `cand` with each detection's list in the GT order of the current area range.
+    cand_sorted: Vec<u32>,
+    gt_rank: Vec<u32>,
 }
 
 /// A streaming COCO bbox evaluator: add images in any order (on any number of accumulators), merge, finalize.
@@ -164,6 +170,21 @@ impl CocoAccumulator {
                 s.ious[d * ng + g] = i / u;
             }
         }
+        // Only GTs with IoU >= the lowest threshold can ever be matched; visiting just those (in the same GT
+        // order) gives the same matches: skipped GTs would `continue`, and once a regular GT is matched every
+        // later GT is an ignored one, where the scan stops either way.
+        let t_min = self.params.iou_thrs.iter().fold(f64::INFINITY, |m, &t| m.min(t.min(1.0 - 1e-10)));
+        s.cand_off.clear();
+        s.cand.clear();
+        s.cand_off.push(0);
+        for d in 0..nd {
+            for g in 0..ng {
+                if s.ious[d * ng + g] >= t_min {
+                    s.cand.push(g as u32);
+                }
+            }
+            s.cand_off.push(s.cand.len() as u32);
+        }
         let base = self.cats[k].recs.len();
         {
             let cat = &mut self.cats[k];
@@ -187,6 +208,19 @@ impl CocoAccumulator {
             s.gt_sorted.clear();
             s.gt_sorted.extend((0..ng as u32).filter(|&g| !s.gt_ig[g as usize]));
             s.gt_sorted.extend((0..ng as u32).filter(|&g| s.gt_ig[g as usize]));
+            s.gt_rank.clear();
+            s.gt_rank.resize(ng, 0);
+            for (r, &g) in s.gt_sorted.iter().enumerate() {
+                s.gt_rank[g as usize] = r as u32;
+            }
+            s.cand_sorted.clear();
+            s.cand_sorted.extend_from_slice(&s.cand);
+            for d in 0..nd {
+                let seg = &mut s.cand_sorted[s.cand_off[d] as usize..s.cand_off[d + 1] as usize];
+                if seg.len() > 1 {
+                    seg.sort_unstable_by_key(|&g| s.gt_rank[g as usize]);
+                }
+            }
             let mut masks = vec![0u32; nd];
             for (t, &thr) in self.params.iou_thrs.iter().enumerate().take(nt) {
                 s.gt_matched.clear();
@@ -195,7 +229,7 @@ impl CocoAccumulator {
                     let mut iou = thr.min(1.0 - 1e-10);
                     let mut m: Option<usize> = None;
                     if ng > 0 {
-                        for &g in &s.gt_sorted {
+                        for &g in &s.cand_sorted[s.cand_off[d] as usize..s.cand_off[d + 1] as usize] {
                             let g = g as usize;
                             let crowd = gts[g_idx[g].1 as usize].iscrowd;
                             if s.gt_matched[g] && !crowd {
