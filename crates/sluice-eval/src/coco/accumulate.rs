@@ -343,6 +343,7 @@ impl CocoAccumulator {
         });
         let mut rc: Vec<f64> = Vec::with_capacity(order.len());
         let mut pr: Vec<f64> = Vec::with_capacity(order.len());
+        // Masks of the selected detections in sorted order, contiguous for the per-threshold passes.
         let mut sel: Vec<u32> = Vec::with_capacity(order.len());
         for a in 0..d.a {
             let npig = self.npig[k * d.a + a];
@@ -351,15 +352,19 @@ impl CocoAccumulator {
             }
             for (m, &max_det) in self.params.max_dets.iter().enumerate() {
                 sel.clear();
-                sel.extend(order.iter().copied().filter(|&i| (cat.recs[i as usize].rank as usize) < max_det));
+                sel.extend(
+                    order
+                        .iter()
+                        .filter(|&&i| (cat.recs[i as usize].rank as usize) < max_det)
+                        .map(|&i| cat.masks[i as usize * d.a + a]),
+                );
                 for t in 0..d.t {
                     rc.clear();
                     pr.clear();
                     let (mut tp, mut fp) = (0u64, 0u64);
                     // Ignored detections only repeat the previous (recall, precision) point; skipping them
                     // leaves the envelope and every recall-threshold lookup unchanged.
-                    for &i in &sel {
-                        let mask = cat.masks[i as usize * d.a + a];
+                    for &mask in &sel {
                         if mask & (1 << (16 + t)) != 0 {
                             continue;
                         }
