@@ -1,0 +1,172 @@
+//! The loaders on a small generated dataset: byte-identical batches for 1 and 3 workers, every validation image
+//! exactly once in rect batches, a corrupt image skipped and counted (or fatal with `strict`), and the telemetry
+//! naming an artificially slow decode stage as the bottleneck.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_augment::Hyp;
+use sluice_core::{DecodeHint, DecodeInfo, Decoder, ImageRgb8, Reader};
+use sluice_dataset::synth::{SynthConfig, generate};
+use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};
+use sluice_decode::{ImageDecoder, TargetDecoder, TargetOptions};
+use sluice_storage::FileReader;
+use sluice_train::loader::{DecodedSource, LoaderConfig, TrainLoader, ValLoader};
+
+const IMGSZ: u32 = 128;
+
+fn dataset(dir: &Path) -> (SampleIndex, SampleIndex) {
+    let cfg = SynthConfig { out: dir.to_path_buf(), seed: 3, train: 24, val: 10, imgsz: 160, quality: 90 };
+    let summary = generate(&cfg).expect("generate");
+    let data = DataConfig::load(&summary.data_yaml).expect("data.yaml");
+    let opts = IndexOptions { cache: false, find_orphans: false };
+    let train = data.index(Split::Train, &opts).expect("train index").index;
+    let val = data.index(Split::Val, &opts).expect("val index").index;
+    (train, val)
+}
+
+fn source(index: &SampleIndex, decoder: Arc<dyn Decoder>, budget: usize) -> Arc<DecodedSource> {
+    let reader: Arc<dyn Reader> = Arc::new(FileReader::new(index.samples.iter().map(|s| s.image.clone()).collect()));
+    Arc::new(DecodedSource::new(Arc::new(index.clone()), reader, decoder, budget))
+}
+
+fn target_decoder(augment: bool) -> Arc<dyn Decoder> {
+    let opts = TargetOptions { imgsz: IMGSZ, augment, dct_scaling: true };
+    Arc::new(TargetDecoder::new(Box::new(ImageDecoder::new()), opts))
+}
+
+fn config(workers: usize) -> LoaderConfig {
+    LoaderConfig { workers, ..LoaderConfig::new(IMGSZ, 4, 11) }
+}
+
+/// One delivered batch, flattened: (batch index, pixels, targets as bits, sample ids).
+type Flat = (u64, Vec<u8>, Vec<[u32; 6]>, Vec<u64>);
+
+/// Everything one epoch delivers.
+fn epoch_bytes(loader: &TrainLoader, epoch: u32) -> Vec<Flat> {
+    loader
+        .epoch(epoch, 10)
+        .map(|b| {
+            let b = b.expect("batch");
+            let targets = b
+                .targets
+                .iter()
+                .map(|t| {
+                    [
+                        t.image,
+                        t.class,
+                        t.bbox.x1.to_bits(),
+                        t.bbox.y1.to_bits(),
+                        t.bbox.x2.to_bits(),
+                        t.bbox.y2.to_bits(),
+                    ]
+                })
+                .collect();
+            (b.index, b.pixels().to_vec(), targets, b.sample_ids.clone())
+        })
+        .collect()
+}
+
+#[test]
+fn train_batches_are_identical_for_any_worker_count_and_differ_across_epochs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (train, _) = dataset(dir.path());
+    let one = TrainLoader::new(source(&train, target_decoder(true), 0), config(1), Hyp::default()).expect("loader");
+    let three =
+        TrainLoader::new(source(&train, target_decoder(true), 1 << 30), config(3), Hyp::default()).expect("loader");
+    let a = epoch_bytes(&one, 0);
+    assert_eq!(a.len(), 6);
+    assert!(a.iter().all(|(_, px, _, ids)| ids.len() == 4 && px.len() == 4 * 3 * 128 * 128));
+    assert!(a.iter().any(|(_, _, t, _)| !t.is_empty()), "mosaics carry boxes");
+    assert_eq!(a, epoch_bytes(&three, 0), "1 vs 3 workers");
+    // The cache served the second epoch.
+    let b = epoch_bytes(&three, 1);
+    assert_ne!(a, b, "epochs differ");
+    let stats = three.source().stats();
+    assert_eq!(stats.cached_images, 24);
+    assert!(stats.hits > 0);
+    assert_eq!(three.skips().skipped, 0);
+}
+
+#[test]
+fn validation_visits_every_image_once_in_rect_batches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, val) = dataset(dir.path());
+    let loader = ValLoader::new(source(&val, target_decoder(false), 1 << 30), config(2));
+    let mut seen = Vec::new();
+    let mut boxes = 0;
+    for (k, batch) in loader.pass().enumerate() {
+        let batch = batch.expect("batch");
+        let (w, h) = loader.plan().shapes[k];
+        assert_eq!((batch.shape().width, batch.shape().height), (w as usize, h as usize));
+        assert_eq!(w % 32, 0);
+        assert_eq!(h % 32, 0);
+        for t in &batch.targets {
+            assert!(t.bbox.x1 >= 0.0 && t.bbox.x2 <= w as f32 && t.bbox.y1 >= 0.0 && t.bbox.y2 <= h as f32);
+        }
+        boxes += batch.targets.len();
+        seen.extend(batch.sample_ids.iter().copied());
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..10).collect::<Vec<u64>>());
+    assert_eq!(boxes, val.boxes());
+}
+
+fn corrupt_first_image(index: &SampleIndex) -> String {
+    let path = &index.samples[0].image;
+    std::fs::write(path, b"\xff\xd8\xff\xe0 not really a jpeg").expect("corrupt");
+    path.display().to_string()
+}
+
+#[test]
+fn a_corrupt_image_is_skipped_and_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, val) = dataset(dir.path());
+    let bad = corrupt_first_image(&val);
+    let loader = ValLoader::new(source(&val, target_decoder(false), 0), config(2));
+    let images: usize = loader.pass().map(|b| b.expect("skipping, not failing").len()).sum();
+    assert_eq!(images, 9);
+    let skips = loader.skips();
+    assert_eq!(skips.skipped, 1);
+    assert!(skips.first[0].contains(&bad), "{:?}", skips.first);
+}
+
+#[test]
+fn a_corrupt_image_stops_a_strict_run_with_its_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, val) = dataset(dir.path());
+    let bad = corrupt_first_image(&val);
+    let cfg = LoaderConfig { strict: true, ..config(2) };
+    let loader = ValLoader::new(source(&val, target_decoder(false), 0), cfg);
+    let err = loader.pass().find_map(Result::err).expect("strict run fails");
+    assert!(err.to_string().contains(&bad), "{err}");
+}
+
+/// A decoder that takes its time, to play a storage/decode-bound loader.
+struct Slow(Arc<dyn Decoder>);
+
+impl Decoder for Slow {
+    fn decode(&self, bytes: &[u8], hint: DecodeHint, out: &mut ImageRgb8) -> sluice_core::Result<DecodeInfo> {
+        std::thread::sleep(Duration::from_millis(15));
+        self.0.decode(bytes, hint, out)
+    }
+    fn name(&self) -> &str {
+        "slow"
+    }
+}
+
+#[test]
+fn a_slow_decoder_makes_decode_the_bottleneck() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (train, _) = dataset(dir.path());
+    let hyp = Hyp { mosaic: 0.0, ..Hyp::default() };
+    let loader =
+        TrainLoader::new(source(&train, Arc::new(Slow(target_decoder(true))), 0), config(1), hyp).expect("loader");
+    let mut epoch = loader.epoch(0, 10);
+    for batch in epoch.by_ref() {
+        batch.expect("batch");
+    }
+    let report = epoch.report();
+    assert_eq!(report.bottleneck, "decode", "{report}");
+}
