@@ -1,10 +1,10 @@
 //! Criterion bench of the model's hot path on the CPU backend: yolov8n eval forward at 320×320 (the baseline)
 //! against the Conv+BN-folded forward, measured in the same run, plus the SPPF max-pool workaround (native
-//! padded pool vs the differentiable shifted-maximum form).
+//! padded pool vs the differentiable shifted-maximum form), and the whole `bench_model` run (eval, fused, train step).
 
 use candle_core::{DType, Device, Tensor, Var};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use sluice_model::{Scale, YoloConfig, YoloV8, ops};
+use sluice_model::{BenchOptions, Scale, YoloConfig, YoloV8, bench_model, ops};
 
 fn forward(c: &mut Criterion) {
     let dev = Device::Cpu;
@@ -27,5 +27,15 @@ fn forward(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, forward);
+fn train_step(c: &mut Criterion) {
+    // One training step (train-mode forward + loss + backward + AdamW) at a small size, via the same code as
+    // `sluice model bench`; the eval forward of the same batch is the baseline.
+    let opts = BenchOptions { config: YoloConfig::new(Scale::N, 80), imgsz: 160, batch: 2, warmup: 0, iters: 1 };
+    let mut g = c.benchmark_group("yolov8n_160_b2_cpu");
+    g.sample_size(10);
+    g.bench_function("bench_model_all_paths", |b| b.iter(|| bench_model(&opts, &Device::Cpu).expect("bench")));
+    g.finish();
+}
+
+criterion_group!(benches, forward, train_step);
 criterion_main!(benches);

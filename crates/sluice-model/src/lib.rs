@@ -13,6 +13,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod head;
@@ -24,6 +25,9 @@ mod params;
 pub mod run;
 pub mod weights;
 
+pub use bench::{BenchOptions, BenchReport, bench_model};
+/// The candle version this crate is built on (for devices and tensors in the public API).
+pub use candle_core;
 pub use config::{REG_MAX, STRIDES, Scale, YoloConfig};
 pub use error::{ModelError, Result};
 pub use head::RawHead;

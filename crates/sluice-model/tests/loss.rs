@@ -112,3 +112,33 @@ fn target_rows_outside_the_batch_are_errors() {
     let t = Target { image: 0, class: 80, bbox: BoxXyxy::new(0.0, 0.0, 10.0, 10.0) };
     assert!(loss.group_targets(&[t], 2).is_err());
 }
+
+#[test]
+fn a_few_dozen_steps_overfit_two_images() {
+    // The fixture's two letterboxed images downscaled 5x to 64x64 (and their boxes), yolov8n from the bncal
+    // weights, AdamW: the total loss must fall by more than half.
+    use candle_nn::Optimizer;
+    let model = bncal();
+    let x = input().avg_pool2d(5).unwrap();
+    let targets: Vec<Target> = targets()
+        .into_iter()
+        .map(|t| Target { bbox: BoxXyxy::new(t.bbox.x1 / 5.0, t.bbox.y1 / 5.0, t.bbox.x2 / 5.0, t.bbox.y2 / 5.0), ..t })
+        .collect();
+    let vars: Vec<candle_core::Var> = model.trainable_vars().into_iter().map(|(_, v)| v).collect();
+    let params = candle_nn::ParamsAdamW { lr: 2e-3, weight_decay: 0.0, ..Default::default() };
+    let mut opt = candle_nn::AdamW::new(vars, params).unwrap();
+    let loss = DetectionLoss::new(80);
+    let mut history = Vec::new();
+    for _ in 0..STEPS {
+        let (raw, _) = model.forward_raw(&x, Mode::Train).unwrap();
+        let out = loss.compute(&raw, &targets).unwrap();
+        history.push(out.total.to_scalar::<f32>().unwrap());
+        opt.backward_step(&out.total).unwrap();
+    }
+    println!("overfit losses: {history:?}");
+    let (first, last) = (history[0], history[history.len() - 1]);
+    assert!(last < 0.5 * first, "loss {first} -> {last}");
+}
+
+/// Steps of the overfit run (the loss halves after about 8; 16 keeps a margin and the test short).
+const STEPS: usize = 16;

@@ -20,6 +20,8 @@ enum Command {
     Info(cmd::info::Args),
     /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset).
     Data(cmd::data::Args),
+    /// YOLOv8 model tools: `model run` runs the eval forward on an .npy input.
+    Model(cmd::model::Args),
     /// COCO bbox mAP of a results file against a ground-truth file (pycocotools-exact).
     EvalCoco(cmd::eval_coco::Args),
 }
@@ -29,6 +31,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Info(args) => cmd::info::run(args),
         Command::Data(args) => cmd::data::run(args),
+        Command::Model(args) => cmd::model::run(args),
         Command::EvalCoco(args) => cmd::eval_coco::run(args),
     }
 }

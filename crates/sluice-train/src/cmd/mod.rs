@@ -3,3 +3,4 @@
 pub(crate) mod data;
 pub(crate) mod eval_coco;
 pub(crate) mod info;
+pub(crate) mod model;

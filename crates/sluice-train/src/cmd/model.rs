@@ -1,5 +1,6 @@
 //! `sluice model run`: the eval-mode YOLOv8 forward on an NCHW float32 `.npy` (decoded output, optional raw
-//! logits), to check a port of weights against another implementation. The logic is `sluice_model::run_npy`.
+//! logits), to check a port of weights against another implementation; `sluice model bench`: eval, fused and
+//! training-step timings. The logic is in `sluice_model` (`run_npy`, `bench_model`).
 
 use std::path::PathBuf;
 
@@ -17,6 +18,44 @@ pub(crate) struct Args {
 enum ModelCommand {
     /// Run the eval-mode forward on an NCHW float32 .npy and write the decoded (B, 4+nc, A) output.
     Run(RunArgs),
+    /// Time eval forward, fused forward and a training step on the CPU (medians after warm-up).
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Scale: n, s, m, l or x.
+    #[arg(long, default_value = "n")]
+    scale: String,
+    /// Number of classes.
+    #[arg(long, default_value_t = 80)]
+    nc: usize,
+    /// Square input side (multiple of 32).
+    #[arg(long, default_value_t = 320)]
+    imgsz: usize,
+    /// Images per batch.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Untimed runs per path.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Timed runs per path (median reported).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct BenchJson {
+    model: String,
+    imgsz: usize,
+    batch: usize,
+    device: &'static str,
+    eval_forward_ms: f64,
+    fused_forward_ms: f64,
+    train_step_ms: f64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -61,7 +100,43 @@ struct Report {
 pub(crate) fn run(args: Args) -> Result<()> {
     match args.command {
         ModelCommand::Run(a) => run_forward(a),
+        ModelCommand::Bench(a) => run_bench(a),
     }
+}
+
+fn run_bench(a: BenchArgs) -> Result<()> {
+    let scale = sluice_model::Scale::parse(&a.scale)?;
+    let opts = sluice_model::BenchOptions {
+        config: sluice_model::YoloConfig::new(scale, a.nc),
+        imgsz: a.imgsz,
+        batch: a.batch,
+        warmup: a.warmup,
+        iters: a.iters,
+    };
+    let r = sluice_model::bench_model(&opts, &sluice_model::candle_core::Device::Cpu).context("sluice model bench")?;
+    let report = BenchJson {
+        model: format!("yolov8{}", scale.letter()),
+        imgsz: a.imgsz,
+        batch: a.batch,
+        device: "cpu",
+        eval_forward_ms: r.eval_forward_ms,
+        fused_forward_ms: r.fused_forward_ms,
+        train_step_ms: r.train_step_ms,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{} @{} batch {} (cpu): eval forward {:.1} ms, fused forward {:.1} ms, train step {:.1} ms",
+            report.model,
+            report.imgsz,
+            report.batch,
+            report.eval_forward_ms,
+            report.fused_forward_ms,
+            report.train_step_ms
+        );
+    }
+    Ok(())
 }
 
 fn run_forward(a: RunArgs) -> Result<()> {

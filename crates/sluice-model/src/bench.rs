@@ -1,0 +1,104 @@
+//! Timing of the model's three hot paths on one device (`sluice model bench`): eval forward, fused forward and a
+//! training step (train-mode forward + loss + backward + AdamW update), as medians after warm-up.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::Optimizer;
+use sluice_core::{BoxXyxy, Target};
+
+use crate::config::YoloConfig;
+use crate::error::Result;
+use crate::layers::Mode;
+use crate::loss::DetectionLoss;
+use crate::model::YoloV8;
+
+/// What to time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchOptions {
+    /// Architecture.
+    pub config: YoloConfig,
+    /// Square input side (multiple of 32).
+    pub imgsz: usize,
+    /// Images per batch.
+    pub batch: usize,
+    /// Untimed runs first.
+    pub warmup: usize,
+    /// Timed runs (the median is reported).
+    pub iters: usize,
+}
+
+/// Medians in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BenchReport {
+    /// Eval-mode forward including the decode.
+    pub eval_forward_ms: f64,
+    /// The same with Conv+BN folded.
+    pub fused_forward_ms: f64,
+    /// Train-mode forward + loss + backward + AdamW step.
+    pub train_step_ms: f64,
+}
+
+fn sync(device: &Device, t: &Tensor) -> Result<()> {
+    // Reading one value forces the queued work to finish on any backend.
+    let _ = t.flatten_all()?.narrow(0, 0, 1)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    device.synchronize()?;
+    Ok(())
+}
+
+fn median_ms(opts: &BenchOptions, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..opts.warmup {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(opts.iters.max(1));
+    for _ in 0..opts.iters.max(1) {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Times a freshly initialised model on random input with a fixed synthetic target table (two boxes per image).
+pub fn bench_model(opts: &BenchOptions, device: &Device) -> Result<BenchReport> {
+    let model = YoloV8::new(opts.config, DType::F32, device)?;
+    let fused = model.fuse()?;
+    let x = Tensor::rand(0f32, 1.0, (opts.batch, 3, opts.imgsz, opts.imgsz), device)?;
+    let s = opts.imgsz as f32;
+    let targets: Vec<Target> = (0..opts.batch as u32)
+        .flat_map(|image| {
+            [
+                Target { image, class: 0, bbox: BoxXyxy::new(0.1 * s, 0.2 * s, 0.5 * s, 0.7 * s) },
+                Target { image, class: 1, bbox: BoxXyxy::new(0.55 * s, 0.05 * s, 0.9 * s, 0.4 * s) },
+            ]
+        })
+        .collect();
+    let eval_forward_ms = median_ms(opts, || sync(device, &model.forward(&x)?.y))?;
+    let fused_forward_ms = median_ms(opts, || sync(device, &fused.forward(&x)?.y))?;
+    let loss = DetectionLoss::new(opts.config.nc);
+    let vars = model.trainable_vars().into_iter().map(|(_, v)| v).collect();
+    let mut opt = candle_nn::AdamW::new(vars, candle_nn::ParamsAdamW { lr: 1e-4, ..Default::default() })?;
+    let train_step_ms = median_ms(opts, || {
+        let (raw, _) = model.forward_raw(&x, Mode::Train)?;
+        let out = loss.compute(&raw, &targets)?;
+        opt.backward_step(&out.total)?;
+        sync(device, &out.total)
+    })?;
+    Ok(BenchReport { eval_forward_ms, fused_forward_ms, train_step_ms })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Scale;
+
+    #[test]
+    fn bench_runs_every_path_and_reports_positive_medians() {
+        let opts = BenchOptions { config: YoloConfig::new(Scale::N, 2), imgsz: 64, batch: 1, warmup: 0, iters: 1 };
+        let r = bench_model(&opts, &Device::Cpu).unwrap();
+        for v in [r.eval_forward_ms, r.fused_forward_ms, r.train_step_ms] {
+            assert!(v.is_finite() && v > 0.0, "{r:?}");
+        }
+    }
+}
