@@ -24,6 +24,8 @@ enum Command {
     Model(cmd::model::Args),
     /// COCO bbox mAP of a results file against a ground-truth file (pycocotools-exact).
     EvalCoco(cmd::eval_coco::Args),
+    /// Pack a split of a dataset into one shard file (`--data D.yaml --split train --out train.sluice`).
+    Pack(cmd::pack::Args),
 }
 
 fn main() -> Result<()> {
@@ -33,5 +35,6 @@ fn main() -> Result<()> {
         Command::Data(args) => cmd::data::run(args),
         Command::Model(args) => cmd::model::run(args),
         Command::EvalCoco(args) => cmd::eval_coco::run(args),
+        Command::Pack(args) => cmd::pack::run(args),
     }
 }

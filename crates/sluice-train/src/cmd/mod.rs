@@ -4,3 +4,4 @@ pub(crate) mod data;
 pub(crate) mod eval_coco;
 pub(crate) mod info;
 pub(crate) mod model;
+pub(crate) mod pack;
