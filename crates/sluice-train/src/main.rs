@@ -22,6 +22,8 @@ enum Command {
     Data(cmd::data::Args),
     /// YOLOv8 model tools: `model run` runs the eval forward on an .npy input.
     Model(cmd::model::Args),
+    /// Stage benchmarks: `bench model` (eval, fused and training-step times).
+    Bench(cmd::bench::Args),
     /// COCO bbox mAP of a results file against a ground-truth file (pycocotools-exact).
     EvalCoco(cmd::eval_coco::Args),
     /// Pack a split of a dataset into one shard file (`--data D.yaml --split train --out train.sluice`).
@@ -34,6 +36,7 @@ fn main() -> Result<()> {
         Command::Info(args) => cmd::info::run(args),
         Command::Data(args) => cmd::data::run(args),
         Command::Model(args) => cmd::model::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
         Command::EvalCoco(args) => cmd::eval_coco::run(args),
         Command::Pack(args) => cmd::pack::run(args),
     }

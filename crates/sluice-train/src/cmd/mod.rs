@@ -1,5 +1,6 @@
 //! One module per `sluice` subcommand: its clap `Args` and its `run`.
 
+pub(crate) mod bench;
 pub(crate) mod data;
 pub(crate) mod eval_coco;
 pub(crate) mod info;

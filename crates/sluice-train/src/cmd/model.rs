@@ -23,7 +23,7 @@ enum ModelCommand {
 }
 
 #[derive(Debug, clap::Args)]
-struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Scale: n, s, m, l or x.
     #[arg(long, default_value = "n")]
     scale: String,
@@ -104,7 +104,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
     }
 }
 
-fn run_bench(a: BenchArgs) -> Result<()> {
+pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
     let scale = sluice_model::Scale::parse(&a.scale)?;
     let opts = sluice_model::BenchOptions {
         config: sluice_model::YoloConfig::new(scale, a.nc),
