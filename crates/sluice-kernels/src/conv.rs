@@ -1,0 +1,1 @@
+//! Conv2d forward, input gradient and weight gradient as candle custom ops (im2col/col2im + gemm).

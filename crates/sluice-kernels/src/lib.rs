@@ -1,0 +1,10 @@
+//! Fast CPU training kernels for the YOLO model, as candle custom ops with forward *and* backward passes:
+//! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]), and
+//! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]).
+//!
+//! Every op is checked against candle's stock ops and against f64 central differences in its tests.
+#![warn(missing_docs)]
+
+pub mod conv;
+pub mod norm;
+pub mod pool;
