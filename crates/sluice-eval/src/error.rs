@@ -50,6 +50,17 @@ pub enum Error {
     /// An image was added twice to a streaming evaluator.
     #[error("image {0} was added twice to the evaluator")]
     DuplicateImage(i64),
+    /// Post-processing one sample of a validation batch failed (NMS on a NaN score, a bad class, ...).
+    #[error("sample {id}: {source}")]
+    Sample {
+        /// The sample's id (its index in the dataset's sample index).
+        id: sluice_core::SampleId,
+        /// What went wrong.
+        source: Box<Error>,
+    },
+    /// A post-process worker thread panicked or the streaming validator stopped after an earlier error.
+    #[error("streaming validator: {0}")]
+    Stream(String),
     /// A parameter or input shape is invalid.
     #[error("invalid {what}: {reason}")]
     Invalid {

@@ -6,6 +6,7 @@
 //! each image is evaluated on its own ([`CocoAccumulator::add_image`], [`ApAccumulator::add_image`]), partial
 //! accumulators built on different workers are [`merge`](CocoAccumulator::merge)d, and the final numbers do not
 //! depend on the order images arrived in or on the number of workers. No per-image IoU matrix outlives its image.
+//! [`StreamingValidator`] is that worker queue for the validation loop (see [`stream`]).
 #![warn(missing_docs)]
 
 pub mod coco;
@@ -13,6 +14,7 @@ pub mod error;
 pub mod metric;
 pub mod nms;
 pub mod numeric;
+pub mod stream;
 pub mod ultralytics;
 
 pub use coco::{
@@ -21,4 +23,5 @@ pub use coco::{
 pub use error::{Error, Result};
 pub use metric::{CocoMetric, UltralyticsMetric};
 pub use nms::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredBatch, PredView};
+pub use stream::{StreamConfig, StreamReport, StreamStats, StreamingValidator, ValBatch};
 pub use ultralytics::{ApAccumulator, ApReport, ClassMetrics};

@@ -75,6 +75,15 @@ impl Default for NmsParams {
     }
 }
 
+impl NmsParams {
+    /// Exactly what Ultralytics' `DetectionValidator.postprocess` runs (8.4): conf 0.001, IoU 0.7, `max_det` 300,
+    /// `max_nms` 30000, `multi_label=True`, not agnostic, and the float32 class-offset trick with `max_wh` 7680
+    /// (matched to `nms_ref_img0_multi.npy`). [`NmsParams::default`] differs only in using exact per-class NMS.
+    pub fn ultralytics_val() -> Self {
+        Self { mode: NmsMode::ClassOffset { max_wh: 7680.0 }, ..Self::default() }
+    }
+}
+
 /// A borrowed prediction of one image.
 #[derive(Debug, Clone, Copy)]
 pub struct PredView<'a> {

@@ -1,0 +1,678 @@
+//! The validation loop without sync stalls: a [`StreamingValidator`] that the trainer feeds once per validation
+//! batch and that runs NMS and metric matching on a bounded pool of worker threads while the next batch is
+//! inferred, then computes mAP once at [`StreamingValidator::finish`].
+//!
+//! What runs where:
+//! - **Device (inference thread).** The eval forward, then [`crate::shrink`] (feature `candle`): per image only
+//!   the anchors whose best class score is `> conf` (at most `top_k`), gathered in anchor order, plus per-image
+//!   counts and a finiteness flag. Only this small buffer crosses to the host; nothing else is read back inside
+//!   the inference loop and no device tensor is kept across batches.
+//! - **Inference thread, host side.** [`StreamingValidator::buffer`] lends a [`ValBatch`] from a [`Pool`]; the
+//!   shrunk tensor is copied into it ([`crate::Shrunk::copy_into`], or the caller fills it itself) together with
+//!   the batch's sample ids and targets; [`StreamingValidator::submit`] puts it on a bounded `crossbeam` queue
+//!   and returns at once unless `queue_depth` batches are already waiting (back-pressure: the only time the
+//!   inference loop waits on post-processing, measured as [`StreamStats::submit_blocked`]).
+//!   On candle's CPU backend the copy is a `memcpy` from the tensor's storage into the pooled buffer. On CUDA it
+//!   would be an asynchronous copy on a copy stream into pinned pooled memory, signalled by an event that the
+//!   worker waits on; that CUDA path is **not built here** (candle 0.11 exposes only synchronous `to_device`),
+//!   so on a GPU today the copy of the (small) shrunk buffer is synchronous.
+//! - **Worker threads** (`workers` of them). Each owns one [`NmsScratch`], its detection / ground-truth vectors
+//!   and a partial [`ApAccumulator`]; per image it runs [`Nms`] and Ultralytics' `match_predictions`, keeps one
+//!   small record per detection, and drops the batch, which returns the buffer to the pool.
+//! - **`finish`** closes the queue, lets the workers drain it, joins them, merges the partial accumulators and
+//!   runs `ap_per_class` once. The accumulator sorts its records into a fixed order, so the report is identical
+//!   for any number of workers and any order of submission.
+//!
+//! Bounded memory: at most `queue_depth` batches wait, `workers` are being processed and the pool holds
+//! `queue_depth + workers + 2` buffers in all; buffers keep their allocations, so in steady state no prediction
+//! buffer is allocated per batch. What grows is what the metric needs: one `(confidence, class, tp bits)` record
+//! per kept detection and the GT count per class. (The per-image matching in `ApAccumulator::add_image` still
+//! makes a few small temporary vectors.)
+//!
+//! Errors: a worker that fails (a NaN in a prediction, a class out of range) stores the error, which names the
+//! sample id, and stops every worker; the next [`submit`](StreamingValidator::submit) or `finish` returns it.
+//! A worker panic is caught and reported the same way. Dropping the validator (e.g. on an early exit of the
+//! training loop) cancels the workers, which stop after their current batch, and joins them.
+//!
+//! Coordinates: predictions and ground truth must be in the same frame, e.g. the letterboxed input canvas. IoU
+//! is invariant under the letterbox's uniform scale and shift, so matching there gives Ultralytics' numbers up to
+//! float rounding, except that Ultralytics clips predicted boxes to the original image (`scale_boxes`), which a
+//! canvas-space match does not do for boxes reaching into the padding.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError, select};
+use sluice_core::{CancelSource, Detection, ImageLabels, Pool, Pooled, SampleId, Target};
+
+use crate::error::{Error, Result};
+use crate::nms::{Layout, Nms, NmsParams, NmsScratch, PredBatch};
+use crate::ultralytics::{ApAccumulator, ApReport, DetObj, GtObj};
+
+/// Settings of a [`StreamingValidator`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamConfig {
+    /// Number of classes of the model (rows `4..4 + nc` of a prediction).
+    pub num_classes: u32,
+    /// NMS settings; [`NmsParams::ultralytics_val`] reproduces Ultralytics' validator.
+    pub nms: NmsParams,
+    /// Post-process worker threads (at least 1).
+    pub workers: usize,
+    /// Batches that may wait in the queue before [`StreamingValidator::submit`] blocks (at least 1).
+    pub queue_depth: usize,
+}
+
+impl StreamConfig {
+    /// Ultralytics' validation NMS, 2 workers, a queue of 2 batches.
+    pub fn new(num_classes: u32) -> Self {
+        Self { num_classes, nms: NmsParams::ultralytics_val(), workers: 2, queue_depth: 2 }
+    }
+}
+
+/// One validation batch on the host: predictions plus what the worker needs to match them. Lent by
+/// [`StreamingValidator::buffer`]; every vector keeps its allocation when the buffer returns to the pool.
+#[derive(Debug, Clone, Default)]
+pub struct ValBatch {
+    /// The decoded eval output `(B, 4 + nc, A)` (or anchors-first): boxes `cx, cy, w, h` in canvas pixels, then
+    /// class probabilities. After [`crate::shrink`], `A` is the number of kept anchors.
+    pub preds: PredBatch,
+    /// Sample id of each image (`B` of them).
+    pub ids: Vec<SampleId>,
+    /// Ground truth of every image in the predictions' frame, image-major (`image` = index within the batch),
+    /// like [`sluice_core::Batch::targets`].
+    pub targets: Vec<Target>,
+    /// Optional (empty = none): for each image, for each anchor of `preds`, the anchor's index in the full head
+    /// output (`B * A` values). Used to name the original anchor in errors.
+    pub anchor_index: Vec<u32>,
+    /// Optional (empty = unknown): for each image, how many anchors had a class score above `conf` on the
+    /// device. More than the `A` kept means `top_k` truncated that image (counted in [`StreamStats`]).
+    pub above_conf: Vec<u32>,
+    /// Optional (empty = unknown): for each image, whether every value of its full head output was finite.
+    pub all_finite: Vec<bool>,
+}
+
+impl ValBatch {
+    /// Empties the batch, keeping every allocation.
+    pub fn clear(&mut self) {
+        self.preds.data.clear();
+        self.preds.batch = 0;
+        self.ids.clear();
+        self.targets.clear();
+        self.anchor_index.clear();
+        self.above_conf.clear();
+        self.all_finite.clear();
+    }
+
+    /// Sets the sample ids and the targets from per-image labels (boxes in the predictions' frame).
+    pub fn set_labels(&mut self, ids: &[SampleId], labels: &[ImageLabels]) -> Result<()> {
+        if ids.len() != labels.len() {
+            return Err(Error::Invalid {
+                what: "validation batch",
+                reason: format!("{} sample ids for {} label sets", ids.len(), labels.len()),
+            });
+        }
+        self.ids.clear();
+        self.ids.extend_from_slice(ids);
+        self.targets.clear();
+        for (b, l) in labels.iter().enumerate() {
+            let image = b as u32;
+            self.targets.extend(l.objects.iter().map(|o| Target { image, class: o.class, bbox: o.bbox }));
+        }
+        Ok(())
+    }
+
+    /// Checks the shapes that do not need the data: ids, classes, optional per-image vectors, image-major targets.
+    fn check(&self, num_classes: u32) -> Result<()> {
+        let b = self.preds.batch;
+        let p = &self.preds;
+        let bad = |reason: String| Err(Error::Invalid { what: "validation batch", reason });
+        if self.ids.len() != b {
+            return bad(format!("{} sample ids for {b} images", self.ids.len()));
+        }
+        if p.num_classes != num_classes as usize {
+            return bad(format!("{} classes in the predictions, the validator has {num_classes}", p.num_classes));
+        }
+        if p.data.len() != b * (4 + p.num_classes) * p.num_anchors {
+            return bad(format!(
+                "{} prediction values for {b} images x (4 + {}) x {} anchors",
+                p.data.len(),
+                p.num_classes,
+                p.num_anchors
+            ));
+        }
+        if !self.anchor_index.is_empty() && self.anchor_index.len() != b * p.num_anchors {
+            return bad(format!("{} anchor indices for {b} x {} anchors", self.anchor_index.len(), p.num_anchors));
+        }
+        for (name, len) in [("above_conf", self.above_conf.len()), ("all_finite", self.all_finite.len())] {
+            if len != 0 && len != b {
+                return bad(format!("{len} `{name}` values for {b} images"));
+            }
+        }
+        if let Some(t) = self.targets.iter().find(|t| t.image as usize >= b) {
+            return bad(format!("a target of image {} in a batch of {b}", t.image));
+        }
+        if !self.targets.is_sorted_by_key(|t| t.image) {
+            return bad("targets are not image-major (sorted by image index)".into());
+        }
+        Ok(())
+    }
+}
+
+/// Counts and times of one validation run; they say which stage bounds validation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamStats {
+    /// Images evaluated.
+    pub images: u64,
+    /// Batches evaluated.
+    pub batches: u64,
+    /// Detections kept by NMS.
+    pub detections: u64,
+    /// Images whose anchors above `conf` exceeded the shrink step's `top_k` (their NMS input was cut).
+    pub truncated_images: u64,
+    /// Worker threads.
+    pub workers: usize,
+    /// Time the workers spent post-processing, summed over workers.
+    pub worker_busy: Duration,
+    /// Time `submit` waited for room in the queue (inference waiting on post-processing).
+    pub submit_blocked: Duration,
+    /// Time `finish` waited for the workers to drain the queue.
+    pub finish_wait: Duration,
+    /// Time from [`StreamingValidator::new`] to the end of `finish`.
+    pub wall: Duration,
+}
+
+impl StreamStats {
+    /// Whether post-processing bounded validation: the inference loop waited for it (blocked in `submit`, plus
+    /// the final drain in `finish`) more than 5% of the wall time. Otherwise inference was the bottleneck.
+    pub fn post_process_bound(&self) -> bool {
+        (self.submit_blocked + self.finish_wait).as_secs_f64() > 0.05 * self.wall.as_secs_f64()
+    }
+
+    /// One line for the training log.
+    pub fn summary(&self) -> String {
+        format!(
+            "val post-process: {} images, {} detections, {} workers busy {:.3} s (sum), submit blocked {:.3} s, \
+             final drain {:.3} s, wall {:.3} s -> bound by {}{}",
+            self.images,
+            self.detections,
+            self.workers,
+            self.worker_busy.as_secs_f64(),
+            self.submit_blocked.as_secs_f64(),
+            self.finish_wait.as_secs_f64(),
+            self.wall.as_secs_f64(),
+            if self.post_process_bound() { "post-process (add workers)" } else { "inference" },
+            if self.truncated_images > 0 {
+                format!(", {} images cut by top_k", self.truncated_images)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// What [`StreamingValidator::finish`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamReport {
+    /// P, R, mAP50, mAP50-95 per class and overall (`fitness()` on it).
+    pub metrics: ApReport,
+    /// Counts and stage times.
+    pub stats: StreamStats,
+}
+
+/// State shared by the validator and its workers.
+#[derive(Debug)]
+struct Shared {
+    cancel: CancelSource,
+    error: Mutex<Option<Error>>,
+    /// Batches the workers have finished.
+    processed: AtomicU64,
+}
+
+impl Shared {
+    /// Records the first error and stops every worker.
+    fn fail(&self, e: Error) {
+        let mut slot = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        self.cancel.cancel();
+    }
+
+    fn take_error(&self) -> Option<Error> {
+        self.error.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// A worker's result.
+#[derive(Debug)]
+struct Partial {
+    acc: ApAccumulator,
+    stats: StreamStats,
+}
+
+/// One post-process worker: its NMS scratch, reusable vectors and partial accumulator.
+struct Worker {
+    nms: Nms,
+    num_classes: u32,
+    scratch: NmsScratch,
+    dets: Vec<Detection>,
+    det_objs: Vec<DetObj>,
+    gt_objs: Vec<GtObj>,
+    acc: ApAccumulator,
+    stats: StreamStats,
+}
+
+impl Worker {
+    fn process(&mut self, batch: &ValBatch) -> Result<()> {
+        let p = &batch.preds;
+        let na = p.num_anchors;
+        let mut t0 = 0;
+        for (b, &id) in batch.ids.iter().enumerate() {
+            let in_sample = |e: Error| Error::Sample { id, source: Box::new(e) };
+            // Targets are image-major: this image's are the run starting at t0.
+            let t1 = t0 + batch.targets[t0..].iter().take_while(|t| t.image as usize == b).count();
+            let targets = &batch.targets[t0..t1];
+            t0 = t1;
+            if batch.all_finite.get(b) == Some(&false) {
+                return Err(in_sample(Error::Invalid {
+                    what: "prediction",
+                    reason: "a NaN or infinite value in the head output (found on the device before shrinking)".into(),
+                }));
+            }
+            let view = p.image(b).map_err(in_sample)?;
+            self.nms.run(&view, b, &mut self.scratch, &mut self.dets, None).map_err(|e| match e {
+                Error::NonFinite { image, anchor, row, value } => {
+                    let anchor = batch.anchor_index.get(b * na + anchor).map_or(anchor, |&a| a as usize);
+                    in_sample(Error::NonFinite { image, anchor, row, value })
+                }
+                e => in_sample(e),
+            })?;
+            if batch.above_conf.get(b).is_some_and(|&n| n as usize > na) {
+                self.stats.truncated_images += 1;
+            }
+            self.gt_objs.clear();
+            for t in targets {
+                let b = &t.bbox;
+                if t.class >= self.num_classes || ![b.x1, b.y1, b.x2, b.y2].iter().all(|v| v.is_finite()) {
+                    return Err(in_sample(Error::Invalid {
+                        what: "ground truth",
+                        reason: format!("class {} (of {}), box {b:?}", t.class, self.num_classes),
+                    }));
+                }
+                self.gt_objs.push((t.class, [b.x1, b.y1, b.x2, b.y2]));
+            }
+            self.det_objs.clear();
+            self.det_objs.extend(
+                self.dets.iter().map(|d| (d.class, [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2], f64::from(d.score))),
+            );
+            let key = i64::try_from(id)
+                .map_err(|_| in_sample(Error::Invalid { what: "sample id", reason: "does not fit i64".into() }))?;
+            self.acc.add_image(key, &self.gt_objs, &self.det_objs).map_err(in_sample)?;
+            self.stats.images += 1;
+            self.stats.detections += self.dets.len() as u64;
+        }
+        self.stats.batches += 1;
+        Ok(())
+    }
+
+    /// The worker thread: takes batches until the queue closes or the run is cancelled.
+    fn run(mut self, rx: Receiver<Pooled<ValBatch>>, shared: Arc<Shared>) -> Partial {
+        let cancel = shared.cancel.token();
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let batch = select! {
+                recv(rx) -> m => match m {
+                    Ok(b) => b,
+                    Err(_) => break,
+                },
+                recv(cancel.receiver()) -> _ => break,
+            };
+            let start = Instant::now();
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.process(&batch)));
+            self.stats.worker_busy += start.elapsed();
+            // The buffer returns to the pool here.
+            drop(batch);
+            shared.processed.fetch_add(1, Ordering::Relaxed);
+            match outcome {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    shared.fail(e);
+                    break;
+                }
+                Err(panic) => {
+                    let msg = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-string payload".into());
+                    shared.fail(Error::Stream(format!("a worker panicked: {msg}")));
+                    break;
+                }
+            }
+        }
+        Partial { acc: self.acc, stats: self.stats }
+    }
+}
+
+/// Streaming Ultralytics-style validation: [`submit`](Self::submit) one batch at a time from the inference
+/// loop, [`finish`](Self::finish) once. See the module documentation for the design.
+///
+/// ```
+/// use sluice_core::{BoxXyxy, Target};
+/// use sluice_eval::{StreamConfig, StreamingValidator};
+///
+/// let mut v = StreamingValidator::new(StreamConfig { workers: 1, ..StreamConfig::new(2) })?;
+/// let mut batch = v.buffer()?;
+/// // One image, one anchor: a class-1 box at (10, 10)-(30, 30) with score 0.9.
+/// batch.preds.data.extend_from_slice(&[20.0, 20.0, 20.0, 20.0, 0.05, 0.9]);
+/// (batch.preds.batch, batch.preds.num_classes, batch.preds.num_anchors) = (1, 2, 1);
+/// batch.ids.push(7);
+/// batch.targets.push(Target { image: 0, class: 1, bbox: BoxXyxy::new(10.0, 10.0, 30.0, 30.0) });
+/// v.submit(batch)?;
+/// let report = v.finish()?;
+/// assert_eq!((report.stats.images, report.stats.detections), (1, 2));
+/// assert!(report.metrics.map50 > 0.99);
+/// # Ok::<(), sluice_eval::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct StreamingValidator {
+    cfg: StreamConfig,
+    tx: Option<Sender<Pooled<ValBatch>>>,
+    pool: Pool<ValBatch>,
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<Partial>>,
+    submit_blocked: Duration,
+    started: Instant,
+    failed: bool,
+}
+
+impl StreamingValidator {
+    /// Starts `cfg.workers` worker threads behind a queue of `cfg.queue_depth` batches.
+    pub fn new(cfg: StreamConfig) -> Result<Self> {
+        if cfg.workers == 0 || cfg.queue_depth == 0 || cfg.num_classes == 0 {
+            return Err(Error::Invalid {
+                what: "stream config",
+                reason: format!(
+                    "workers {}, queue_depth {}, num_classes {} (each must be >= 1)",
+                    cfg.workers, cfg.queue_depth, cfg.num_classes
+                ),
+            });
+        }
+        if !(cfg.nms.conf_thres.is_finite() && cfg.nms.iou_thres.is_finite()) {
+            return Err(Error::Invalid { what: "NMS thresholds", reason: format!("{:?}", cfg.nms) });
+        }
+        let (tx, rx) = crossbeam_channel::bounded(cfg.queue_depth);
+        let shared =
+            Arc::new(Shared { cancel: CancelSource::new(), error: Mutex::new(None), processed: AtomicU64::new(0) });
+        let pool = Pool::new(cfg.queue_depth + cfg.workers + 2, ValBatch::default);
+        let mut v = Self {
+            cfg: cfg.clone(),
+            tx: Some(tx),
+            pool,
+            shared,
+            workers: Vec::with_capacity(cfg.workers),
+            submit_blocked: Duration::ZERO,
+            started: Instant::now(),
+            failed: false,
+        };
+        for i in 0..cfg.workers {
+            let worker = Worker {
+                nms: Nms::new(cfg.nms),
+                num_classes: cfg.num_classes,
+                scratch: NmsScratch::default(),
+                dets: Vec::new(),
+                det_objs: Vec::new(),
+                gt_objs: Vec::new(),
+                acc: ApAccumulator::default(),
+                stats: StreamStats::default(),
+            };
+            let (rx, shared) = (rx.clone(), Arc::clone(&v.shared));
+            let handle = std::thread::Builder::new()
+                .name(format!("sluice-val-{i}"))
+                .spawn(move || worker.run(rx, shared))
+                .map_err(|e| Error::Stream(format!("cannot start worker {i}: {e}")))?;
+            v.workers.push(handle);
+        }
+        Ok(v)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &StreamConfig {
+        &self.cfg
+    }
+
+    /// An empty buffer from the pool (layout channels-first). Waits only when every buffer is in use, which
+    /// cannot happen while the caller holds at most two at a time.
+    pub fn buffer(&self) -> Result<Pooled<ValBatch>> {
+        let mut b = self
+            .pool
+            .acquire(&self.shared.cancel.token())
+            .map_err(|_| Error::Stream("stopped after a worker failed".into()))?;
+        b.clear();
+        b.preds.layout = Layout::ChannelsFirst;
+        Ok(b)
+    }
+
+    /// Batches the workers have finished so far (for progress displays).
+    pub fn processed_batches(&self) -> u64 {
+        self.shared.processed.load(Ordering::Relaxed)
+    }
+
+    /// The buffer pool (e.g. to pre-fill buffers before the first batch). Its capacity is
+    /// `queue_depth + workers + 2`.
+    pub fn pool(&self) -> &Pool<ValBatch> {
+        &self.pool
+    }
+
+    /// Hands a filled batch to the workers. Returns at once unless `queue_depth` batches are already waiting;
+    /// returns the error of a worker that failed since the last call (naming the sample).
+    pub fn submit(&mut self, batch: Pooled<ValBatch>) -> Result<()> {
+        self.check_failed()?;
+        batch.check(self.cfg.num_classes)?;
+        let Some(tx) = self.tx.as_ref() else {
+            return Err(Error::Stream("already finished".into()));
+        };
+        let sent = match tx.try_send(batch) {
+            Ok(()) => true,
+            Err(TrySendError::Full(batch)) => {
+                let start = Instant::now();
+                let cancel = self.shared.cancel.token();
+                let sent = select! {
+                    send(tx, batch) -> r => r.is_ok(),
+                    recv(cancel.receiver()) -> _ => false,
+                };
+                self.submit_blocked += start.elapsed();
+                sent
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        };
+        if sent { Ok(()) } else { Err(self.stopped_error()) }
+    }
+
+    /// Waits for the workers to finish every submitted batch, joins them and computes the metrics.
+    pub fn finish(mut self) -> Result<StreamReport> {
+        self.check_failed()?;
+        let wait = Instant::now();
+        // Closing the queue lets the workers drain it and exit.
+        self.tx = None;
+        let mut partials = Vec::with_capacity(self.workers.len());
+        let mut panicked = false;
+        for h in self.workers.drain(..) {
+            match h.join() {
+                Ok(p) => partials.push(p),
+                Err(_) => panicked = true,
+            }
+        }
+        let finish_wait = wait.elapsed();
+        if let Some(e) = self.shared.take_error() {
+            return Err(e);
+        }
+        if panicked {
+            return Err(Error::Stream("a worker thread panicked".into()));
+        }
+        let mut stats = StreamStats {
+            workers: self.cfg.workers,
+            submit_blocked: self.submit_blocked,
+            finish_wait,
+            ..StreamStats::default()
+        };
+        let mut acc = ApAccumulator::default();
+        for p in partials {
+            acc.merge(p.acc)?;
+            stats.images += p.stats.images;
+            stats.batches += p.stats.batches;
+            stats.detections += p.stats.detections;
+            stats.truncated_images += p.stats.truncated_images;
+            stats.worker_busy += p.stats.worker_busy;
+        }
+        let metrics = acc.finalize();
+        stats.wall = self.started.elapsed();
+        Ok(StreamReport { metrics, stats })
+    }
+
+    /// The stored worker error, once; afterwards a generic "stopped" error.
+    fn check_failed(&mut self) -> Result<()> {
+        if self.failed {
+            return Err(Error::Stream("stopped after an earlier error".into()));
+        }
+        match self.shared.take_error() {
+            Some(e) => {
+                self.failed = true;
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The error to return when the queue refused a batch because the workers stopped.
+    fn stopped_error(&mut self) -> Error {
+        match self.check_failed() {
+            Err(e) => e,
+            Ok(()) => {
+                self.failed = true;
+                Error::Stream("the workers stopped (a worker thread panicked)".into())
+            }
+        }
+    }
+}
+
+impl Drop for StreamingValidator {
+    fn drop(&mut self) {
+        // Stop after the current batch, drop whatever waits in the queue, and join every worker.
+        self.shared.cancel.cancel();
+        self.tx = None;
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::BoxXyxy;
+
+    fn one_box_batch(v: &StreamingValidator, id: SampleId, score: f32) -> Pooled<ValBatch> {
+        let mut b = v.buffer().unwrap();
+        b.preds.data.extend_from_slice(&[20.0, 20.0, 20.0, 20.0, score]);
+        (b.preds.batch, b.preds.num_classes, b.preds.num_anchors) = (1, 1, 1);
+        b.ids.push(id);
+        b.targets.push(Target { image: 0, class: 0, bbox: BoxXyxy::new(10.0, 10.0, 30.0, 30.0) });
+        b
+    }
+
+    #[test]
+    fn drop_joins_every_worker() {
+        let mut v = StreamingValidator::new(StreamConfig { workers: 3, ..StreamConfig::new(1) }).unwrap();
+        for id in 0..4 {
+            let b = one_box_batch(&v, id, 0.5);
+            v.submit(b).unwrap();
+        }
+        let weak = Arc::downgrade(&v.shared);
+        let pool = v.pool().clone();
+        drop(v);
+        // Each worker held a clone of the shared state until its thread ended.
+        assert!(weak.upgrade().is_none());
+        // Every buffer came back to the pool.
+        let created = pool.created();
+        let held: Vec<_> = (0..created).map(|_| pool.try_acquire().unwrap()).collect();
+        assert_eq!((held.len(), pool.created()), (created, created));
+    }
+
+    #[test]
+    fn drop_cancels_the_queued_batches() {
+        // One worker, eight queued batches that each take far longer to post-process than to submit: 64
+        // images of 2000 disjoint boxes above conf, so NMS keeps 300 per image after comparing with every kept box.
+        let cfg = StreamConfig { workers: 1, queue_depth: 8, ..StreamConfig::new(1) };
+        let mut v = StreamingValidator::new(cfg).unwrap();
+        let na = 2000;
+        let mut image = vec![0.0f32; 5 * na];
+        for a in 0..na {
+            let (x, y) = ((a % 50) as f32 * 12.0, (a / 50) as f32 * 12.0);
+            for (r, val) in [x, y, 10.0, 10.0, 0.5 + a as f32 / (4.0 * na as f32)].into_iter().enumerate() {
+                image[r * na + a] = val;
+            }
+        }
+        let per = 64;
+        for i in 0..8 {
+            let mut b = v.buffer().unwrap();
+            for _ in 0..per {
+                b.preds.data.extend_from_slice(&image);
+            }
+            (b.preds.batch, b.preds.num_classes, b.preds.num_anchors) = (per, 1, na);
+            b.ids.extend((0..per as u64).map(|k| i * per as u64 + k));
+            v.submit(b).unwrap();
+        }
+        let shared = Arc::clone(&v.shared);
+        drop(v);
+        // Every worker thread has ended (each held a clone), and most queued batches were never processed.
+        assert_eq!(Arc::strong_count(&shared), 1);
+        let processed = shared.processed.load(Ordering::Relaxed);
+        assert!(processed < 8, "{processed} of 8 batches processed: the drop did not cancel the queue");
+    }
+
+    #[test]
+    fn bad_batches_are_refused_in_submit() {
+        let mut v = StreamingValidator::new(StreamConfig { workers: 1, ..StreamConfig::new(1) }).unwrap();
+        let mut b = one_box_batch(&v, 1, 0.5);
+        b.ids.push(2);
+        assert!(v.submit(b).unwrap_err().to_string().contains("2 sample ids for 1 images"));
+        let mut b = one_box_batch(&v, 1, 0.5);
+        b.targets[0].image = 3;
+        assert!(v.submit(b).is_err());
+        let mut b = one_box_batch(&v, 1, 0.5);
+        b.preds.num_classes = 2;
+        assert!(v.submit(b).is_err());
+        // The validator still works after refusing bad input.
+        let b = one_box_batch(&v, 1, 0.5);
+        v.submit(b).unwrap();
+        assert_eq!(v.finish().unwrap().stats.images, 1);
+        assert!(StreamingValidator::new(StreamConfig { workers: 0, ..StreamConfig::new(1) }).is_err());
+    }
+
+    #[test]
+    fn duplicate_sample_ids_fail_at_finish() {
+        let mut v = StreamingValidator::new(StreamConfig { workers: 2, ..StreamConfig::new(1) }).unwrap();
+        for _ in 0..2 {
+            let b = one_box_batch(&v, 5, 0.5);
+            v.submit(b).unwrap();
+        }
+        let e = v.finish().unwrap_err();
+        assert!(e.to_string().contains('5'), "{e}");
+    }
+
+    #[test]
+    fn device_flags_name_the_sample() {
+        let mut v = StreamingValidator::new(StreamConfig { workers: 1, ..StreamConfig::new(1) }).unwrap();
+        let mut b = one_box_batch(&v, 41, 0.5);
+        b.all_finite.push(false);
+        v.submit(b).unwrap();
+        let e = v.finish().unwrap_err();
+        assert!(e.to_string().starts_with("sample 41: "), "{e}");
+    }
+}
