@@ -61,6 +61,10 @@ pub enum Error {
     /// A post-process worker thread panicked or the streaming validator stopped after an earlier error.
     #[error("streaming validator: {0}")]
     Stream(String),
+    /// A tensor operation of the shrink step failed.
+    #[cfg(feature = "candle")]
+    #[error("tensor op: {0}")]
+    Candle(#[source] candle_core::Error),
     /// A parameter or input shape is invalid.
     #[error("invalid {what}: {reason}")]
     Invalid {

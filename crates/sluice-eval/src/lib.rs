@@ -14,6 +14,8 @@ pub mod error;
 pub mod metric;
 pub mod nms;
 pub mod numeric;
+#[cfg(feature = "candle")]
+pub mod shrink;
 pub mod stream;
 pub mod ultralytics;
 
@@ -23,5 +25,7 @@ pub use coco::{
 pub use error::{Error, Result};
 pub use metric::{CocoMetric, UltralyticsMetric};
 pub use nms::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredBatch, PredView};
+#[cfg(feature = "candle")]
+pub use shrink::{ShrinkParams, Shrunk, shrink};
 pub use stream::{StreamConfig, StreamReport, StreamStats, StreamingValidator, ValBatch};
 pub use ultralytics::{ApAccumulator, ApReport, ClassMetrics};

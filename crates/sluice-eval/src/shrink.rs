@@ -1,0 +1,194 @@
+//! The device-side shrink step of validation (feature `candle`): from the eval head output `(B, 4 + nc, A)`,
+//! keep per image only the anchors whose best class score is `> conf`, at most `top_k` of them, so that the
+//! buffer copied to the host for NMS is small. The same candle ops run on every backend; on the CPU this is the
+//! code path that is tested.
+//!
+//! Exactness: an anchor whose best score is `<= conf` has no class score `> conf`, so it yields no NMS candidate
+//! (single- or multi-label) and dropping it changes nothing. The kept anchors are gathered in ascending anchor
+//! order, which is the order NMS breaks score ties in, so NMS on the shrunk buffer returns exactly the detections
+//! it returns on the full one whenever no image has more than `k` anchors above `conf`. An image with more (the
+//! shrunk buffer holds its `k` best anchors) is counted as truncated ([`ValBatch::above_conf`] carries the count).
+//!
+//! Besides the predictions, the step returns per image the number of anchors above `conf` and whether the whole
+//! head output was finite (`sum(y - y) == 0`), so a NaN in a dropped anchor is still reported, and the original
+//! index of every kept anchor (to name it in errors). All of it is computed on the device and travels with the
+//! small buffer.
+//!
+//! `k` is either fixed (`min(top_k, A)`, no device→host read before the copy) or, with
+//! [`ShrinkParams::fit`], the largest per-image count in the batch rounded up to a multiple of 32: a smaller
+//! copy, exact up to `top_k`, for the price of reading `B` integers first (on a GPU, a short sync).
+
+use candle_core::{DType, Device, Tensor, WithDType};
+
+use crate::error::{Error, Result};
+use crate::nms::Layout;
+use crate::stream::{StreamingValidator, ValBatch};
+use sluice_core::{SampleId, Target};
+
+/// Settings of [`shrink`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShrinkParams {
+    /// Anchors need a best class score `> conf` (compared in the tensor's float32, like NMS).
+    pub conf: f32,
+    /// Most anchors kept per image.
+    pub top_k: usize,
+    /// Size the output to the batch's largest count above `conf` (rounded up to 32) instead of `top_k`.
+    pub fit: bool,
+}
+
+impl Default for ShrinkParams {
+    /// Ultralytics' validation `conf` (0.001), `top_k` = `max_nms` (30000, so exact for any head size up to
+    /// that), sized to the counts.
+    fn default() -> Self {
+        Self { conf: 0.001, top_k: 30_000, fit: true }
+    }
+}
+
+/// The shrunk head output of one batch, still on the device.
+#[derive(Debug, Clone)]
+pub struct Shrunk {
+    /// `(B, 4 + nc, k)` float32: the kept anchors of each image in ascending anchor order. Images with fewer than
+    /// `k` anchors above `conf` are padded with their best remaining anchors (which yield no NMS candidate).
+    pub preds: Tensor,
+    /// `(B, k)` u32: the index in the full output of each kept anchor.
+    pub anchors: Tensor,
+    /// `(B,)` u32: anchors whose best class score is `> conf`.
+    pub above_conf: Tensor,
+    /// `(B,)` float32: `sum(y - y)` over the image's full output, 0 exactly when every value is finite.
+    pub finite_check: Tensor,
+}
+
+/// Shrinks `y` `(B, 4 + nc, A)` (any float dtype; computed in float32) on its device; see the module docs.
+pub fn shrink(y: &Tensor, p: &ShrinkParams) -> Result<Shrunk> {
+    let (b, rows, a) = y.dims3().map_err(Error::Candle)?;
+    if rows < 5 || a == 0 || p.top_k == 0 {
+        return Err(Error::Invalid {
+            what: "shrink input",
+            reason: format!(
+                "shape ({b}, {rows}, {a}) with top_k {} (need 4 + nc >= 5 rows, anchors, top_k >= 1)",
+                p.top_k
+            ),
+        });
+    }
+    shrink_ops(y, p, b, rows, a).map_err(Error::Candle)
+}
+
+/// The tensor ops of [`shrink`] on a checked `(b, rows, a)` input.
+fn shrink_ops(y: &Tensor, p: &ShrinkParams, b: usize, rows: usize, a: usize) -> candle_core::Result<Shrunk> {
+    let y = y.to_dtype(DType::F32)?.contiguous()?;
+    let best = y.narrow(1, 4, rows - 4)?.max(1)?; // (B, A)
+    let above_conf = best.gt(p.conf)?.to_dtype(DType::U32)?.sum(1)?; // (B,)
+    // `x - x` is 0 for every finite x and NaN for NaN or +-inf; a sum of zeros cannot overflow.
+    #[allow(clippy::eq_op)]
+    let finite_check = (&y - &y)?.sum((1, 2))?;
+    let cap = p.top_k.min(a);
+    let k = if p.fit {
+        let most = above_conf.max(0)?.to_scalar::<u32>()? as usize;
+        most.div_ceil(32).saturating_mul(32).clamp(1, cap)
+    } else {
+        cap
+    };
+    if k == a {
+        let anchors = Tensor::arange(0u32, a as u32, y.device())?.unsqueeze(0)?.broadcast_as((b, a))?.contiguous()?;
+        return Ok(Shrunk { preds: y, anchors, above_conf, finite_check });
+    }
+    // The k best anchors of each image (descending best score), then back into ascending anchor order.
+    let top = best.contiguous()?.arg_sort_last_dim(false)?.narrow(1, 0, k)?.contiguous()?;
+    let (anchors, _) = top.sort_last_dim(true)?;
+    let index = anchors.unsqueeze(1)?.broadcast_as((b, rows, k))?.contiguous()?;
+    let preds = y.gather(&index, 2)?;
+    Ok(Shrunk { preds, anchors, above_conf, finite_check })
+}
+
+/// Calls `f` with the contiguous values of `t` on the host. On the CPU this reads the tensor's storage in place
+/// (the caller copies into its pooled buffer, no allocation); other devices copy to the host first.
+fn with_host_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    let host =
+        if t.device().is_cpu() { t.contiguous() } else { t.to_device(&Device::Cpu).and_then(|h| h.contiguous()) };
+    let host = host.map_err(Error::Candle)?;
+    let (storage, layout) = host.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        return Err(Error::Invalid { what: "tensor", reason: "not on the host after the copy".into() });
+    };
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Invalid { what: "tensor", reason: "not contiguous".into() })?;
+    Ok(f(&cpu.as_slice::<T>().map_err(Error::Candle)?[start..end]))
+}
+
+impl Shrunk {
+    /// Copies the shrunk batch into `dst` (predictions, anchor indices, counts, finiteness), replacing what it
+    /// held there except `ids` and `targets`. This is the only device-to-host copy of the validation loop.
+    pub fn copy_into(&self, dst: &mut ValBatch) -> Result<()> {
+        let (b, rows, k) = self.preds.dims3().map_err(Error::Candle)?;
+        dst.preds.data.clear();
+        with_host_slice(&self.preds, |v: &[f32]| dst.preds.data.extend_from_slice(v))?;
+        (dst.preds.batch, dst.preds.num_classes, dst.preds.num_anchors) = (b, rows - 4, k);
+        dst.preds.layout = Layout::ChannelsFirst;
+        dst.anchor_index.clear();
+        with_host_slice(&self.anchors, |v: &[u32]| dst.anchor_index.extend_from_slice(v))?;
+        dst.above_conf.clear();
+        with_host_slice(&self.above_conf, |v: &[u32]| dst.above_conf.extend_from_slice(v))?;
+        dst.all_finite.clear();
+        with_host_slice(&self.finite_check, |v: &[f32]| dst.all_finite.extend(v.iter().map(|&x| x == 0.0)))?;
+        Ok(())
+    }
+}
+
+impl StreamingValidator {
+    /// The validation step after the eval forward: lends a pooled buffer, copies `shrunk` into it with the
+    /// batch's sample ids and targets (image-major, in the predictions' frame, e.g. [`sluice_core::Batch`]'s
+    /// `sample_ids` and `targets`) and submits it. Blocks only when `queue_depth` batches are waiting.
+    pub fn submit_shrunk(&mut self, shrunk: &Shrunk, ids: &[SampleId], targets: &[Target]) -> Result<()> {
+        let mut buf = self.buffer()?;
+        shrunk.copy_into(&mut buf)?;
+        buf.ids.extend_from_slice(ids);
+        buf.targets.extend_from_slice(targets);
+        self.submit(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_anchors_above_conf_in_anchor_order() {
+        // One image, 1 class, 6 anchors; scores 0.5, 0.0005, 0.9, 0.001, 0.3, 0.0 -> anchors 0, 2, 4 are above.
+        let scores = [0.5f32, 0.0005, 0.9, 0.001, 0.3, 0.0];
+        let mut data: Vec<f32> = (0..4).flat_map(|r| (0..6).map(move |a| (r * 10 + a) as f32)).collect();
+        data.extend_from_slice(&scores);
+        let y = Tensor::from_vec(data, (1, 5, 6), &Device::Cpu).unwrap();
+        let s = shrink(&y, &ShrinkParams { conf: 0.001, top_k: 2, fit: false }).unwrap();
+        // top_k 2 keeps the two best (2 and 0), in anchor order.
+        assert_eq!(s.anchors.to_vec2::<u32>().unwrap(), vec![vec![0, 2]]);
+        assert_eq!(s.preds.to_vec3::<f32>().unwrap()[0][4], vec![0.5, 0.9]);
+        assert_eq!(s.preds.to_vec3::<f32>().unwrap()[0][1], vec![10.0, 12.0]);
+        assert_eq!(s.above_conf.to_vec1::<u32>().unwrap(), vec![3]);
+        let mut v = ValBatch::default();
+        s.copy_into(&mut v).unwrap();
+        assert_eq!((v.preds.batch, v.preds.num_classes, v.preds.num_anchors), (1, 1, 2));
+        assert_eq!((v.anchor_index, v.above_conf, v.all_finite), (vec![0, 2], vec![3], vec![true]));
+        // Fit: 3 above conf -> k rounded up to 32, capped at A = 6 -> the whole output.
+        let s = shrink(&y, &ShrinkParams::default()).unwrap();
+        assert_eq!(s.preds.dims3().unwrap(), (1, 5, 6));
+        assert!(shrink(&y, &ShrinkParams { top_k: 0, ..ShrinkParams::default() }).is_err());
+    }
+
+    #[test]
+    fn non_finite_values_are_flagged_even_in_dropped_anchors() {
+        let mut data = vec![1.0f32; 2 * 5 * 4];
+        // Image 1, anchor 3, box row 2: NaN; its scores are below conf, so the anchor is dropped.
+        for a in 0..4 {
+            data[5 * 4 + 4 * 4 + a] = if a == 0 { 0.9 } else { 0.0 };
+            data[4 * 4 + a] = 0.9;
+        }
+        data[5 * 4 + 2 * 4 + 3] = f32::NAN;
+        let y = Tensor::from_vec(data, (2, 5, 4), &Device::Cpu).unwrap();
+        let s = shrink(&y, &ShrinkParams { conf: 0.001, top_k: 1, fit: false }).unwrap();
+        let mut v = ValBatch::default();
+        s.copy_into(&mut v).unwrap();
+        assert_eq!(v.all_finite, vec![true, false]);
+        assert!(v.preds.data.iter().all(|x| x.is_finite()));
+    }
+}
