@@ -1,6 +1,8 @@
 //! Developer tasks for the Sluice workspace, run as `cargo xtask <task>`.
 //!
 //! `ci` runs the checks CI runs, cheapest first: formatting, clippy with warnings denied, then the tests.
+//! `train` trains the embedded default: it generates the synthetic shapes dataset when it is absent, builds the
+//! `sluice` binary in release mode and runs `sluice train --config configs/quick.yaml`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +24,15 @@ enum Task {
         /// Skip `cargo fmt --check` and clippy; run only the tests.
         #[arg(long)]
         tests_only: bool,
+    },
+    /// Train the embedded default (configs/quick.yaml on the synthetic dataset, generated when absent) on the CPU.
+    Train {
+        /// Settings file.
+        #[arg(long, default_value = "configs/quick.yaml")]
+        config: PathBuf,
+        /// More `sluice train` flags, after `--` (e.g. `-- --epochs 3`).
+        #[arg(last = true)]
+        rest: Vec<String>,
     },
     /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed.
     GenData {
@@ -48,6 +59,7 @@ fn main() -> Result<()> {
     let root = workspace_root();
     match cli.task {
         Task::Ci { tests_only } => ci(&root, tests_only),
+        Task::Train { config, rest } => train(&root, &config, &rest),
         Task::GenData { out, seed, train, val, imgsz } => {
             let out = out.unwrap_or_else(|| root.join("datasets/synthetic"));
             let cfg = sluice_dataset::synth::SynthConfig { out, seed, train, val, imgsz, ..Default::default() };
@@ -79,6 +91,40 @@ fn ci(root: &Path, tests_only: bool) -> Result<()> {
     }
     cargo(root, &["test", "--workspace", "--locked"])?;
     Ok(())
+}
+
+/// The default dataset of `cargo xtask train`: shapes on textured backgrounds, 400 train / 100 val images at 256
+/// pixels (the size of the set Ultralytics' reference figures in the README were measured on).
+fn quick_dataset(root: &Path) -> sluice_dataset::synth::SynthConfig {
+    sluice_dataset::synth::SynthConfig {
+        out: root.join("datasets/synthetic"),
+        seed: 0,
+        train: 400,
+        val: 100,
+        imgsz: 256,
+        ..Default::default()
+    }
+}
+
+fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
+    let config = if config.is_absolute() { config.to_path_buf() } else { root.join(config) };
+    let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+    let data = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .map(|v| v.trim().trim_matches(['"', '\'']).to_string())
+        .unwrap_or_else(|| "datasets/synthetic/data.yaml".into());
+    let synth = quick_dataset(root);
+    if root.join(&data) == synth.out.join("data.yaml") && !synth.out.join("data.yaml").exists() {
+        let s = sluice_dataset::synth::generate(&synth)
+            .with_context(|| format!("generating the synthetic dataset in {}", synth.out.display()))?;
+        eprintln!("xtask: generated {} ({} train + {} val images)", s.data_yaml.display(), s.train_images, s.val_images);
+    }
+    let config = config.to_string_lossy().into_owned();
+    let mut args = vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "train"];
+    args.extend(["--config", &config]);
+    args.extend(rest.iter().map(String::as_str));
+    cargo(root, &args)
 }
 
 /// Installs a rustup component when `cargo <probe>` fails (a fresh machine may lack rustfmt or clippy).

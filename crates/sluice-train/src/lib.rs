@@ -1,5 +1,7 @@
-//! Sluice's trainer library: the pieces the `sluice` binary wires together. Today: the training and validation
-//! loaders (the sampler's recipes executed on the pipeline runner, with a shared decoded-image cache).
+//! Sluice's trainer library: the pieces the `sluice` binary wires together — the training and validation loaders
+//! (the sampler's recipes executed on the pipeline runner, with a shared decoded-image cache), the optimizer, EMA
+//! and checkpoints ([`optim`]), and the training loop with validation, telemetry and resume ([`train`]).
 #![warn(missing_docs)]
 
 pub mod loader;
+pub mod train;

@@ -16,6 +16,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train a YOLOv8 detector (`--data D.yaml --model yolov8n --epochs N`, or `--config F.yaml`, or `--resume`).
+    Train(cmd::train::Args),
+    /// Validate a checkpoint or weights file on a dataset split (P, R, mAP50, mAP50-95 per class).
+    Val(cmd::val::Args),
     /// Show the build: version, compiled-in backends, threads.
     Info(cmd::info::Args),
     /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset).
@@ -33,6 +37,8 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Train(args) => cmd::train::run(args),
+        Command::Val(args) => cmd::val::run(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Data(args) => cmd::data::run(args),
         Command::Model(args) => cmd::model::run(args),

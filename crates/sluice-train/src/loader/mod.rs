@@ -174,7 +174,7 @@ impl<R: Send + 'static> Core<R> {
     /// Builds one epoch's pipeline. `plan(k, job)` fills batch `k`'s recipes and returns its canvas shape.
     fn run<A>(
         &self,
-        batches: usize,
+        batches: std::ops::Range<usize>,
         augment: A,
         ids_of: fn(&R, &mut Vec<SampleId>),
         plan: impl Fn(u64, &mut Job<R>) -> BatchShape + Send + Sync + 'static,
@@ -184,7 +184,7 @@ impl<R: Send + 'static> Core<R> {
     {
         let (source, jobs, pool) = (Arc::clone(&self.source), self.jobs.clone(), self.batches.clone());
         let (skips, strict) = (Arc::clone(&self.skips), self.cfg.strict);
-        Pipeline::from_iter("sampler", 0..batches as u64)
+        Pipeline::from_iter("sampler", batches.start as u64..batches.end as u64)
             .stage("decode", self.cfg.workers, move |k: u64, ctx| {
                 let mut job = jobs.acquire(ctx.cancel())?;
                 job.clear(k);
@@ -288,6 +288,12 @@ impl TrainLoader {
 
     /// The batches of `epoch` (0-based) out of `epochs`, in order.
     pub fn epoch(&self, epoch: u32, epochs: u32) -> PipelineIter<Pooled<Batch>> {
+        self.epoch_from(epoch, epochs, 0)
+    }
+
+    /// The batches of `epoch` from batch `first` on (resuming an interrupted epoch): the same batches, byte for
+    /// byte, that [`epoch`](Self::epoch) delivers at those positions.
+    pub fn epoch_from(&self, epoch: u32, epochs: u32, first: usize) -> PipelineIter<Pooled<Batch>> {
         let order = Arc::new(self.sampler.epoch(u64::from(epoch)));
         let mosaic = self.hyp.mosaic_active(epoch, epochs);
         let (recipes, cfg) = (self.recipes, self.core.cfg);
@@ -297,7 +303,7 @@ impl TrainLoader {
                 ids.extend_from_slice(m.geometry.layout.ids());
             }
         };
-        self.core.run(self.len(), TrainAugment, ids_of, move |k, job| {
+        self.core.run(first.min(self.len())..self.len(), TrainAugment, ids_of, move |k, job| {
             let start = k as usize * cfg.batch;
             let end = (start + cfg.batch).min(order.len());
             for pos in start..end {
@@ -365,7 +371,7 @@ impl ValLoader {
     pub fn pass(&self) -> PipelineIter<Pooled<Batch>> {
         let (plan, cfg) = (Arc::clone(&self.plan), self.core.cfg);
         self.core.run(
-            self.plan.len(),
+            0..self.plan.len(),
             ValLetterbox,
             |r, ids| ids.push(r.id),
             move |k, job| {

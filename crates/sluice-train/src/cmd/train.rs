@@ -1,0 +1,221 @@
+//! `sluice train`: train a YOLOv8 detector. Settings come from Ultralytics' defaults, then a YAML config
+//! (`--config`), then the flags given here. Ctrl-C saves `last` and exits; `--resume` continues it.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_train::train::run::checkpoint_config;
+use sluice_train::train::{BatchEvent, CacheMode, EpochEvent, Observer, TrainConfig, TrainSummary, Trainer, find_resume};
+
+/// Arguments of `sluice train`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// A YAML file of settings (Ultralytics' keys); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Dataset YAML.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// yolov8n|s|m|l|x[.yaml].
+    #[arg(long)]
+    model: Option<String>,
+    /// Initial weights (safetensors, Ultralytics key names).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    #[arg(long)]
+    epochs: Option<u32>,
+    #[arg(long)]
+    imgsz: Option<u32>,
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Loader workers per stage (0: about 80% of the cores).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// ram or none.
+    #[arg(long)]
+    cache: Option<String>,
+    /// cpu or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    project: Option<PathBuf>,
+    #[arg(long)]
+    name: Option<String>,
+    /// Reuse runs/<name> if it exists.
+    #[arg(long)]
+    exist_ok: bool,
+    /// Validate every N epochs (and after the last).
+    #[arg(long)]
+    val_interval: Option<u32>,
+    /// Validate on this seed-determined fraction of the val split.
+    #[arg(long)]
+    val_fraction: Option<f64>,
+    /// Stop on the first bad sample.
+    #[arg(long)]
+    strict: bool,
+    /// Continue a run: a checkpoint, a run folder, or (no value) the latest run under --project.
+    #[arg(long, num_args = 0..=1, default_missing_value = "")]
+    resume: Option<PathBuf>,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Args {
+    fn resolve(&self) -> Result<TrainConfig> {
+        let mut c = match &self.config {
+            Some(p) => TrainConfig::from_yaml(p)?,
+            None => TrainConfig::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
+        }
+        set!(data, model, epochs, imgsz, batch, workers, device, seed, project, name, val_interval, val_fraction);
+        if let Some(w) = &self.weights {
+            c.weights = Some(w.clone());
+        }
+        if let Some(cache) = &self.cache {
+            c.cache = match cache.as_str() {
+                "ram" | "true" => CacheMode::Ram,
+                "none" | "false" => CacheMode::None,
+                other => anyhow::bail!("--cache {other}: expected ram or none"),
+            };
+        }
+        c.exist_ok |= self.exist_ok;
+        c.strict |= self.strict;
+        Ok(c)
+    }
+}
+
+/// Progress bar per epoch and a table after it.
+struct Console {
+    bar: Option<ProgressBar>,
+    epochs: u32,
+}
+
+impl Observer for Console {
+    fn batch(&mut self, e: &BatchEvent) {
+        let bar = self.bar.get_or_insert_with(|| {
+            let bar = ProgressBar::new(e.batches as u64);
+            bar.set_style(
+                ProgressStyle::with_template("{prefix:>9} {bar:25} {pos}/{len} {msg} [{elapsed}<{eta}]")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_prefix(format!("{}/{}", e.epoch + 1, self.epochs));
+            bar.set_position(e.batch as u64);
+            bar
+        });
+        bar.set_position(e.batch as u64 + 1);
+        let [b, c, d] = e.mean_loss;
+        bar.set_message(format!(
+            "box {b:.3} cls {c:.3} dfl {d:.3} · {:.1} img/s · data wait {:.0}%",
+            e.images_per_s,
+            e.data_wait_fraction * 100.0
+        ));
+    }
+
+    fn epoch(&mut self, e: &EpochEvent) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        let r = &e.row;
+        eprintln!(
+            "epoch {}/{} · loss box {:.3} cls {:.3} dfl {:.3} · P {:.3} R {:.3} mAP50 {:.3} mAP50-95 {:.3}{}",
+            r.epoch,
+            self.epochs,
+            r.train_loss[0],
+            r.train_loss[1],
+            r.train_loss[2],
+            r.metrics[0],
+            r.metrics[1],
+            r.metrics[2],
+            r.metrics[3],
+            if e.best { " (best)" } else { "" }
+        );
+        eprintln!("{}", e.telemetry.table());
+    }
+
+    fn warn(&mut self, message: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("warning: {message}")),
+            None => eprintln!("warning: {message}"),
+        }
+    }
+}
+
+/// Prints where everything went.
+pub(crate) fn print_summary(s: &TrainSummary) {
+    eprintln!(
+        "\n{} epochs in {:.1} s ({:.1} s training, {:.1} img/s, data wait {:.1}%, bottleneck: {})",
+        s.epochs,
+        s.wall_s,
+        s.train_s,
+        s.mean_images_per_s,
+        s.mean_data_wait_fraction * 100.0,
+        s.bottleneck
+    );
+    let f = &s.final_metrics;
+    eprintln!(
+        "final: P {:.3} R {:.3} mAP50 {:.3} mAP50-95 {:.3} · best epoch {}: mAP50 {:.3} mAP50-95 {:.3}",
+        f.precision, f.recall, f.map50, f.map50_95, s.best_epoch, s.best_metrics.map50, s.best_metrics.map50_95
+    );
+    if s.nonfinite_steps > 0 || s.skipped_samples > 0 {
+        eprintln!("skipped: {} non-finite steps, {} bad samples", s.nonfinite_steps, s.skipped_samples);
+    }
+    eprintln!("results: {}", s.run_dir.display());
+    eprintln!("  weights: {} and {}", s.last.display(), s.best.display());
+    eprintln!("  results.csv, telemetry.jsonl, summary.json, args.yaml");
+    if s.interrupted {
+        eprintln!("interrupted: continue with `sluice train --resume {}`", s.run_dir.display());
+    }
+}
+
+pub(crate) fn run(args: Args) -> Result<()> {
+    let mut trainer = match &args.resume {
+        Some(p) => {
+            let project = args.resolve()?.project;
+            let given = (!p.as_os_str().is_empty()).then_some(p.as_path());
+            let ck = find_resume(given, &project)?;
+            let cfg = checkpoint_config(&ck)?;
+            eprintln!("resuming {} ({} epochs, model {})", ck.display(), cfg.epochs, cfg.model);
+            Trainer::resume(&ck)?
+        }
+        None => Trainer::new(args.resolve()?)?,
+    };
+    let stop = trainer.stop_flag();
+    ctrlc::set_handler(move || {
+        if stop.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: saving last.safetensors after this batch (Ctrl-C again to quit now)");
+    })
+    .context("installing the Ctrl-C handler")?;
+    let cfg = trainer.config();
+    let (n_train, n_val) = trainer.sizes();
+    eprintln!(
+        "training {} on {} ({} train / {} val images, {} classes) · {} epochs · imgsz {} · batch {} · {}",
+        cfg.model,
+        cfg.data.display(),
+        n_train,
+        n_val,
+        trainer.names().len(),
+        cfg.epochs,
+        cfg.imgsz,
+        cfg.batch,
+        cfg.device
+    );
+    eprintln!("run folder: {}", trainer.paths().dir.display());
+    let mut console = Console { bar: None, epochs: cfg.epochs };
+    let summary = trainer.run(&mut console)?;
+    if let Some(bar) = console.bar.take() {
+        bar.finish_and_clear();
+    }
+    print_summary(&summary);
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    }
+    Ok(())
+}

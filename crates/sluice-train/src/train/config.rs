@@ -1,0 +1,238 @@
+//! The training configuration: Ultralytics' argument names and defaults, read from a YAML file (`configs/*.yaml`,
+//! or an Ultralytics `args.yaml`), then overridden by command-line flags. The resolved configuration is written next
+//! to the run (`args.yaml`) and into every checkpoint, so `--resume` restores exactly what ran.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use sluice_augment::Hyp;
+use sluice_model::{LossGains, Scale};
+
+use crate::optim::OptimSettings;
+
+/// Where decoded images are kept between epochs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// Decode every epoch.
+    #[default]
+    None,
+    /// Keep decoded (resized) images in memory.
+    Ram,
+}
+
+/// Everything a training run needs. Missing keys take Ultralytics' defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrainConfig {
+    /// Dataset YAML (Ultralytics `data.yaml`).
+    pub data: PathBuf,
+    /// Model: `yolov8n` … `yolov8x` (a `.yaml` suffix is accepted).
+    pub model: String,
+    /// Initial weights (safetensors with Ultralytics' key names); none = from scratch.
+    pub weights: Option<PathBuf>,
+    /// Epochs.
+    pub epochs: u32,
+    /// Training size (square), a multiple of 32.
+    pub imgsz: u32,
+    /// Images per batch.
+    pub batch: usize,
+    /// Loader workers per stage (0 = about 80% of the cores).
+    pub workers: usize,
+    /// Decoded-image cache.
+    pub cache: CacheMode,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// Run seed (sampling, augmentation, initialisation).
+    pub seed: u64,
+    /// Runs folder.
+    pub project: PathBuf,
+    /// Run name (a suffix is added when the folder exists, unless `exist_ok`).
+    pub name: String,
+    /// Reuse the run folder if it exists.
+    pub exist_ok: bool,
+    /// Validate every N epochs (and always after the last one).
+    pub val_interval: u32,
+    /// Validate on this fraction of the val split (a fixed, seed-determined subset), 0 < f ≤ 1.
+    pub val_fraction: f64,
+    /// Stop on the first bad sample instead of skipping and counting it.
+    pub strict: bool,
+    /// Stop after this many consecutive non-finite losses (the last good checkpoint stays intact).
+    pub max_nonfinite: u32,
+    /// Write plots (results.png, PR curve, batch previews).
+    pub plots: bool,
+    /// Optimizer and schedule.
+    #[serde(flatten)]
+    pub optim: OptimSettings,
+    /// Loss gains (`box`, `cls`, `dfl`).
+    #[serde(flatten)]
+    pub gains: Gains,
+    /// Augmentation.
+    #[serde(flatten)]
+    pub hyp: Hyp,
+}
+
+/// Loss gains under Ultralytics' keys.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Gains {
+    /// Box (CIoU) gain, 7.5.
+    #[serde(rename = "box")]
+    pub box_gain: f64,
+    /// Classification gain, 0.5.
+    pub cls: f64,
+    /// DFL gain, 1.5.
+    pub dfl: f64,
+}
+
+impl Default for Gains {
+    fn default() -> Self {
+        let g = LossGains::default();
+        Self { box_gain: g.box_gain, cls: g.cls, dfl: g.dfl }
+    }
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            data: PathBuf::from("datasets/synthetic/data.yaml"),
+            model: "yolov8n".into(),
+            weights: None,
+            epochs: 100,
+            imgsz: 640,
+            batch: 16,
+            workers: 0,
+            cache: CacheMode::None,
+            device: "cpu".into(),
+            seed: 0,
+            project: PathBuf::from("runs"),
+            name: "exp".into(),
+            exist_ok: false,
+            val_interval: 1,
+            val_fraction: 1.0,
+            strict: false,
+            max_nonfinite: 10,
+            plots: true,
+            optim: OptimSettings::default(),
+            gains: Gains::default(),
+            hyp: Hyp::default(),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Reads a YAML file; unknown keys are an error naming the file (a typo must not be silently ignored).
+    pub fn from_yaml(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::from_yaml_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Parses YAML text.
+    pub fn from_yaml_str(text: &str) -> Result<Self> {
+        // `deny_unknown_fields` does not combine with `flatten`, so unknown keys are found by a round trip.
+        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)?;
+        let cfg: Self = serde_yaml_ng::from_value(value.clone())?;
+        let known = serde_yaml_ng::to_value(&cfg)?;
+        if let (Some(given), Some(known)) = (value.as_mapping(), known.as_mapping()) {
+            let unknown: Vec<String> = given
+                .keys()
+                .filter(|k| !known.contains_key(*k))
+                .map(|k| serde_yaml_ng::to_string(k).unwrap_or_default().trim().to_string())
+                .collect();
+            if !unknown.is_empty() {
+                bail!("unknown key(s): {}", unknown.join(", "));
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The YAML text of this configuration (written as `args.yaml`).
+    pub fn to_yaml(&self) -> Result<String> {
+        Ok(serde_yaml_ng::to_string(self)?)
+    }
+
+    /// The model scale named by `model`.
+    pub fn scale(&self) -> Result<Scale> {
+        let name = self.model.trim_end_matches(".yaml").trim_end_matches(".yml");
+        let name = Path::new(name).file_name().and_then(|s| s.to_str()).unwrap_or(name);
+        Scale::parse(name).with_context(|| format!("model '{}': expected yolov8n|s|m|l|x[.yaml]", self.model))
+    }
+
+    /// Checks every value; errors name the key.
+    pub fn validate(&self) -> Result<()> {
+        self.scale()?;
+        if self.epochs == 0 {
+            bail!("epochs must be at least 1");
+        }
+        if self.imgsz < 32 || !self.imgsz.is_multiple_of(32) {
+            bail!("imgsz {} must be a positive multiple of 32", self.imgsz);
+        }
+        if self.batch == 0 {
+            bail!("batch must be at least 1");
+        }
+        if self.val_interval == 0 {
+            bail!("val_interval must be at least 1");
+        }
+        if !(self.val_fraction > 0.0 && self.val_fraction <= 1.0) {
+            bail!("val_fraction {} must be in (0, 1]", self.val_fraction);
+        }
+        if self.device != "cpu" && !self.device.starts_with("cuda") {
+            bail!("device '{}': expected cpu or cuda:N", self.device);
+        }
+        self.hyp.validate().context("augmentation settings")?;
+        Ok(())
+    }
+
+    /// Loss gains for the model crate.
+    pub fn loss_gains(&self) -> LossGains {
+        LossGains { box_gain: self.gains.box_gain, cls: self.gains.cls, dfl: self.gains.dfl }
+    }
+
+    /// Whether `epoch` (0-based) is validated.
+    pub fn validates(&self, epoch: u32) -> bool {
+        epoch + 1 == self.epochs || (epoch + 1).is_multiple_of(self.val_interval)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_ultralytics() {
+        let c = TrainConfig::default();
+        assert_eq!((c.epochs, c.imgsz, c.batch), (100, 640, 16));
+        assert_eq!((c.gains.box_gain, c.gains.cls, c.gains.dfl), (7.5, 0.5, 1.5));
+        assert_eq!(c.hyp, Hyp::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn yaml_overrides_and_keeps_defaults() {
+        let c = TrainConfig::from_yaml_str("epochs: 3\nimgsz: 320\nmosaic: 0.5\ncls: 1.0\nlr0: 0.02\n").unwrap();
+        assert_eq!((c.epochs, c.imgsz, c.batch), (3, 320, 16));
+        assert_eq!(c.hyp.mosaic, 0.5);
+        assert_eq!(c.gains.cls, 1.0);
+        assert_eq!(c.optim.lr0, 0.02);
+        let back = TrainConfig::from_yaml_str(&c.to_yaml().unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let e = TrainConfig::from_yaml_str("epochz: 3\n").unwrap_err();
+        assert!(format!("{e:#}").contains("epochz"), "{e:#}");
+        let c = TrainConfig { imgsz: 100, ..Default::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("imgsz"));
+        let c = TrainConfig { model: "yolov9t".into(), ..Default::default() };
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("yolov9t"));
+    }
+
+    #[test]
+    fn validation_schedule() {
+        let c = TrainConfig { epochs: 5, val_interval: 2, ..Default::default() };
+        let v: Vec<u32> = (0..5).filter(|&e| c.validates(e)).collect();
+        assert_eq!(v, vec![1, 3, 4]);
+    }
+}

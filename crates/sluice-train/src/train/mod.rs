@@ -1,0 +1,11 @@
+//! Training: the configuration ([`config`]), the loop with validation, checkpoints and resume ([`run`]), the
+//! per-epoch records ([`results`]), where the time went ([`telemetry`]) and the validation pass ([`validate`]).
+
+pub mod config;
+pub mod results;
+pub mod run;
+pub mod telemetry;
+pub mod validate;
+
+pub use config::{CacheMode, TrainConfig};
+pub use run::{BatchEvent, EpochEvent, Metrics, Observer, Quiet, TrainSummary, Trainer, find_resume};

@@ -1,0 +1,181 @@
+//! Per-epoch records of a run: `results.csv` with Ultralytics' columns (so existing plotting scripts read it), and
+//! `telemetry.jsonl` with where the time went.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Ultralytics' `results.csv` header for detection.
+pub const RESULTS_HEADER: [&str; 15] = [
+    "epoch",
+    "time",
+    "train/box_loss",
+    "train/cls_loss",
+    "train/dfl_loss",
+    "metrics/precision(B)",
+    "metrics/recall(B)",
+    "metrics/mAP50(B)",
+    "metrics/mAP50-95(B)",
+    "val/box_loss",
+    "val/cls_loss",
+    "val/dfl_loss",
+    "lr/pg0",
+    "lr/pg1",
+    "lr/pg2",
+];
+
+/// One row of `results.csv`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EpochRow {
+    /// 1-based epoch.
+    pub epoch: u32,
+    /// Wall seconds since the start of training (cumulative, as Ultralytics writes it).
+    pub time: f64,
+    /// Mean training losses (box, cls, dfl) over the epoch.
+    pub train_loss: [f64; 3],
+    /// Precision, recall, mAP50, mAP50-95 of the last validation (NaN-free: 0 before the first).
+    pub metrics: [f64; 4],
+    /// Mean validation losses (box, cls, dfl).
+    pub val_loss: [f64; 3],
+    /// Learning rates of the three parameter groups at the end of the epoch.
+    pub lr: [f64; 3],
+}
+
+impl EpochRow {
+    fn to_csv(self) -> String {
+        let mut fields = vec![self.epoch.to_string(), format!("{:.3}", self.time)];
+        let rest = self.train_loss.iter().chain(&self.metrics).chain(&self.val_loss).chain(&self.lr);
+        fields.extend(rest.map(|v| format!("{v:.8}")));
+        fields.join(",")
+    }
+
+    fn from_csv(line: &str) -> Option<Self> {
+        let v: Vec<f64> = line.split(',').map(|s| s.trim().parse::<f64>()).collect::<Result<_, _>>().ok()?;
+        if v.len() != RESULTS_HEADER.len() {
+            return None;
+        }
+        Some(Self {
+            epoch: v[0] as u32,
+            time: v[1],
+            train_loss: [v[2], v[3], v[4]],
+            metrics: [v[5], v[6], v[7], v[8]],
+            val_loss: [v[9], v[10], v[11]],
+            lr: [v[12], v[13], v[14]],
+        })
+    }
+}
+
+/// Appends rows to `results.csv`, flushing each one (a crash loses nothing already written).
+#[derive(Debug)]
+pub struct ResultsCsv {
+    path: PathBuf,
+}
+
+impl ResultsCsv {
+    /// Opens `path`: a new file gets the header; an existing one (resume) keeps the rows of epochs before
+    /// `keep_epochs` and drops later ones, so a resumed run never duplicates an epoch.
+    pub fn open(path: &Path, keep_epochs: u32) -> Result<Self> {
+        let kept: Vec<EpochRow> = if path.exists() {
+            Self::read(path)?.into_iter().filter(|r| r.epoch <= keep_epochs).collect()
+        } else {
+            Vec::new()
+        };
+        let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        writeln!(f, "{}", RESULTS_HEADER.join(","))?;
+        for r in kept {
+            writeln!(f, "{}", r.to_csv())?;
+        }
+        f.sync_all()?;
+        Ok(Self { path: path.to_path_buf() })
+    }
+
+    /// Appends one row.
+    pub fn append(&self, row: &EpochRow) -> Result<()> {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        writeln!(f, "{}", row.to_csv())?;
+        f.flush()?;
+        Ok(())
+    }
+
+    /// Every row of a `results.csv`; a malformed line is an error naming the file and line.
+    pub fn read(path: &Path) -> Result<Vec<EpochRow>> {
+        let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut rows = Vec::new();
+        for (i, line) in BufReader::new(f).lines().enumerate() {
+            let line = line?;
+            if i == 0 || line.trim().is_empty() {
+                continue;
+            }
+            let row = EpochRow::from_csv(&line)
+                .with_context(|| format!("{}:{}: not a results row: '{line}'", path.display(), i + 1))?;
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+}
+
+/// Appends one JSON object per line.
+#[derive(Debug)]
+pub struct JsonLines {
+    path: PathBuf,
+}
+
+impl JsonLines {
+    /// Opens (creating) `path` for appending.
+    pub fn new(path: &Path) -> Self {
+        Self { path: path.to_path_buf() }
+    }
+
+    /// Appends `value` as one line.
+    pub fn append<T: Serialize>(&self, value: &T) -> Result<()> {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        writeln!(f, "{}", serde_json::to_string(value)?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(epoch: u32) -> EpochRow {
+        EpochRow {
+            epoch,
+            time: 1.5 * epoch as f64,
+            train_loss: [1.0, 2.0, 3.0],
+            metrics: [0.1, 0.2, 0.3, 0.4],
+            val_loss: [4.0, 5.0, 6.0],
+            lr: [0.01, 0.01, 0.02],
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_and_resume_truncates() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("results.csv");
+        let csv = ResultsCsv::open(&p, 0).unwrap();
+        for e in 1..=3 {
+            csv.append(&row(e)).unwrap();
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.starts_with("epoch,time,train/box_loss,"));
+        assert_eq!(ResultsCsv::read(&p).unwrap(), vec![row(1), row(2), row(3)]);
+        // Resuming after epoch 2 drops the row of epoch 3.
+        let csv = ResultsCsv::open(&p, 2).unwrap();
+        csv.append(&row(3)).unwrap();
+        assert_eq!(ResultsCsv::read(&p).unwrap(), vec![row(1), row(2), row(3)]);
+        std::fs::write(&p, "h\n1,2,x\n").unwrap();
+        let e = ResultsCsv::read(&p).unwrap_err();
+        assert!(format!("{e:#}").contains("results.csv:2"), "{e:#}");
+    }
+}
