@@ -190,10 +190,10 @@ impl Optimization {
     /// the step), the optimizer step, zeroed gradients and the EMA update.
     pub fn batch(&mut self, model: &YoloV8, loss: &Tensor, ni: usize, epoch: usize) -> Result<BatchOutcome> {
         self.check_model(model)?;
-        if let Some(last) = self.last_ni {
-            if ni <= last {
-                return Err(OptimError::BadInput(format!("iteration {ni} after iteration {last}")));
-            }
+        if let Some(last) = self.last_ni
+            && ni <= last
+        {
+            return Err(OptimError::BadInput(format!("iteration {ni} after iteration {last}")));
         }
         if loss.rank() != 0 {
             return Err(OptimError::BadInput(format!("the loss must be a scalar, got shape {:?}", loss.dims())));
@@ -250,10 +250,10 @@ impl Optimization {
     /// epoch's scheduled rates are applied by its first [`Optimization::batch`], so [`Optimization::lrs`] keeps
     /// answering this epoch's values until then, and a checkpoint saved now resumes exactly.
     pub fn end_epoch(&mut self, epoch: usize) -> Result<[f64; 3]> {
-        if let Some(e) = self.scheduled_epoch {
-            if e != epoch {
-                return Err(OptimError::BadInput(format!("end of epoch {epoch}, but the last batch was of epoch {e}")));
-            }
+        if let Some(e) = self.scheduled_epoch
+            && e != epoch
+        {
+            return Err(OptimError::BadInput(format!("end of epoch {epoch}, but the last batch was of epoch {e}")));
         }
         Ok(self.lr)
     }
