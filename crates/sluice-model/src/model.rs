@@ -165,6 +165,30 @@ impl YoloV8 {
         Ok(())
     }
 
+    /// An independent deep copy: the same architecture with every parameter, running statistic and
+    /// `num_batches_tracked` counter copied into fresh variables (what Ultralytics' `deepcopy(model)` gives the EMA).
+    pub fn try_clone(&self) -> Result<Self> {
+        if self.fused {
+            return Err(ModelError::Fused("copying the model"));
+        }
+        let copy = Self::new(self.cfg, self.dtype, &self.device)?;
+        {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+            let src = self.varmap.data().lock().unwrap();
+            #[allow(clippy::unwrap_used)]
+            let dst = copy.varmap.data().lock().unwrap();
+            for (k, v) in src.iter() {
+                let Some(d) = dst.get(k) else {
+                    return Err(ModelError::BadInput(format!("copying the model: no variable `{k}` in the copy")));
+                };
+                d.set(v.as_tensor())?;
+            }
+        }
+        let mut copy = copy;
+        copy.num_batches_tracked = self.num_batches_tracked.clone();
+        Ok(copy)
+    }
+
     /// Outputs of every top-level layer `model.0` … `model.21`.
     pub fn forward_layers(&self, x: &Tensor, mode: Mode) -> Result<Vec<Tensor>> {
         self.check_input(x)?;

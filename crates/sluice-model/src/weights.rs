@@ -41,9 +41,41 @@ impl YoloV8 {
             return Err(ModelError::Fused("loading weights"));
         }
         let path = path.as_ref();
-        let file = path.to_path_buf();
         let tensors = candle_core::safetensors::load(path, self.device())
-            .map_err(|source| ModelError::WeightsIo { file: file.clone(), source })?;
+            .map_err(|source| ModelError::WeightsIo { file: path.to_path_buf(), source })?;
+        self.load_state_dict(&tensors, mode, path)
+    }
+
+    /// Overwrites the model's parameters with the tensors of a safetensors file whose names start with `prefix`
+    /// (the prefix is stripped; every other tensor of the file is ignored). This reads one part of a file that
+    /// holds several models, e.g. `ema.` of a training checkpoint of `sluice-train`.
+    pub fn load_weights_prefixed(&mut self, path: impl AsRef<Path>, prefix: &str, mode: LoadMode) -> Result<()> {
+        if self.is_fused() {
+            return Err(ModelError::Fused("loading weights"));
+        }
+        let path = path.as_ref();
+        let io = |source| ModelError::WeightsIo { file: path.to_path_buf(), source };
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io { file: path.to_path_buf(), source })?;
+        let st = candle_core::safetensors::SliceSafetensors::new(&bytes).map_err(io)?;
+        let mut tensors = HashMap::new();
+        for (name, _) in st.tensors() {
+            if let Some(key) = name.strip_prefix(prefix) {
+                tensors.insert(key.to_string(), st.load(&name, self.device()).map_err(io)?);
+            }
+        }
+        if tensors.is_empty() {
+            return Err(ModelError::BadInput(format!("{}: no tensor under the prefix `{prefix}`", path.display())));
+        }
+        self.load_state_dict(&tensors, mode, path)
+    }
+
+    /// Overwrites the model's parameters with tensors by Ultralytics name (the contents of a weights file);
+    /// `origin` names where they came from in errors. Every key and shape is checked before anything changes.
+    pub fn load_state_dict(&mut self, tensors: &HashMap<String, Tensor>, mode: LoadMode, origin: &Path) -> Result<()> {
+        if self.is_fused() {
+            return Err(ModelError::Fused("loading weights"));
+        }
+        let file = origin.to_path_buf();
         // Check every key and shape before touching the model, so a bad file leaves it unchanged.
         let vars: HashMap<String, candle_core::Var> = {
             #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
@@ -83,7 +115,7 @@ impl YoloV8 {
         for key in keys {
             let t = &tensors[key];
             if let Some(v) = vars.get(key) {
-                v.set(&t.to_dtype(self.dtype())?)?;
+                v.set(&t.to_dtype(self.dtype())?.to_device(self.device())?)?;
             } else if let Some(prefix) = key.strip_suffix(".num_batches_tracked") {
                 let n = t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?.first().copied().unwrap_or(0);
                 self.num_batches_tracked.insert(prefix.to_string(), n);

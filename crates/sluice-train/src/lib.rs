@@ -5,3 +5,4 @@
 
 pub mod loader;
 pub mod train;
+pub mod optim;

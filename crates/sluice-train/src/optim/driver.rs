@@ -1,0 +1,500 @@
+//! [`Optimization`]: the one object the training loop drives per batch. It owns the optimizer, the schedule,
+//! the gradient accumulation and the EMA, and does per batch what Ultralytics' trainer does between the forward
+//! pass and the next batch: warmup of the accumulation factor, learning rates and momentum; backward; gradient
+//! accumulation; when due, clipping to norm 10, the optimizer step and the EMA update.
+
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+use sluice_model::YoloV8;
+
+use super::ema::ModelEma;
+use super::error::{OptimError, Result};
+use super::groups::{Group, ParamGroups};
+use super::optimizer::{GroupHyper, MAX_GRAD_NORM, Optimizer, clip_coefficient, scale_grads, total_grad_norm};
+use super::schedule::{Schedule, warmup_accumulate};
+use super::settings::{OptimSettings, Resolved, Rule, RunShape, resolve};
+
+/// What one call of [`Optimization::batch`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchOutcome {
+    /// An optimizer step (and an EMA update) happened.
+    pub stepped: bool,
+    /// The loss or the gradient norm was not finite: the batch's gradients and every gradient accumulated since
+    /// the last step were dropped, nothing was updated, and the next accumulation window starts after this batch.
+    pub skipped_nonfinite: bool,
+    /// The total gradient norm before clipping, when a step was due.
+    pub grad_norm: Option<f64>,
+    /// The accumulation factor in force for this batch.
+    pub accumulate: usize,
+}
+
+/// The dynamic state that a checkpoint must carry besides tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct DriverState {
+    pub(crate) settings: OptimSettings,
+    pub(crate) shape: RunShape,
+    pub(crate) resolved: Resolved,
+    pub(crate) schedule: Schedule,
+    pub(crate) lr: [f64; 3],
+    pub(crate) momentum: [f64; 3],
+    pub(crate) accumulate: usize,
+    pub(crate) last_opt_step: i64,
+    pub(crate) last_ni: Option<usize>,
+    pub(crate) scheduled_epoch: Option<usize>,
+    pub(crate) steps: u64,
+    pub(crate) skipped: u64,
+    pub(crate) ema_updates: u64,
+    /// Per parameter (sorted by name): name and the number of updates it received.
+    pub(crate) params: Vec<(String, u64)>,
+}
+
+/// Optimizer, schedule, warmup, gradient accumulation and EMA of one training run, as Ultralytics' trainer.
+#[derive(Debug)]
+pub struct Optimization {
+    pub(crate) settings: OptimSettings,
+    pub(crate) shape: RunShape,
+    pub(crate) resolved: Resolved,
+    pub(crate) schedule: Schedule,
+    pub(crate) optimizer: Optimizer,
+    pub(crate) ema: ModelEma,
+    /// Per group (`param_groups` order): current learning rate and (SGD) momentum.
+    pub(crate) lr: [f64; 3],
+    pub(crate) momentum: [f64; 3],
+    pub(crate) accumulate: usize,
+    pub(crate) last_opt_step: i64,
+    pub(crate) last_ni: Option<usize>,
+    pub(crate) scheduled_epoch: Option<usize>,
+    /// Gradients summed since the last step, in [`ParamGroups::params`] order.
+    pub(crate) pending: Vec<Option<Tensor>>,
+    pub(crate) steps: u64,
+    pub(crate) skipped: u64,
+}
+
+impl Optimization {
+    /// Builds the optimizer for `model` (parameter groups, `auto` resolved for `model`'s class count), the
+    /// schedule and warmup for a run of this shape, and the EMA (a copy of `model` as it is now).
+    pub fn new(model: &YoloV8, settings: &OptimSettings, shape: RunShape) -> Result<Self> {
+        let resolved = resolve(settings, model.config().nc, &shape)?;
+        let schedule =
+            Schedule::new(shape.epochs, settings.lrf, settings.cos_lr, settings.warmup_epochs, shape.batches_per_epoch);
+        let groups = ParamGroups::new(model)?;
+        let n = groups.params().len();
+        let optimizer = Optimizer::new(resolved.rule, groups);
+        let ema = ModelEma::new(model)?;
+        // LambdaLR's construction sets every group to initial_lr · lf(0).
+        let lr0 = resolved.lr0 * schedule.lf(0);
+        Ok(Self {
+            settings: *settings,
+            shape,
+            resolved,
+            schedule,
+            optimizer,
+            ema,
+            lr: [lr0; 3],
+            momentum: [resolved.momentum; 3],
+            accumulate: resolved.accumulate,
+            last_opt_step: -1,
+            last_ni: None,
+            scheduled_epoch: None,
+            pending: vec![None; n],
+            steps: 0,
+            skipped: 0,
+        })
+    }
+
+    /// The resolved optimizer (rule, lr0, momentum, scaled weight decay, accumulation, `auto`'s estimate).
+    pub fn resolved(&self) -> &Resolved {
+        &self.resolved
+    }
+
+    /// The schedule (epochs, `lrf`, cosine or linear, warmup iterations).
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The settings it was built from.
+    pub fn settings(&self) -> &OptimSettings {
+        &self.settings
+    }
+
+    /// The run shape it was built for.
+    pub fn shape(&self) -> &RunShape {
+        &self.shape
+    }
+
+    /// The parameter groups.
+    pub fn groups(&self) -> &ParamGroups {
+        self.optimizer.groups()
+    }
+
+    /// Ultralytics' optimizer log line, e.g.
+    /// `AdamW(lr=0.000119, momentum=0.9) with parameter groups 57 weight(decay=0.0), 63 weight(…), 63 bias(…)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}(lr={}, momentum={}) with parameter groups {}",
+            self.resolved.rule.name(),
+            self.resolved.lr0,
+            self.resolved.momentum,
+            self.groups().summary(self.resolved.weight_decay)
+        )
+    }
+
+    /// Current learning rate of each group: `lr/pg0` (decayed weights), `lr/pg1` (BN weights), `lr/pg2`
+    /// (biases), the values and order of Ultralytics' `results.csv`.
+    pub fn lrs(&self) -> [f64; 3] {
+        self.lr
+    }
+
+    /// Current SGD momentum of each group (Adam's β1 stays at the resolved momentum: warmup does not touch it,
+    /// as Ultralytics' warmup only changes groups that have a `momentum` entry).
+    pub fn momenta(&self) -> [f64; 3] {
+        match self.resolved.rule {
+            Rule::Sgd => self.momentum,
+            Rule::Adam | Rule::AdamW => [self.resolved.momentum; 3],
+        }
+    }
+
+    /// The accumulation factor in force (batches per optimizer step).
+    pub fn accumulate(&self) -> usize {
+        self.accumulate
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Steps skipped because the loss or the gradient norm was not finite.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// The EMA model: what validation and checkpoints use.
+    pub fn ema_model(&self) -> &YoloV8 {
+        self.ema.model()
+    }
+
+    /// The EMA (its update count).
+    pub fn ema(&self) -> &ModelEma {
+        &self.ema
+    }
+
+    /// Handles one training batch whose loss (`LossOutput::total`, a scalar) was just computed by a train-mode
+    /// forward of `model`: `ni = i + batches_per_epoch · epoch` is the global iteration (strictly increasing).
+    ///
+    /// In order: the epoch's learning rates `lr0 · lf(epoch)` (at the first batch of an epoch, Ultralytics'
+    /// `scheduler.step()`); during warmup (`ni < nw`) the accumulation factor, each group's learning rate (the
+    /// bias group from `warmup_bias_lr`, the others from 0, towards `lr0 · lf(epoch)`) and the SGD momentum
+    /// (from `warmup_momentum`); a non-finite loss skips everything below; backward, the gradients added to the
+    /// accumulated ones; when `ni − last_step ≥ accumulate`: clipping to total norm 10 (a non-finite norm skips
+    /// the step), the optimizer step, zeroed gradients and the EMA update.
+    pub fn batch(&mut self, model: &YoloV8, loss: &Tensor, ni: usize, epoch: usize) -> Result<BatchOutcome> {
+        self.check_model(model)?;
+        if let Some(last) = self.last_ni
+            && ni <= last
+        {
+            return Err(OptimError::BadInput(format!("iteration {ni} after iteration {last}")));
+        }
+        if loss.rank() != 0 {
+            return Err(OptimError::BadInput(format!("the loss must be a scalar, got shape {:?}", loss.dims())));
+        }
+        self.schedule_epoch(epoch);
+        self.warmup(ni, epoch);
+        self.last_ni = Some(ni);
+        let accumulate = self.accumulate;
+        let skip = |s: &mut Self, grad_norm: Option<f64>| -> Result<BatchOutcome> {
+            s.pending.iter_mut().for_each(|g| *g = None);
+            s.last_opt_step = ni as i64;
+            s.skipped += 1;
+            Ok(BatchOutcome { stepped: false, skipped_nonfinite: true, grad_norm, accumulate })
+        };
+
+        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        if !value.is_finite() {
+            return skip(self, None);
+        }
+        let grads = loss.backward()?;
+        let mut any = false;
+        for (param, acc) in self.optimizer.groups().params().iter().zip(self.pending.iter_mut()) {
+            if let Some(g) = grads.get(param.var.as_tensor()) {
+                any = true;
+                *acc = Some(match acc.take() {
+                    None => g.clone(),
+                    Some(a) => (a + g)?,
+                });
+            }
+        }
+        drop(grads);
+        if !any {
+            return Err(OptimError::BadInput("the loss does not depend on any trainable parameter".into()));
+        }
+        if (ni as i64) - self.last_opt_step < accumulate as i64 {
+            return Ok(BatchOutcome { stepped: false, skipped_nonfinite: false, grad_norm: None, accumulate });
+        }
+
+        let norm = total_grad_norm(&self.pending)?;
+        if !norm.is_finite() {
+            return skip(self, Some(norm));
+        }
+        let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
+        scale_grads(&mut grads, clip_coefficient(norm, MAX_GRAD_NORM))?;
+        let hyper = self.hyper();
+        self.optimizer.step(&grads, &hyper)?;
+        self.last_opt_step = ni as i64;
+        self.steps += 1;
+        self.ema.update(model)?;
+        Ok(BatchOutcome { stepped: true, skipped_nonfinite: false, grad_norm: Some(norm), accumulate })
+    }
+
+    /// Marks the end of an epoch and returns its learning rates (`lr/pg0..2` for `results.csv`). The next
+    /// epoch's scheduled rates are applied by its first [`Optimization::batch`], so [`Optimization::lrs`] keeps
+    /// answering this epoch's values until then, and a checkpoint saved now resumes exactly.
+    pub fn end_epoch(&mut self, epoch: usize) -> Result<[f64; 3]> {
+        if let Some(e) = self.scheduled_epoch
+            && e != epoch
+        {
+            return Err(OptimError::BadInput(format!("end of epoch {epoch}, but the last batch was of epoch {e}")));
+        }
+        Ok(self.lr)
+    }
+
+    fn check_model(&self, model: &YoloV8) -> Result<()> {
+        let first = &self.optimizer.groups().params()[0];
+        match model.var(&first.name) {
+            Some(v) if v.as_tensor().id() == first.var.as_tensor().id() => Ok(()),
+            _ => Err(OptimError::BadInput(
+                "batch() was given another model than the one the optimizer was built for".into(),
+            )),
+        }
+    }
+
+    /// Ultralytics' `scheduler.step()` at an epoch's start: every group to `initial_lr · lf(epoch)`.
+    fn schedule_epoch(&mut self, epoch: usize) {
+        if self.scheduled_epoch != Some(epoch) {
+            self.lr = [self.resolved.lr0 * self.schedule.lf(epoch); 3];
+            self.scheduled_epoch = Some(epoch);
+        }
+    }
+
+    fn warmup(&mut self, ni: usize, epoch: usize) {
+        if !self.schedule.in_warmup(ni) {
+            return;
+        }
+        self.accumulate = warmup_accumulate(&self.schedule, ni, self.settings.nbs, self.shape.batch);
+        let target = self.resolved.lr0 * self.schedule.lf(epoch);
+        for g in Group::ALL {
+            let start = if g == Group::Bias { self.resolved.warmup_bias_lr } else { 0.0 };
+            self.lr[g.index()] = self.schedule.warmup_interp(ni, start, target);
+            if self.resolved.rule == Rule::Sgd {
+                self.momentum[g.index()] =
+                    self.schedule.warmup_interp(ni, self.settings.warmup_momentum, self.resolved.momentum);
+            }
+        }
+    }
+
+    fn hyper(&self) -> [GroupHyper; 3] {
+        let momenta = self.momenta();
+        Group::ALL.map(|g| GroupHyper {
+            lr: self.lr[g.index()],
+            momentum: momenta[g.index()],
+            weight_decay: if g == Group::Weight { self.resolved.weight_decay } else { 0.0 },
+        })
+    }
+
+    pub(crate) fn driver_state(&self) -> DriverState {
+        DriverState {
+            settings: self.settings,
+            shape: self.shape,
+            resolved: self.resolved,
+            schedule: self.schedule,
+            lr: self.lr,
+            momentum: self.momentum,
+            accumulate: self.accumulate,
+            last_opt_step: self.last_opt_step,
+            last_ni: self.last_ni,
+            scheduled_epoch: self.scheduled_epoch,
+            steps: self.steps,
+            skipped: self.skipped,
+            ema_updates: self.ema.updates(),
+            params: self
+                .optimizer
+                .groups()
+                .params()
+                .iter()
+                .zip(self.optimizer.state())
+                .map(|(p, s)| (p.name.clone(), s.step))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver on a real yolov8n parameter set with small synthetic losses (no forward pass): schedule,
+    //! warmup, accumulation, clipping, skipping and the EMA.
+    #![allow(clippy::unwrap_used)]
+    use candle_core::Device;
+    use sluice_model::{Scale, YoloConfig};
+
+    use super::*;
+    use crate::optim::schedule::interp;
+    use crate::optim::settings::OptimizerKind;
+
+    const BIAS: &str = "model.22.cv3.0.2.bias"; // a head conv bias: group pg2, one per class
+
+    fn model() -> YoloV8 {
+        YoloV8::new(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu).unwrap()
+    }
+
+    fn read(t: &Tensor) -> Vec<f64> {
+        t.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap()
+    }
+
+    /// `sum(b · c)` for the head bias `b`: its gradient is `c`, whatever `b`.
+    fn linear_loss(model: &YoloV8, c: &[f32]) -> Tensor {
+        let b = model.var(BIAS).unwrap();
+        let c = Tensor::new(c, &Device::Cpu).unwrap();
+        (b.as_tensor() * c).unwrap().sum_all().unwrap()
+    }
+
+    fn sgd(warmup_epochs: f64) -> OptimSettings {
+        OptimSettings { optimizer: OptimizerKind::Sgd, warmup_epochs, ..Default::default() }
+    }
+
+    #[test]
+    fn warmup_and_schedule_follow_ultralytics() {
+        let m = model();
+        // batch 16 → accumulate 4 after warmup; 10 epochs of 20 batches; warmup 3 epochs = 60 iterations.
+        let shape = RunShape { batch: 16, epochs: 10, batches_per_epoch: 20, train_images: 320 };
+        let mut opt = Optimization::new(&m, &sgd(3.0), shape).unwrap();
+        assert_eq!(opt.schedule().nw, 60);
+        assert_eq!(opt.lrs(), [0.01; 3]);
+        let lf = |e: usize| (1.0 - e as f64 / 10.0).max(0.0) * (1.0 - 0.01) + 0.01;
+        for epoch in 0..4 {
+            for i in 0..20 {
+                let ni = i + 20 * epoch;
+                let out = opt.batch(&m, &linear_loss(&m, &[1e-3, -1e-3]), ni, epoch).unwrap();
+                let target = 0.01 * lf(epoch);
+                let (lr, bias_lr, mom, acc) = if ni < 60 {
+                    let x = ni as f64;
+                    (
+                        interp(x, 0.0, 60.0, 0.0, target),
+                        interp(x, 0.0, 60.0, 0.1, target),
+                        interp(x, 0.0, 60.0, 0.8, 0.937),
+                        (interp(x, 0.0, 60.0, 1.0, 4.0).round_ties_even() as usize).max(1),
+                    )
+                } else {
+                    // Ultralytics 8.4 warms up while `ni < nw`, so the momentum keeps its value of the last warmup
+                    // iteration (it never reaches `momentum` exactly).
+                    (target, target, interp(59.0, 0.0, 60.0, 0.8, 0.937), 4)
+                };
+                assert_eq!(opt.lrs(), [lr, lr, bias_lr], "ni {ni}");
+                assert_eq!(opt.momenta(), [mom; 3], "ni {ni}");
+                assert_eq!(out.accumulate, acc, "ni {ni}");
+            }
+            assert_eq!(opt.end_epoch(epoch).unwrap(), opt.lrs());
+        }
+        // The first batch of the next epoch applies lf(4) (warmup is over).
+        opt.batch(&m, &linear_loss(&m, &[1e-3, 0.0]), 80, 4).unwrap();
+        assert_eq!(opt.lrs(), [0.01 * lf(4); 3]);
+        // AdamW (auto) has no momentum to warm up.
+        let mut adam = Optimization::new(&m, &OptimSettings::default(), shape).unwrap();
+        adam.batch(&m, &linear_loss(&m, &[1e-3, 0.0]), 0, 0).unwrap();
+        assert_eq!(adam.resolved().rule, Rule::AdamW);
+        assert_eq!(adam.momenta(), [0.9; 3]);
+        assert_eq!(adam.lrs(), [0.0; 3]); // warmup_bias_lr forced to 0 by auto
+    }
+
+    #[test]
+    fn gradients_accumulate_until_the_step_and_the_ema_follows_steps() {
+        let m = model();
+        // No warmup; batch 32 → accumulate 2: steps at ni 1, 3, 5, …
+        let shape = RunShape { batch: 32, epochs: 5, batches_per_epoch: 10, train_images: 320 };
+        let mut opt = Optimization::new(&m, &sgd(0.0), shape).unwrap();
+        assert_eq!(opt.accumulate(), 2);
+        let b0 = read(m.var(BIAS).unwrap().as_tensor());
+        let (c1, c2) = ([0.5f32, -1.0], [0.25f32, 2.0]);
+        let o = opt.batch(&m, &linear_loss(&m, &c1), 0, 0).unwrap();
+        assert!(!o.stepped && o.grad_norm.is_none());
+        assert_eq!(read(m.var(BIAS).unwrap().as_tensor()), b0, "no update before the step");
+        let o = opt.batch(&m, &linear_loss(&m, &c2), 1, 0).unwrap();
+        assert!(o.stepped);
+        // Summed gradient g = c1 + c2 = (0.75, 1.0): norm 1.25 < 10, no clipping. First Nesterov step:
+        // buf = g, p −= lr·(g + momentum·buf).
+        assert!((o.grad_norm.unwrap() - 1.25).abs() < 1e-6);
+        let g = [0.75, 1.0];
+        let b1 = read(m.var(BIAS).unwrap().as_tensor());
+        for k in 0..2 {
+            let want = b0[k] - 0.01 * (g[k] + 0.937 * g[k]);
+            assert!((b1[k] - want).abs() < 1e-6, "{} vs {want}", b1[k]);
+        }
+        assert_eq!((opt.steps(), opt.ema().updates()), (1, 1));
+        // The EMA moved towards the model by 1 − d(1).
+        let d = 0.9999 * (1.0 - (-1.0f64 / 2000.0).exp());
+        let e = read(opt.ema_model().var(BIAS).unwrap().as_tensor());
+        for k in 0..2 {
+            assert!((e[k] - (d * b0[k] + (1.0 - d) * b1[k])).abs() < 1e-6);
+        }
+        // A huge gradient is clipped to norm 10 before the step.
+        let big = [3000f32, 4000.0];
+        opt.batch(&m, &linear_loss(&m, &big), 2, 0).unwrap();
+        let before = read(m.var(BIAS).unwrap().as_tensor());
+        let o = opt.batch(&m, &linear_loss(&m, &big), 3, 0).unwrap();
+        assert!((o.grad_norm.unwrap() - 10_000.0).abs() < 1e-2);
+        let after = read(m.var(BIAS).unwrap().as_tensor());
+        // Clipped g = (6, 8); buf = 0.937·(0.75, 1) + g; p −= lr·(g + 0.937·buf).
+        for k in 0..2 {
+            let gk = [6.0, 8.0][k];
+            let buf = 0.937 * g[k] + gk;
+            assert!((after[k] - (before[k] - 0.01 * (gk + 0.937 * buf))).abs() < 1e-5, "{k}");
+        }
+    }
+
+    #[test]
+    fn non_finite_loss_or_gradient_skips_the_step() {
+        let m = model();
+        let shape = RunShape { batch: 32, epochs: 5, batches_per_epoch: 10, train_images: 320 };
+        let mut opt = Optimization::new(&m, &sgd(0.0), shape).unwrap();
+        let b0 = read(m.var(BIAS).unwrap().as_tensor());
+        opt.batch(&m, &linear_loss(&m, &[1.0, 1.0]), 0, 0).unwrap();
+        let o = opt.batch(&m, &linear_loss(&m, &[f32::NAN, 1.0]), 1, 0).unwrap();
+        assert!(o.skipped_nonfinite && !o.stepped);
+        assert_eq!(read(m.var(BIAS).unwrap().as_tensor()), b0);
+        assert_eq!((opt.skipped(), opt.steps(), opt.ema().updates()), (1, 0, 0));
+        // Finite loss, infinite gradient: d√b/db at b = 0.
+        let b = m.var(BIAS).unwrap();
+        b.set(&b.zeros_like().unwrap()).unwrap();
+        let loss = b.as_tensor().sqrt().unwrap().sum_all().unwrap();
+        opt.batch(&m, &loss, 2, 0).unwrap();
+        let loss = b.as_tensor().sqrt().unwrap().sum_all().unwrap();
+        let o = opt.batch(&m, &loss, 3, 0).unwrap();
+        assert!(o.skipped_nonfinite && !o.stepped && !o.grad_norm.unwrap().is_finite());
+        assert_eq!(read(b.as_tensor()), vec![0.0, 0.0]);
+        assert_eq!((opt.skipped(), opt.steps()), (2, 0));
+        // The window restarts after the skipped batch: the next step is at ni 5, with only ni 4–5's gradients.
+        assert!(!opt.batch(&m, &linear_loss(&m, &[1.0, 0.0]), 4, 0).unwrap().stepped);
+        let o = opt.batch(&m, &linear_loss(&m, &[1.0, 0.0]), 5, 0).unwrap();
+        assert!(o.stepped && (o.grad_norm.unwrap() - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn caller_mistakes_are_errors() {
+        let m = model();
+        let shape = RunShape { batch: 32, epochs: 5, batches_per_epoch: 10, train_images: 320 };
+        let mut opt = Optimization::new(&m, &sgd(0.0), shape).unwrap();
+        opt.batch(&m, &linear_loss(&m, &[1.0, 1.0]), 3, 0).unwrap();
+        let e = opt.batch(&m, &linear_loss(&m, &[1.0, 1.0]), 3, 0).unwrap_err().to_string();
+        assert!(e.contains("iteration 3 after iteration 3"), "{e}");
+        let other = model();
+        assert!(
+            opt.batch(&other, &linear_loss(&other, &[1.0, 1.0]), 4, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("another model")
+        );
+        let vector = m.var(BIAS).unwrap().as_tensor().clone();
+        assert!(opt.batch(&m, &vector, 5, 0).unwrap_err().to_string().contains("scalar"));
+        let constant = Tensor::new(1f32, &Device::Cpu).unwrap();
+        assert!(opt.batch(&m, &constant, 6, 0).unwrap_err().to_string().contains("does not depend"));
+    }
+}

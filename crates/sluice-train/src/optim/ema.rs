@@ -1,0 +1,146 @@
+//! Ultralytics' `ModelEMA`: an exponential moving average of every floating-point tensor of the model's state
+//! (parameters and BatchNorm running statistics), decay `0.9999 · (1 − exp(−updates / 2000))`, updated after
+//! each optimizer step. The EMA model is what validation and checkpoints use.
+
+use candle_core::Var;
+use sluice_model::YoloV8;
+
+use super::error::{OptimError, Result};
+
+/// Ultralytics' maximum EMA decay.
+pub const EMA_DECAY: f64 = 0.9999;
+/// Ultralytics' EMA ramp time constant (updates).
+pub const EMA_TAU: f64 = 2000.0;
+
+/// The moving average of a model.
+#[derive(Debug)]
+pub struct ModelEma {
+    ema: YoloV8,
+    /// `(name, EMA variable)` for every variable of the model, sorted by name.
+    vars: Vec<(String, Var)>,
+    updates: u64,
+    decay: f64,
+    tau: f64,
+}
+
+impl ModelEma {
+    /// An EMA starting as a deep copy of `model`, with Ultralytics' decay and ramp.
+    pub fn new(model: &YoloV8) -> Result<Self> {
+        Self::with_decay(model, EMA_DECAY, EMA_TAU)
+    }
+
+    /// An EMA with another maximum decay and ramp constant.
+    pub fn with_decay(model: &YoloV8, decay: f64, tau: f64) -> Result<Self> {
+        if !(0.0..=1.0).contains(&decay) || !tau.is_finite() || tau <= 0.0 {
+            return Err(OptimError::BadSettings(format!("EMA decay {decay} must be in [0, 1] and tau {tau} > 0")));
+        }
+        let ema = model.try_clone()?;
+        let vars = {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+            let data = ema.varmap().data().lock().unwrap();
+            let mut v: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        Ok(Self { ema, vars, updates: 0, decay, tau })
+    }
+
+    /// The averaged model.
+    pub fn model(&self) -> &YoloV8 {
+        &self.ema
+    }
+
+    /// Mutable access to the averaged model (for loading a checkpoint).
+    pub fn model_mut(&mut self) -> &mut YoloV8 {
+        &mut self.ema
+    }
+
+    /// Number of updates so far.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// Sets the update count (when resuming).
+    pub fn set_updates(&mut self, updates: u64) {
+        self.updates = updates;
+    }
+
+    /// The decay the next update will use.
+    pub fn next_decay(&self) -> f64 {
+        self.decay_at(self.updates + 1)
+    }
+
+    fn decay_at(&self, updates: u64) -> f64 {
+        self.decay * (1.0 - (-(updates as f64) / self.tau).exp())
+    }
+
+    /// `updates += 1; d = decay(updates); ema = d·ema + (1 − d)·model` for every floating-point variable
+    /// (parameters and running statistics; the integer `num_batches_tracked` counters are not averaged).
+    pub fn update(&mut self, model: &YoloV8) -> Result<()> {
+        let d = self.decay_at(self.updates + 1);
+        #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+        let src = model.varmap().data().lock().unwrap();
+        if src.len() != self.vars.len() {
+            return Err(OptimError::BadInput(format!(
+                "EMA update from a model with {} variables, the EMA has {}",
+                src.len(),
+                self.vars.len()
+            )));
+        }
+        for (name, e) in &self.vars {
+            let m = src.get(name).ok_or_else(|| {
+                OptimError::BadInput(format!("EMA update from a model without the variable `{name}`"))
+            })?;
+            if !e.dtype().is_float() {
+                continue;
+            }
+            let next = (e.affine(d, 0.0)? + m.as_tensor().detach().affine(1.0 - d, 0.0)?)?;
+            e.set(&next)?;
+        }
+        self.updates += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use candle_core::{DType, Device, Tensor};
+    use sluice_model::{Scale, YoloConfig};
+
+    use super::*;
+
+    fn values(t: &Tensor) -> Vec<f64> {
+        t.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn ema_follows_the_ramp_on_parameters_and_running_stats() {
+        let model = YoloV8::new(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu).unwrap();
+        let mut ema = ModelEma::new(&model).unwrap();
+        let names = ["model.0.conv.weight", "model.0.bn.running_var", "model.22.cv3.0.2.bias"];
+        let start: Vec<Vec<f64>> = names.iter().map(|n| values(model.var(n).unwrap().as_tensor())).collect();
+        // The copy is independent: changing the model leaves the EMA as it was.
+        let mut expected = start.clone();
+        for step in 1..=3u64 {
+            let mut now = Vec::new();
+            for (i, n) in names.iter().enumerate() {
+                let v = model.var(n).unwrap();
+                let moved = v.as_tensor().affine(0.5, (i + step as usize) as f64).unwrap();
+                v.set(&moved).unwrap();
+                now.push(values(&moved));
+            }
+            ema.update(&model).unwrap();
+            let d = 0.9999 * (1.0 - (-(step as f64) / 2000.0).exp());
+            for (i, n) in names.iter().enumerate() {
+                let got = values(ema.model().var(n).unwrap().as_tensor());
+                for (j, g) in got.iter().enumerate() {
+                    expected[i][j] = d * expected[i][j] + (1.0 - d) * now[i][j];
+                    assert!((g - expected[i][j]).abs() < 1e-6 * (1.0 + g.abs()), "{n}[{j}] step {step}");
+                }
+            }
+        }
+        assert_eq!(ema.updates(), 3);
+        assert!(ema.model().var(names[0]).unwrap().as_tensor().id() != model.var(names[0]).unwrap().as_tensor().id());
+    }
+}
