@@ -3,3 +3,4 @@
 #![warn(missing_docs)]
 
 pub mod loader;
+pub mod plots;
