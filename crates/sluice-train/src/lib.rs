@@ -4,3 +4,4 @@
 
 pub mod loader;
 pub mod plots;
+pub mod predict;

@@ -6,3 +6,4 @@ pub(crate) mod eval_coco;
 pub(crate) mod info;
 pub(crate) mod model;
 pub(crate) mod pack;
+pub(crate) mod predict;
