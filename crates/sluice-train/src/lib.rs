@@ -6,3 +6,5 @@
 pub mod loader;
 pub mod train;
 pub mod optim;
+pub mod plots;
+pub mod predict;

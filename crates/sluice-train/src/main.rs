@@ -32,6 +32,8 @@ enum Command {
     EvalCoco(cmd::eval_coco::Args),
     /// Pack a split of a dataset into one shard file (`--data D.yaml --split train --out train.sluice`).
     Pack(cmd::pack::Args),
+    /// Detect objects in images (`--weights W --source img|dir [--save] [--coco-json out.json]`).
+    Predict(cmd::predict::Args),
 }
 
 fn main() -> Result<()> {
@@ -45,5 +47,6 @@ fn main() -> Result<()> {
         Command::Bench(args) => cmd::bench::run(args),
         Command::EvalCoco(args) => cmd::eval_coco::run(args),
         Command::Pack(args) => cmd::pack::run(args),
+        Command::Predict(args) => cmd::predict::run(args),
     }
 }

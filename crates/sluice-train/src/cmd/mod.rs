@@ -8,3 +8,4 @@ pub(crate) mod model;
 pub(crate) mod pack;
 pub(crate) mod train;
 pub(crate) mod val;
+pub(crate) mod predict;

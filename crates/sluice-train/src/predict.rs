@@ -1,0 +1,404 @@
+//! Prediction on image files, as Ultralytics' `yolo predict` does it: decode (EXIF-oriented RGB), letterbox to
+//! `imgsz` with minimum stride padding (`LetterBox(auto=True, stride=32)`), the fused eval-mode forward on the
+//! CPU, single-label NMS with Ultralytics' class-offset trick (`conf 0.25`, `iou 0.7`, `max_det 300`), and the
+//! boxes mapped back to the original pixels and clipped to the image. Also: listing the sources (a file, a
+//! folder, or a `.txt` list), the class count of a weights file, the run folder (`runs/predict`, `predict2`,
+//! …), and COCO-format results through `sluice_dataset::coco`.
+
+use std::path::{Path, PathBuf};
+
+use sluice_augment::{Letterbox, LetterboxOpts, letterbox_into};
+use sluice_core::{DecodeHint, Decoder, Detection, ImageLabels, ImageRgb8, SampleId};
+use sluice_dataset::coco::{CocoDetection, export_detections};
+use sluice_dataset::{ImageFormat, Sample, SampleIndex};
+use sluice_decode::{Backend, Format};
+use sluice_eval::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredView};
+use sluice_model::candle_core::{DType, Device, Tensor};
+use sluice_model::{ModelError, Scale, YoloConfig, YoloV8};
+
+/// The largest stride of a YOLOv8 model: canvases are multiples of it.
+pub const MAX_STRIDE: u32 = 32;
+
+/// The key whose shape `(nc,)` gives a YOLOv8 checkpoint's class count (the last class conv of the head).
+pub const NC_KEY: &str = "model.22.cv3.0.2.bias";
+
+/// What can go wrong while predicting.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The weights file is unusable.
+    #[error("weights {}: {reason}", path.display())]
+    Weights {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The model failed to load or run.
+    #[error("{context}: {source}")]
+    Model {
+        /// The weights file or the image being predicted.
+        context: String,
+        /// The cause (boxed: candle's errors are large).
+        #[source]
+        source: Box<ModelError>,
+    },
+    /// An image could not be decoded.
+    #[error("{}: {reason}", path.display())]
+    Decode {
+        /// The image.
+        path: PathBuf,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// NMS rejected the model output of an image.
+    #[error("{}: NMS: {source}", path.display())]
+    Nms {
+        /// The image.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: sluice_eval::Error,
+    },
+    /// A setting or input is invalid.
+    #[error("{what}: {reason}")]
+    Invalid {
+        /// What was checked.
+        what: &'static str,
+        /// Why it failed.
+        reason: String,
+    },
+    /// Listing the sources failed.
+    #[error(transparent)]
+    Dataset(#[from] sluice_dataset::DatasetError),
+}
+
+/// This module's result type.
+pub type Result<T> = std::result::Result<T, PredictError>;
+
+/// Prediction settings; [`Default`] is Ultralytics' `predict` defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PredictOptions {
+    /// Letterbox size (the long side of the model input), rounded up to a multiple of 32.
+    pub imgsz: u32,
+    /// Detections need a score above this.
+    pub conf: f32,
+    /// NMS IoU threshold.
+    pub iou: f32,
+    /// Most detections per image.
+    pub max_det: usize,
+    /// Class-agnostic NMS.
+    pub agnostic: bool,
+}
+
+impl Default for PredictOptions {
+    fn default() -> Self {
+        Self { imgsz: 640, conf: 0.25, iou: 0.7, max_det: 300, agnostic: false }
+    }
+}
+
+/// The detections of one image file, in its original pixels.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    /// The image file.
+    pub path: PathBuf,
+    /// Its format (from the bytes).
+    pub format: ImageFormat,
+    /// Width after EXIF orientation.
+    pub width: u32,
+    /// Height after EXIF orientation.
+    pub height: u32,
+    /// Detections in descending score order, boxes in original pixels, clipped to the image.
+    pub detections: Vec<Detection>,
+    /// The letterbox the model saw.
+    pub letterbox: Letterbox,
+}
+
+/// The class count of a YOLOv8 safetensors checkpoint: the length of [`NC_KEY`], read from the file's JSON header
+/// alone (the tensor data is not read).
+pub fn weights_num_classes(path: &Path) -> Result<usize> {
+    use std::io::Read;
+    let io = |source| PredictError::Io { path: path.to_path_buf(), source };
+    let bad = |reason: String| PredictError::Weights { path: path.to_path_buf(), reason };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|_| bad("shorter than a safetensors header".into()))?;
+    let n = u64::from_le_bytes(len);
+    let file_len = file.metadata().map_err(io)?.len();
+    if n > 100 << 20 || n + 8 > file_len {
+        return Err(bad(format!("header length {n} does not fit a {file_len}-byte file")));
+    }
+    let mut buf = vec![0u8; 8 + n as usize];
+    buf[..8].copy_from_slice(&len);
+    file.read_exact(&mut buf[8..]).map_err(io)?;
+    // The header is a JSON object: tensor name -> {dtype, shape, data_offsets} (plus an optional `__metadata__`).
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&buf[8..]).map_err(|e| bad(format!("not a safetensors header: {e}")))?;
+    let info =
+        header.get(NC_KEY).ok_or_else(|| bad(format!("no tensor '{NC_KEY}' (not a YOLOv8 detection model?)")))?;
+    let shape: Option<Vec<u64>> =
+        info.get("shape").and_then(|s| s.as_array()).map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect());
+    match shape.as_deref() {
+        Some(&[nc]) if nc > 0 => Ok(nc as usize),
+        _ => Err(bad(format!(
+            "'{NC_KEY}' has shape {}, expected [nc]",
+            info.get("shape").unwrap_or(&serde_json::Value::Null)
+        ))),
+    }
+}
+
+/// The images of `source`: the file itself when it has an image extension, else every image under the folder
+/// (recursively) or listed in the `.txt` file, sorted by path.
+pub fn list_sources(source: &Path) -> Result<Vec<PathBuf>> {
+    let is_image = source
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| sluice_dataset::IMG_FORMATS.contains(&e.to_ascii_lowercase().as_str()));
+    if source.is_file() && is_image {
+        return Ok(vec![source.to_path_buf()]);
+    }
+    if !source.exists() {
+        return Err(PredictError::Invalid { what: "source", reason: format!("{} does not exist", source.display()) });
+    }
+    Ok(sluice_dataset::config::list_images(&[source.to_path_buf()], source)?)
+}
+
+/// `project/name`, or `project/name2`, `name3`, … when it exists (Ultralytics' `increment_path`); not created.
+pub fn next_run_dir(project: &Path, name: &str) -> PathBuf {
+    let first = project.join(name);
+    if !first.exists() {
+        return first;
+    }
+    (2u32..).map(|i| project.join(format!("{name}{i}"))).find(|p| !p.exists()).unwrap_or(first)
+}
+
+/// The detections as COCO results (`sluice_dataset::coco::export_detections`): `image_id` is the file stem when
+/// it is a number, else the image's position in `preds`; `category_id` is `class + 1` (Ultralytics' mapping for
+/// non-COCO datasets, and the one `export_ground_truth` writes), `bbox` is `[x, y, w, h]` in original pixels.
+pub fn coco_results(preds: &[Prediction], names: &[String]) -> Vec<CocoDetection> {
+    let index = SampleIndex {
+        names: names.to_vec(),
+        samples: preds
+            .iter()
+            .map(|p| Sample {
+                image: p.path.clone(),
+                format: p.format,
+                label_file: None,
+                labels: ImageLabels { width: p.width, height: p.height, objects: Vec::new() },
+                crowd: Vec::new(),
+                image_id: None,
+            })
+            .collect(),
+        category_ids: None,
+    };
+    export_detections(&index, preds.iter().enumerate().map(|(i, p)| (i as SampleId, p.detections.as_slice())))
+}
+
+/// A loaded model ready to predict on images.
+pub struct Predictor {
+    model: YoloV8,
+    nc: usize,
+    opts: PredictOptions,
+    nms: Nms,
+    scratch: NmsScratch,
+    decoder: Box<dyn Decoder>,
+}
+
+impl std::fmt::Debug for Predictor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Predictor").field("model", &self.model).field("opts", &self.opts).finish_non_exhaustive()
+    }
+}
+
+impl Predictor {
+    /// Loads `weights` (Ultralytics key names) as a YOLOv8 of `scale` with `nc` classes (`None`: read from the
+    /// file), folds BatchNorm into the convolutions, and picks the preferred decode backend.
+    pub fn load(weights: &Path, scale: Scale, nc: Option<usize>, opts: PredictOptions) -> Result<Self> {
+        let nc = match nc {
+            Some(n) => n,
+            None => weights_num_classes(weights)?,
+        };
+        let invalid = |reason: String| PredictError::Invalid { what: "predict options", reason };
+        if opts.imgsz == 0 {
+            return Err(invalid("imgsz must be positive".into()));
+        }
+        if !(0.0..=1.0).contains(&opts.conf) || !(0.0..=1.0).contains(&opts.iou) || opts.max_det == 0 {
+            return Err(invalid(format!(
+                "conf {} and iou {} in [0, 1], max_det {} >= 1",
+                opts.conf, opts.iou, opts.max_det
+            )));
+        }
+        let opts = PredictOptions { imgsz: opts.imgsz.div_ceil(MAX_STRIDE) * MAX_STRIDE, ..opts };
+        let context = weights.display().to_string();
+        let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
+        let model = YoloV8::load(YoloConfig::new(scale, nc), weights, DType::F32, &Device::Cpu)
+            .and_then(|m| m.fuse())
+            .map_err(model_err)?;
+        let nms = Nms::new(NmsParams {
+            conf_thres: f64::from(opts.conf),
+            iou_thres: f64::from(opts.iou),
+            max_det: opts.max_det,
+            multi_label: false,
+            agnostic: opts.agnostic,
+            mode: NmsMode::ClassOffset { max_wh: 7680.0 },
+            ..NmsParams::default()
+        });
+        let decoder =
+            Backend::preferred().and_then(Backend::decoder).map_err(|e| invalid(format!("no image decoder: {e}")))?;
+        Ok(Self { model, nc, opts, nms, scratch: NmsScratch::default(), decoder })
+    }
+
+    /// The class count of the model.
+    pub fn num_classes(&self) -> usize {
+        self.nc
+    }
+
+    /// The settings in force (`imgsz` rounded up to a multiple of 32).
+    pub fn options(&self) -> PredictOptions {
+        self.opts
+    }
+
+    /// The letterbox of a `w x h` image: Ultralytics' predict `LetterBox(imgsz, auto=True, stride=32)`.
+    pub fn letterbox_for(&self, w: u32, h: u32) -> Letterbox {
+        let opts = LetterboxOpts { auto: true, stride: MAX_STRIDE, ..LetterboxOpts::default() };
+        Letterbox::new(w, h, self.opts.imgsz, self.opts.imgsz, opts)
+    }
+
+    /// Detections of a decoded image (`name` only names it in errors), boxes in its pixels.
+    pub fn predict_image(&mut self, image: &ImageRgb8, name: &Path) -> Result<(Vec<Detection>, Letterbox)> {
+        let (w, h) = (image.width(), image.height());
+        if w == 0 || h == 0 {
+            return Err(PredictError::Decode { path: name.to_path_buf(), reason: format!("empty {w}x{h} image") });
+        }
+        let lb = self.letterbox_for(w, h);
+        let (cw, ch) = (lb.canvas.0 as usize, lb.canvas.1 as usize);
+        let mut chw = vec![0u8; 3 * cw * ch];
+        letterbox_into(image, &lb, &mut chw);
+        let x: Vec<f32> = chw.iter().map(|&v| f32::from(v) / 255.0).collect();
+        let model_err = |source| PredictError::Model { context: name.display().to_string(), source: Box::new(source) };
+        let candle = |e: sluice_model::candle_core::Error| model_err(ModelError::from(e));
+        let input = Tensor::from_vec(x, (1, 3, ch, cw), &Device::Cpu).map_err(candle)?;
+        let y = self.model.forward(&input).map_err(model_err)?.y;
+        let anchors = y.dim(2).map_err(candle)?;
+        let data = y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?;
+        let nms_err = |source| PredictError::Nms { path: name.to_path_buf(), source };
+        let view = PredView::new(&data, self.nc, anchors, Layout::ChannelsFirst).map_err(nms_err)?;
+        let mut dets = Vec::new();
+        self.nms.run(&view, 0, &mut self.scratch, &mut dets, None).map_err(nms_err)?;
+        for d in &mut dets {
+            d.bbox = lb.unmap_box(&d.bbox).clip(w as f32, h as f32);
+        }
+        Ok((dets, lb))
+    }
+
+    /// Reads, decodes and predicts one image file. Returns the prediction and the decoded image (for drawing).
+    pub fn predict_file(&mut self, path: &Path) -> Result<(Prediction, ImageRgb8)> {
+        let bytes = std::fs::read(path).map_err(|source| PredictError::Io { path: path.to_path_buf(), source })?;
+        let format = match Format::sniff(&bytes) {
+            Some(Format::Jpeg) => ImageFormat::Jpeg,
+            Some(Format::Png) => ImageFormat::Png,
+            Some(Format::Bmp) => ImageFormat::Bmp,
+            Some(Format::WebP) => ImageFormat::Webp,
+            other => {
+                return Err(PredictError::Decode {
+                    path: path.to_path_buf(),
+                    reason: format!("unsupported image format {other:?} (JPEG, PNG, BMP or WebP)"),
+                });
+            }
+        };
+        let mut image = ImageRgb8::default();
+        self.decoder
+            .decode(&bytes, DecodeHint::default(), &mut image)
+            .map_err(|e| PredictError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
+        let (detections, letterbox) = self.predict_image(&image, path)?;
+        let pred = Prediction {
+            path: path.to_path_buf(),
+            format,
+            width: image.width(),
+            height: image.height(),
+            detections,
+            letterbox,
+        };
+        Ok((pred, image))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::BoxXyxy;
+
+    use super::*;
+
+    fn saved_model(dir: &Path, nc: usize) -> PathBuf {
+        let path = dir.join(format!("n{nc}.safetensors"));
+        YoloV8::new(YoloConfig::new(Scale::N, nc), DType::F32, &Device::Cpu).and_then(|m| m.save(&path)).expect("save");
+        path
+    }
+
+    #[test]
+    fn class_count_comes_from_the_header_and_bad_files_are_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(weights_num_classes(&saved_model(dir.path(), 3)).expect("nc"), 3);
+        let junk = dir.path().join("junk.safetensors");
+        std::fs::write(&junk, b"not a safetensors file at all").expect("write");
+        let e = weights_num_classes(&junk).expect_err("junk");
+        assert!(e.to_string().contains("junk.safetensors"), "{e}");
+        let e = weights_num_classes(&dir.path().join("missing.safetensors")).expect_err("missing");
+        assert!(e.to_string().contains("missing.safetensors"), "{e}");
+    }
+
+    #[test]
+    fn sources_and_run_dirs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("imgs/sub")).expect("mkdir");
+        for f in ["imgs/b.jpg", "imgs/a.PNG", "imgs/sub/c.jpeg", "imgs/notes.txt"] {
+            std::fs::write(d.join(f), b"x").expect("write");
+        }
+        let got = list_sources(&d.join("imgs")).expect("dir");
+        assert_eq!(got, vec![d.join("imgs/a.PNG"), d.join("imgs/b.jpg"), d.join("imgs/sub/c.jpeg")]);
+        assert_eq!(list_sources(&d.join("imgs/b.jpg")).expect("file"), vec![d.join("imgs/b.jpg")]);
+        assert!(list_sources(&d.join("nope")).expect_err("missing").to_string().contains("nope"));
+        assert_eq!(next_run_dir(d, "predict"), d.join("predict"));
+        std::fs::create_dir(d.join("predict")).expect("mkdir");
+        std::fs::create_dir(d.join("predict2")).expect("mkdir");
+        assert_eq!(next_run_dir(d, "predict"), d.join("predict3"));
+    }
+
+    #[test]
+    fn predict_letterbox_round_trips_boxes_exactly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = Predictor::load(&saved_model(dir.path(), 2), Scale::N, None, PredictOptions::default()).expect("load");
+        // Ultralytics predict on a 640x426 image at 640: ratio 1, canvas 640x448 (auto), 11 px top padding.
+        let lb = p.letterbox_for(640, 426);
+        assert_eq!((lb.ratio, lb.pad, lb.canvas), ((1.0, 1.0), [0, 11, 0, 11], (640, 448)));
+        // 1280x960 at 640: ratio 1/2, 640x480 -> padded to 640x480 (a multiple of 32 already).
+        let lb = p.letterbox_for(1280, 960);
+        assert_eq!((lb.new_unpad, lb.canvas), ((640, 480), (640, 480)));
+        let b = BoxXyxy::new(10.5, 20.25, 300.0, 959.0);
+        assert_eq!(lb.unmap_box(&lb.map_box(&b)), b);
+        assert_eq!(p.num_classes(), 2);
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = saved_model(dir.path(), 1);
+        let o = PredictOptions { conf: 1.5, ..PredictOptions::default() };
+        assert!(Predictor::load(&w, Scale::N, None, o).is_err());
+        // A class count that does not match the file is a model error naming the file.
+        let e = Predictor::load(&w, Scale::N, Some(4), PredictOptions::default()).expect_err("nc mismatch");
+        assert!(e.to_string().contains("n1.safetensors"), "{e}");
+        let p = Predictor::load(&w, Scale::N, None, PredictOptions { imgsz: 100, ..PredictOptions::default() })
+            .expect("load");
+        assert_eq!(p.options().imgsz, 128);
+    }
+}

@@ -1,0 +1,132 @@
+//! `sluice predict` end to end on a tiny generated dataset with a freshly initialised yolov8n: one drawn image
+//! per input in a fresh run folder, the JSON report and the COCO results agreeing box for box, every box inside
+//! its (non-square, letterboxed) image, and a corrupt image named in the error.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use sluice_dataset::synth::{SynthConfig, generate};
+use sluice_model::candle_core::{DType, Device};
+use sluice_model::{Scale, YoloConfig, YoloV8};
+
+const NC: usize = 6;
+
+/// Three generated 96 px JPEGs plus a 96x60 PNG crop with a non-numeric name, and fresh weights.
+fn setup(dir: &Path) -> (PathBuf, PathBuf) {
+    let cfg = SynthConfig { out: dir.join("data"), seed: 5, train: 3, val: 0, imgsz: 96, quality: 90 };
+    generate(&cfg).expect("generate");
+    let images = dir.join("data/images/train");
+    let first = image::open(images.join("000000.jpg")).expect("decode").to_rgb8();
+    image::imageops::crop_imm(&first, 0, 10, 96, 60).to_image().save(images.join("extra.png")).expect("png");
+    let weights = dir.join("fresh.safetensors");
+    YoloV8::new(YoloConfig::new(Scale::N, NC), DType::F32, &Device::Cpu)
+        .and_then(|m| m.save(&weights))
+        .expect("save weights");
+    (images, weights)
+}
+
+fn sluice(args: &[&str], cwd: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).current_dir(cwd).output().expect("run sluice")
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().expect("number")
+}
+
+#[test]
+fn predict_folder_saves_drawn_images_and_coco_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let (images, weights) = setup(d);
+    let (w, s) = (weights.to_str().expect("utf-8"), images.to_str().expect("utf-8"));
+    // conf 0.001 keeps plenty of the untrained model's low-score boxes, so there is something to check.
+    let args =
+        ["predict", "--weights", w, "--model", "yolov8n", "--source", s, "--imgsz", "96", "--conf", "0.001", "--save"];
+    let mut with_json = args.to_vec();
+    with_json.extend(["--coco-json", "out/coco.json", "--json"]);
+    let out = sluice(&with_json, d);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+    assert_eq!(report["nc"], NC);
+    let run_dir = d.join("runs/predict");
+    assert_eq!(report["save_dir"].as_str().map(PathBuf::from), Some(PathBuf::from("runs/predict")));
+
+    // One drawn image per input, of the input's size, with boxes drawn over the input's pixels.
+    let mut saved: Vec<String> = std::fs::read_dir(&run_dir)
+        .expect("run dir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+        .collect();
+    saved.sort();
+    assert_eq!(saved, ["000000.jpg", "000001.jpg", "000002.jpg", "extra.png"]);
+    let extra_in = image::open(images.join("extra.png")).expect("decode").to_rgb8();
+    let extra_out = image::open(run_dir.join("extra.png")).expect("decode").to_rgb8();
+    assert_eq!(extra_out.dimensions(), (96, 60));
+    let imgs = report["images"].as_array().expect("images");
+    assert_eq!(imgs.len(), 4);
+    assert!(!imgs[3]["detections"].as_array().expect("detections").is_empty(), "extra.png has boxes above 0.001");
+    assert_ne!(extra_in, extra_out, "boxes were drawn");
+
+    // Every box lies inside its original image (mapped back through the letterbox and clipped).
+    let mut coco_want = Vec::new();
+    for (i, img) in imgs.iter().enumerate() {
+        let (iw, ih) = (num(&img["width"]), num(&img["height"]));
+        assert_eq!((iw, ih), if i == 3 { (96.0, 60.0) } else { (96.0, 96.0) });
+        for det in img["detections"].as_array().expect("detections") {
+            let b: Vec<f64> = det["bbox"].as_array().expect("bbox").iter().map(num).collect();
+            assert!(0.0 <= b[0] && b[0] <= b[2] && b[2] <= iw, "{b:?} in {iw}x{ih}");
+            assert!(0.0 <= b[1] && b[1] <= b[3] && b[3] <= ih, "{b:?} in {iw}x{ih}");
+            let score = num(&det["score"]);
+            assert!(score > 0.001 && score <= 1.0);
+            let class = det["class"].as_u64().expect("class");
+            assert!(class < NC as u64);
+            // image_id: numeric stems give 0, 1, 2; extra.png falls back to its position, 3.
+            coco_want.push((i as u64, class + 1, [b[0], b[1], b[2] - b[0], b[3] - b[1]], score));
+        }
+    }
+    assert!(!coco_want.is_empty(), "the untrained model produced no box above 0.001");
+    assert_eq!(report["detections"].as_u64(), Some(coco_want.len() as u64));
+
+    // The COCO results hold exactly the same boxes.
+    let coco: Value =
+        serde_json::from_slice(&std::fs::read(d.join("out/coco.json")).expect("coco json")).expect("json");
+    let coco = coco.as_array().expect("a list of results");
+    assert_eq!(coco.len(), coco_want.len());
+    for (c, (iid, cat, bbox, score)) in coco.iter().zip(&coco_want) {
+        assert_eq!(c["image_id"].as_u64(), Some(*iid));
+        assert_eq!(c["category_id"].as_u64(), Some(*cat));
+        let got: Vec<f64> = c["bbox"].as_array().expect("bbox").iter().map(num).collect();
+        for (g, w) in got.iter().zip(bbox) {
+            assert!((g - w).abs() < 1e-3, "{got:?} vs {bbox:?}");
+        }
+        assert!((num(&c["score"]) - score).abs() < 1e-6);
+    }
+
+    // A second run gets a fresh folder; the text output names it.
+    let out = sluice(&args, d);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("image 4/4") && text.contains("runs/predict2"), "{text}");
+    assert_eq!(std::fs::read_dir(d.join("runs/predict2")).expect("run 2").count(), 4);
+}
+
+#[test]
+fn a_corrupt_image_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let (images, weights) = setup(d);
+    std::fs::write(images.join("broken.jpg"), b"\xff\xd8\xff\xe0 definitely not a whole jpeg").expect("write");
+    let args = [
+        "predict",
+        "--weights",
+        weights.to_str().expect("utf-8"),
+        "--source",
+        images.to_str().expect("utf-8"),
+        "--imgsz",
+        "64",
+    ];
+    let out = sluice(&args, d);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken.jpg"), "{err}");
+}
