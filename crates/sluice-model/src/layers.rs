@@ -3,6 +3,7 @@
 
 use candle_core::{Result, Tensor, Var};
 use candle_nn::Init;
+use sluice_kernels::norm;
 
 use crate::ops;
 use crate::params::Params;
@@ -49,27 +50,21 @@ impl BatchNorm {
         Ok((scale, shift))
     }
 
-    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let c = self.weight.dim(0)?;
+    /// `SiLU(BatchNorm(x))`, fused (`sluice_kernels::norm`): running statistics in eval mode; batch statistics
+    /// in train mode, where the running statistics are updated too.
+    fn forward_silu(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         match mode {
             Mode::Eval => {
                 let (scale, shift) = self.eval_affine()?;
-                x.broadcast_mul(&scale.reshape((1, c, 1, 1))?)?.broadcast_add(&shift.reshape((1, c, 1, 1))?)
+                norm::affine_silu(x, &scale, &shift)
             }
             Mode::Train => {
                 let (b, _, h, w) = x.dims4()?;
                 let n = (b * h * w) as f64;
-                let mean = x.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
-                let centred = x.broadcast_sub(&mean)?;
-                let var = centred.sqr()?.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
-                let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
-                let y = centred.broadcast_mul(&inv)?;
-                let y = y
-                    .broadcast_mul(&self.weight.as_tensor().reshape((1, c, 1, 1))?)?
-                    .broadcast_add(&self.bias.as_tensor().reshape((1, c, 1, 1))?)?;
-                // Running statistics: momentum 0.03, unbiased variance, no gradient.
-                let mean = mean.detach().flatten_all()?;
-                let unbiased = (var.detach().flatten_all()? * (n / (n - 1.0).max(1.0)))?;
+                let (y, mean, var) =
+                    norm::batch_norm_silu_train(x, self.weight.as_tensor(), self.bias.as_tensor(), BN_EPS)?;
+                // Running statistics: momentum 0.03, unbiased variance, no gradient (mean and var are detached).
+                let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
                 let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
                 let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
                 self.running_mean.set(&rm)?;
@@ -104,12 +99,11 @@ impl Conv {
 
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let y = x.conv2d(&self.weight, self.pad, self.stride, 1, 1)?;
-        let y = match (&self.bn, &self.fused_bias) {
-            (Some(bn), _) => bn.forward(&y, mode)?,
-            (None, Some(b)) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?,
-            (None, None) => y,
-        };
-        y.silu()
+        match (&self.bn, &self.fused_bias) {
+            (Some(bn), _) => bn.forward_silu(&y, mode),
+            (None, Some(b)) => norm::affine_silu(&y, &b.ones_like()?, b),
+            (None, None) => y.silu(),
+        }
     }
 
     /// The folded copy: `w' = w·γ/√(var+eps)`, `b' = β − mean·γ/√(var+eps)`.

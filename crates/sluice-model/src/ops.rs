@@ -2,9 +2,10 @@
 //! candle 0.11 defects this model hits (each is pinned by a gradient-check test in `tests/gradcheck.rs`):
 //!
 //! * `max_pool2d` has no padding, and its backward bails out when kernel != stride (and scales ties wrongly);
-//!   [`max_pool2d_same`] pads with −inf and, when a gradient is needed, takes the maximum of shifted views.
+//!   [`max_pool2d_same`] is `sluice_kernels`' −inf-padded pool with an argmax backward.
 //! * `upsample_nearest2d`'s backward *overwrites* the input's gradient instead of accumulating it, so a tensor
-//!   feeding both an upsample and a concat gets a wrong gradient; [`upsample_nearest2x`] is a reshape+broadcast.
+//!   feeding both an upsample and a concat gets a wrong gradient; [`upsample_nearest2x`] is `sluice_kernels`'
+//!   upsample, whose backward sums each 2×2 block and accumulates.
 //! * `candle_nn::ops::softmax_last_dim` has no backward; [`softmax`] is composed of `exp`/`sum`/`div`.
 //! * `candle_nn::loss::binary_cross_entropy_with_logit` computes `log(sigmoid(x))` and overflows for large
 //!   logits; [`bce_with_logits`] is the stable `max(x,0) − x·z + log(1 + e^{−|x|})`.
@@ -18,48 +19,18 @@ pub(crate) fn full_like(x: &Tensor, v: f64) -> Result<Tensor> {
     x.zeros_like()?.affine(1.0, v)
 }
 
-/// Pads dims 2 and 3 of an NCHW tensor by `p` on every side with −inf.
-fn pad_neg_inf(x: &Tensor, p: usize) -> Result<Tensor> {
-    let (b, c, h, w) = x.dims4()?;
-    let side = Tensor::full(f32::NEG_INFINITY, (b, c, h, p), x.device())?.to_dtype(x.dtype())?;
-    let x = Tensor::cat(&[&side, x, &side], 3)?;
-    let top = Tensor::full(f32::NEG_INFINITY, (b, c, p, w + 2 * p), x.device())?.to_dtype(x.dtype())?;
-    Tensor::cat(&[&top, &x, &top], 2)
-}
-
 /// `MaxPool2d(kernel_size = k, stride = 1, padding = k / 2)` as in PyTorch (the padding is −inf, so it never
-/// wins the max). `k` must be odd. Without gradient tracking it runs candle's native pool on the padded input;
-/// with tracking it is the maximum over the `k` shifted views along W, then along H, whose backward is right.
+/// wins the max). `k` must be odd. The fused kernel of [`sluice_kernels::pool::max_pool2d_same`]: each output's
+/// gradient goes to its window's first maximum and accumulates (the composed shifted-maximum form off the CPU).
 pub fn max_pool2d_same(x: &Tensor, k: usize) -> Result<Tensor> {
-    if k.is_multiple_of(2) {
-        candle_core::bail!("max_pool2d_same: kernel {k} must be odd");
-    }
-    let p = k / 2;
-    let (_, _, h, w) = x.dims4()?;
-    let padded = pad_neg_inf(x, p)?;
-    if !x.track_op() {
-        return padded.max_pool2d_with_stride(k, 1);
-    }
-    // Max along W over the k shifts, then along H.
-    let mut rows = padded.narrow(3, 0, w)?;
-    for dx in 1..k {
-        rows = rows.maximum(&padded.narrow(3, dx, w)?)?;
-    }
-    let mut out = rows.narrow(2, 0, h)?;
-    for dy in 1..k {
-        out = out.maximum(&rows.narrow(2, dy, h)?)?;
-    }
-    Ok(out)
+    sluice_kernels::pool::max_pool2d_same(x, k)
 }
 
-/// Nearest-neighbour upsampling by 2 in H and W (`nn.Upsample(scale_factor=2, mode="nearest")`), as a
-/// reshape + broadcast so that its gradient accumulates like any other op.
+/// Nearest-neighbour upsampling by 2 in H and W (`nn.Upsample(scale_factor=2, mode="nearest")`) whose gradient
+/// accumulates like any other op's ([`sluice_kernels::pool::upsample_nearest2x`]: a fused kernel on the CPU,
+/// reshape + broadcast elsewhere).
 pub fn upsample_nearest2x(x: &Tensor) -> Result<Tensor> {
-    let (b, c, h, w) = x.dims4()?;
-    if !x.track_op() {
-        return x.upsample_nearest2d(2 * h, 2 * w);
-    }
-    x.reshape((b, c, h, 1, w, 1))?.broadcast_as((b, c, h, 2, w, 2))?.reshape((b, c, 2 * h, 2 * w))
+    sluice_kernels::pool::upsample_nearest2x(x)
 }
 
 /// Softmax along `dim`, differentiable (the max subtracted for stability is detached; it cancels exactly).
