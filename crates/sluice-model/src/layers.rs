@@ -103,7 +103,7 @@ impl Conv {
     }
 
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let y = x.conv2d(&self.weight, self.pad, self.stride, 1, 1)?;
+        let y = sluice_kernels::conv::conv2d(x, &self.weight, self.stride, self.pad)?;
         let y = match (&self.bn, &self.fused_bias) {
             (Some(bn), _) => bn.forward(&y, mode)?,
             (None, Some(b)) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?,
