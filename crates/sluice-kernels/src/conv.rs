@@ -25,8 +25,7 @@
 //! (`par_chunks_mut` over images), each doing its own im2col, gemm (`Parallelism::None`) and col2im, which also
 //! parallelises the memory-bound im2col/col2im; the weight gradient folds one partial sum per rayon split and adds
 //! them. With a single group (batch 1, or one thread) the groups run in order and each gemm uses
-//! `Parallelism::Rayon(n)` over the same pool. Measured on the 2-core development machine, images-in-parallel was
-//! the faster of the two at batch 8 (see the crate README).
+//! `Parallelism::Rayon(n)` over the same pool. The two policies have not yet been measured against each other.
 
 mod kernels;
 mod workspace;
