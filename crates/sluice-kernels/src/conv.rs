@@ -1,1 +1,190 @@
 //! Conv2d forward, input gradient and weight gradient as candle custom ops (im2col/col2im + gemm).
+//!
+//! [`conv2d`] is a drop-in for `x.conv2d(w, pad, stride, 1, 1)` (groups 1, dilation 1, square kernel). On
+//! contiguous CPU f32/f64 tensors it runs as a [`CustomOp2`] whose backward pass is two more custom ops without a
+//! backward of their own:
+//!
+//! - forward: per group of images, im2col into a `(c·k·k) × (g·ho·wo)` column matrix, one gemm `w · col`;
+//!   a 1×1 stride-1 unpadded conv is a plain gemm on the input image (no im2col);
+//! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`;
+//! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch.
+//!
+//! Any other device or dtype falls back to candle's stock conv2d, so the function is always correct.
+//!
+//! # Batching and workspace
+//! Images are stacked into one gemm until it has about 2048 columns (so the 10×10 and 20×20 maps of the deep layers
+//! still give the gemm a wide right-hand side), but no group's column matrix exceeds 2 M elements and the batch is
+//! split into at least as many groups as threads. The column matrix (and, for stacked images, the gathered output
+//! gradient) lives in a per-thread workspace that only ever grows: after the first step no layer allocates one
+//! ([`peak_workspace_bytes`] reports the high-water mark over all threads).
+//!
+//! # Threads
+//! All parallelism uses rayon's *global* pool, the pool candle's own matmuls (gemm) and CPU ops already use, so
+//! there is one set of compute threads (`RAYON_NUM_THREADS` sets its size); the data loader runs on its own std
+//! threads and is not scheduled by this pool. When the batch has at least two groups, groups run in parallel
+//! (`par_chunks_mut` over images), each doing its own im2col, gemm (`Parallelism::None`) and col2im, which also
+//! parallelises the memory-bound im2col/col2im; the weight gradient folds one partial sum per rayon split and adds
+//! them. With a single group (batch 1, or one thread) the groups run in order and each gemm uses
+//! `Parallelism::Rayon(n)` over the same pool. The two policies have not yet been measured against each other.
+
+mod kernels;
+mod workspace;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
+
+use kernels::Geom;
+
+/// Bytes held now by the conv im2col workspaces of all threads.
+pub fn workspace_bytes() -> usize {
+    workspace::current_bytes()
+}
+
+/// The most bytes the conv im2col workspaces of all threads have held at once since the process started.
+pub fn peak_workspace_bytes() -> usize {
+    workspace::peak_bytes()
+}
+
+/// 2-D convolution of `x` (`n×c×h×w`) with `w` (`o×c×k×k`), zero padding `pad` on every side, the same `stride`
+/// both ways; groups 1, dilation 1. Equal to `x.conv2d(w, pad, stride, 1, 1)` and differentiable in both inputs.
+pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
+    let Ok((xn, xc, xh, xw)) = x.dims4() else { bail!("conv2d: input must be n×c×h×w, got {:?}", x.shape()) };
+    let Ok((o, wc, kh, kw)) = w.dims4() else { bail!("conv2d: weight must be o×c×k×k, got {:?}", w.shape()) };
+    if xc != wc {
+        bail!("conv2d: input has {xc} channels but the weight expects {wc}");
+    }
+    if kh != kw {
+        bail!("conv2d: only square kernels are supported, got {kh}×{kw}");
+    }
+    let Some(geom) = Geom::new((xn, xc, xh, xw), (o, wc, kh, kw), stride, pad) else {
+        bail!("conv2d: kernel {kh}×{kw} with stride {stride} and padding {pad} does not fit input {:?}", x.shape());
+    };
+    let fast = x.device().is_cpu() && x.dtype() == w.dtype() && matches!(x.dtype(), DType::F32 | DType::F64);
+    if !fast {
+        return x.conv2d(w, pad, stride, 1, 1);
+    }
+    x.contiguous()?.apply_op2(&w.contiguous()?, Conv2dOp { geom })
+}
+
+/// The forward op; its backward applies [`BackwardInput`] and [`BackwardWeight`].
+#[derive(Debug, Clone, Copy)]
+struct Conv2dOp {
+    geom: Geom,
+}
+
+/// `dx` from `(dy, w)`; no backward of its own.
+#[derive(Debug, Clone, Copy)]
+struct BackwardInput {
+    geom: Geom,
+}
+
+/// `dw` from `(x, dy)`; no backward of its own.
+#[derive(Debug, Clone, Copy)]
+struct BackwardWeight {
+    geom: Geom,
+}
+
+/// The contiguous elements of a storage, or an error naming the op.
+fn slice<'a, T>(data: &'a [T], l: &Layout, op: &str) -> Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => bail!("{op}: input is not contiguous"),
+    }
+}
+
+/// Runs `f32` or `f64` kernel `f` on two storages of the same dtype.
+fn run2(
+    op: &str,
+    (s1, l1): (&CpuStorage, &Layout),
+    (s2, l2): (&CpuStorage, &Layout),
+    f32k: impl FnOnce(&[f32], &[f32]) -> Vec<f32>,
+    f64k: impl FnOnce(&[f64], &[f64]) -> Vec<f64>,
+) -> Result<CpuStorage> {
+    match (s1, s2) {
+        (CpuStorage::F32(a), CpuStorage::F32(b)) => Ok(CpuStorage::F32(f32k(slice(a, l1, op)?, slice(b, l2, op)?))),
+        (CpuStorage::F64(a), CpuStorage::F64(b)) => Ok(CpuStorage::F64(f64k(slice(a, l1, op)?, slice(b, l2, op)?))),
+        _ => bail!("{op}: expected two f32 or two f64 tensors, got {:?} and {:?}", s1.dtype(), s2.dtype()),
+    }
+}
+
+/// Checks that a storage has the element count the geometry expects.
+fn check_len(l: &Layout, want: usize, what: &str) -> Result<()> {
+    if l.shape().elem_count() != want {
+        bail!("conv2d: {what} has {} elements, expected {want}", l.shape().elem_count());
+    }
+    Ok(())
+}
+
+impl Geom {
+    fn x_shape(&self) -> Shape {
+        Shape::from((self.n, self.c, self.h, self.w))
+    }
+    fn w_shape(&self) -> Shape {
+        Shape::from((self.o, self.c, self.k, self.k))
+    }
+    fn y_shape(&self) -> Shape {
+        Shape::from((self.n, self.o, self.ho, self.wo))
+    }
+}
+
+impl CustomOp2 for Conv2dOp {
+    fn name(&self) -> &'static str {
+        "sluice-conv2d"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        check_len(l1, g.x_shape().elem_count(), "input")?;
+        check_len(l2, g.w_shape().elem_count(), "weight")?;
+        let out =
+            run2(self.name(), (s1, l1), (s2, l2), |x, w| kernels::forward(x, w, g), |x, w| kernels::forward(x, w, g))?;
+        Ok((out, g.y_shape()))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let dx = dy.apply_op2_no_bwd(w, &BackwardInput { geom: self.geom })?;
+        let dw = x.apply_op2_no_bwd(&dy, &BackwardWeight { geom: self.geom })?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+impl CustomOp2 for BackwardInput {
+    fn name(&self) -> &'static str {
+        "sluice-conv2d-backward-input"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        check_len(l1, g.y_shape().elem_count(), "output gradient")?;
+        check_len(l2, g.w_shape().elem_count(), "weight")?;
+        let out = run2(
+            self.name(),
+            (s1, l1),
+            (s2, l2),
+            |dy, w| kernels::backward_input(dy, w, g),
+            |dy, w| kernels::backward_input(dy, w, g),
+        )?;
+        Ok((out, g.x_shape()))
+    }
+}
+
+impl CustomOp2 for BackwardWeight {
+    fn name(&self) -> &'static str {
+        "sluice-conv2d-backward-weight"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        check_len(l1, g.x_shape().elem_count(), "input")?;
+        check_len(l2, g.y_shape().elem_count(), "output gradient")?;
+        let out = run2(
+            self.name(),
+            (s1, l1),
+            (s2, l2),
+            |x, dy| kernels::backward_weight(x, dy, g),
+            |x, dy| kernels::backward_weight(x, dy, g),
+        )?;
+        Ok((out, g.w_shape()))
+    }
+}

@@ -24,7 +24,12 @@ impl Conv2dBias {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.conv2d(&self.weight, 0, 1, 1, 1)?.broadcast_add(&self.bias.reshape((1, self.bias.dim(0)?, 1, 1))?)
+        sluice_kernels::conv::conv2d(x, &self.weight, 1, 0)?.broadcast_add(&self.bias.reshape((
+            1,
+            self.bias.dim(0)?,
+            1,
+            1,
+        ))?)
     }
 }
 

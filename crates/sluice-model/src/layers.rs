@@ -98,7 +98,7 @@ impl Conv {
     }
 
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let y = x.conv2d(&self.weight, self.pad, self.stride, 1, 1)?;
+        let y = sluice_kernels::conv::conv2d(x, &self.weight, self.stride, self.pad)?;
         match (&self.bn, &self.fused_bias) {
             (Some(bn), _) => bn.forward_silu(&y, mode),
             (None, Some(b)) => norm::affine_silu(&y, &b.ones_like()?, b),

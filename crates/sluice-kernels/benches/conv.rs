@@ -1,0 +1,61 @@
+//! Conv2d forward and backward (input + weight gradients) on YOLOv8n layer shapes at 320×320, batch 8: ours
+//! (`sluice_kernels::conv::conv2d`) against candle's stock conv2d in the same run. Throughput is in FLOPs, so the
+//! "elem/s" criterion prints are FLOP/s (forward `2·n·o·ho·wo·c·k²`, backward twice that).
+//!
+//! `SLUICE_CONV_BENCH_BATCH` overrides the batch (default 8).
+#![allow(clippy::unwrap_used, clippy::needless_range_loop)]
+
+use candle_core::{Device, Tensor, Var};
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use sluice_kernels::conv::{conv2d, peak_workspace_bytes};
+
+/// (name, c_in, c_out, kernel, stride, input side) of YOLOv8n convs at imgsz 320.
+const LAYERS: &[(&str, usize, usize, usize, usize, usize)] = &[
+    ("stem_3x3s2_3to16_320", 3, 16, 3, 2, 320),
+    ("down_3x3s2_16to32_160", 16, 32, 3, 2, 160),
+    ("c2f_3x3_32to32_80", 32, 32, 3, 1, 80),
+    ("c2f_3x3_64to64_40", 64, 64, 3, 1, 40),
+    ("c2f_1x1_96to64_40", 96, 64, 1, 1, 40),
+    ("sppf_1x1_256to128_10", 256, 128, 1, 1, 10),
+];
+
+fn bench(c: &mut Criterion) {
+    let batch = std::env::var("SLUICE_CONV_BENCH_BATCH").ok().and_then(|s| s.parse().ok()).unwrap_or(8usize);
+    let dev = Device::Cpu;
+    for &(name, ci, co, k, s, side) in LAYERS {
+        let p = k / 2;
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, ci, side, side), &dev).unwrap()).unwrap();
+        let w = Var::from_tensor(&Tensor::randn(0f32, 0.1, (co, ci, k, k), &dev).unwrap()).unwrap();
+        let out = (side + 2 * p - k) / s + 1;
+        let flops = 2 * batch * co * out * out * ci * k * k;
+
+        let mut g = c.benchmark_group(format!("conv_fwd/{name}"));
+        g.sampling_mode(SamplingMode::Flat).sample_size(10);
+        g.warm_up_time(std::time::Duration::from_millis(500));
+        g.measurement_time(std::time::Duration::from_secs(2));
+        g.throughput(Throughput::Elements(flops as u64));
+        g.bench_function(BenchmarkId::new("cpu", "sluice"), |b| {
+            b.iter(|| conv2d(x.as_tensor(), w.as_tensor(), s, p).unwrap())
+        });
+        g.bench_function(BenchmarkId::new("cpu", "candle"), |b| {
+            b.iter(|| x.as_tensor().conv2d(w.as_tensor(), p, s, 1, 1).unwrap())
+        });
+        g.finish();
+
+        let mut g = c.benchmark_group(format!("conv_bwd/{name}"));
+        g.sampling_mode(SamplingMode::Flat).sample_size(10);
+        g.warm_up_time(std::time::Duration::from_millis(500));
+        g.measurement_time(std::time::Duration::from_secs(2));
+        g.throughput(Throughput::Elements(2 * flops as u64));
+        // The graph is built once; each iteration runs the backward pass (both gradients) from the output.
+        let ours = conv2d(x.as_tensor(), w.as_tensor(), s, p).unwrap();
+        g.bench_function(BenchmarkId::new("cpu", "sluice"), |b| b.iter(|| ours.backward().unwrap()));
+        let stock = x.as_tensor().conv2d(w.as_tensor(), p, s, 1, 1).unwrap();
+        g.bench_function(BenchmarkId::new("cpu", "candle"), |b| b.iter(|| stock.backward().unwrap()));
+        g.finish();
+    }
+    eprintln!("peak conv workspace: {:.1} MiB", peak_workspace_bytes() as f64 / (1 << 20) as f64);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

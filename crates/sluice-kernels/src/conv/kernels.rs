@@ -1,0 +1,438 @@
+//! The conv2d kernels on plain slices: im2col/col2im, the three gemm-based passes (forward, input gradient,
+//! weight gradient) and the batching/threading policy described in the [`crate::conv`] header.
+//!
+//! Layouts are candle's contiguous NCHW for activations and OIHW for weights. For a group of `g` images the
+//! column matrix is `(c·k·k) × (g·ho·wo)`, image `i` occupying columns `i·ho·wo ..`.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::workspace::Elem;
+
+/// Shape of one convolution (groups 1, dilation 1, square kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geom {
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) o: usize,
+    pub(crate) k: usize,
+    pub(crate) stride: usize,
+    pub(crate) pad: usize,
+    pub(crate) ho: usize,
+    pub(crate) wo: usize,
+}
+
+/// Columns a group's gemm should reach before images are stacked no further (small maps gain, big ones need not).
+const MIN_GROUP_COLS: usize = 2048;
+/// Upper bound on one group's column matrix, in elements.
+const MAX_GROUP_ELEMS: usize = 1 << 21;
+
+impl Geom {
+    /// The geometry, or `None` when the kernel does not fit the padded input or a size is zero.
+    pub(crate) fn new(
+        x: (usize, usize, usize, usize),
+        w: (usize, usize, usize, usize),
+        stride: usize,
+        pad: usize,
+    ) -> Option<Self> {
+        let (n, c, h, wi) = x;
+        let (o, c2, k, k2) = w;
+        if c != c2 || k != k2 || stride == 0 || k == 0 || h + 2 * pad < k || wi + 2 * pad < k {
+            return None;
+        }
+        if [n, c, h, wi, o].contains(&0) {
+            return None;
+        }
+        let ho = (h + 2 * pad - k) / stride + 1;
+        let wo = (wi + 2 * pad - k) / stride + 1;
+        Some(Self { n, c, h, w: wi, o, k, stride, pad, ho, wo })
+    }
+
+    fn hw(&self) -> usize {
+        self.h * self.w
+    }
+    fn howo(&self) -> usize {
+        self.ho * self.wo
+    }
+    fn ckk(&self) -> usize {
+        self.c * self.k * self.k
+    }
+    /// A 1×1, stride-1, unpadded conv: the input image already is the column matrix.
+    fn is_pointwise(&self) -> bool {
+        self.k == 1 && self.stride == 1 && self.pad == 0
+    }
+
+    /// Images per gemm and whether groups run in parallel (each with a single-threaded gemm) or one after another
+    /// (each gemm using every thread).
+    fn plan(&self) -> (usize, bool) {
+        let threads = rayon::current_num_threads().max(1);
+        let per_thread = self.n.div_ceil(threads);
+        let by_cols = MIN_GROUP_COLS.div_ceil(self.howo());
+        let by_mem = (MAX_GROUP_ELEMS / (self.ckk() * self.howo()).max(1)).max(1);
+        let g = by_cols.min(by_mem).min(per_thread).max(1);
+        let groups = self.n.div_ceil(g);
+        (g, threads > 1 && groups > 1)
+    }
+}
+
+/// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)` with explicit row/column strides; bounds are checked against the
+/// slices before the unchecked gemm runs.
+#[allow(clippy::too_many_arguments)]
+fn matmul<T: Elem>(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [T],
+    (dst_rs, dst_cs): (usize, usize),
+    accumulate: bool,
+    lhs: &[T],
+    (lhs_rs, lhs_cs): (usize, usize),
+    rhs: &[T],
+    (rhs_rs, rhs_cs): (usize, usize),
+    par: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(last(m, n, dst_rs, dst_cs) < dst.len(), "conv gemm: dst out of bounds");
+    if k == 0 {
+        if !accumulate {
+            dst.fill(T::ZERO);
+        }
+        return;
+    }
+    assert!(last(m, k, lhs_rs, lhs_cs) < lhs.len(), "conv gemm: lhs out of bounds");
+    assert!(last(k, n, rhs_rs, rhs_cs) < rhs.len(), "conv gemm: rhs out of bounds");
+    // SAFETY: every index the gemm touches, (i·rs + j·cs) for i < rows and j < cols, was checked above to lie
+    // inside its slice; dst is borrowed mutably, so it does not alias lhs or rhs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            dst_cs as isize,
+            dst_rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// For kernel column `kx`: the output columns `lo..hi` whose input column lies inside the image.
+fn valid_range(kx: usize, g: &Geom) -> (usize, usize) {
+    let s = g.stride;
+    let lo = if g.pad > kx { (g.pad - kx).div_ceil(s) } else { 0 };
+    let hi = if g.w + g.pad > kx { ((g.w + g.pad - kx - 1) / s + 1).min(g.wo) } else { 0 };
+    (lo.min(hi), hi)
+}
+
+/// Writes image `x` (`c×h×w`) as the columns `off..off+ho·wo` of `col` (row length `ld`).
+pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: usize) {
+    let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
+    for ci in 0..g.c {
+        let plane = &x[ci * g.hw()..(ci + 1) * g.hw()];
+        for ky in 0..k {
+            for kx in 0..k {
+                let row = (ci * k + ky) * k + kx;
+                let dst = &mut col[row * ld + off..row * ld + off + g.howo()];
+                let (lo, hi) = valid_range(kx, g);
+                for oy in 0..g.ho {
+                    let seg = &mut dst[oy * wo..(oy + 1) * wo];
+                    let iy = (oy * s + ky) as isize - p as isize;
+                    if iy < 0 || iy >= g.h as isize {
+                        seg.fill(T::ZERO);
+                        continue;
+                    }
+                    seg[..lo].fill(T::ZERO);
+                    seg[hi..].fill(T::ZERO);
+                    let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+                    let first = lo * s + kx - p;
+                    if s == 1 {
+                        seg[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
+                    } else {
+                        for (d, v) in seg[lo..hi].iter_mut().zip(src[first..].iter().step_by(s)) {
+                            *d = *v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds the columns `off..off+ho·wo` of `col` (row length `ld`) back into image `dx` (`c×h×w`): the adjoint of
+/// [`im2col`].
+pub(crate) fn col2im<T: Elem>(col: &[T], g: &Geom, ld: usize, off: usize, dx: &mut [T]) {
+    let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
+    for ci in 0..g.c {
+        let plane = &mut dx[ci * g.hw()..(ci + 1) * g.hw()];
+        for ky in 0..k {
+            for kx in 0..k {
+                let row = (ci * k + ky) * k + kx;
+                let src = &col[row * ld + off..row * ld + off + g.howo()];
+                let (lo, hi) = valid_range(kx, g);
+                for oy in 0..g.ho {
+                    let iy = (oy * s + ky) as isize - p as isize;
+                    if iy < 0 || iy >= g.h as isize || lo == hi {
+                        continue;
+                    }
+                    let seg = &src[oy * wo + lo..oy * wo + hi];
+                    let dst = &mut plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+                    let first = lo * s + kx - p;
+                    if s == 1 {
+                        for (d, v) in dst[first..first + (hi - lo)].iter_mut().zip(seg) {
+                            *d += *v;
+                        }
+                    } else {
+                        for (d, v) in dst[first..].iter_mut().step_by(s).zip(seg) {
+                            *d += *v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `f(group_index, chunk)` over the `g`-image chunks of `out`, in parallel or in order per the plan.
+fn for_groups<T: Elem>(out: &mut [T], chunk: usize, parallel: bool, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    if parallel {
+        out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        out.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
+
+fn gemm_par(parallel_groups: bool) -> Parallelism {
+    let threads = rayon::current_num_threads();
+    if parallel_groups || threads <= 1 { Parallelism::None } else { Parallelism::Rayon(threads) }
+}
+
+/// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k))`.
+pub(crate) fn forward<T: Elem>(x: &[T], w: &[T], g: &Geom) -> Vec<T> {
+    let (howo, ckk, o) = (g.howo(), g.ckk(), g.o);
+    let mut y = vec![T::ZERO; g.n * o * howo];
+    let (gs, parallel) = g.plan();
+    let par = gemm_par(parallel);
+    for_groups(&mut y, gs * o * howo, parallel, |gi, ychunk| {
+        let first = gi * gs;
+        let imgs = ychunk.len() / (o * howo);
+        let xs = &x[first * g.c * g.hw()..(first + imgs) * g.c * g.hw()];
+        if g.is_pointwise() {
+            for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
+                let xi = &xs[i * g.c * howo..(i + 1) * g.c * howo];
+                matmul((o, howo, ckk), yi, (howo, 1), false, w, (ckk, 1), xi, (howo, 1), par);
+            }
+            return;
+        }
+        let cols = imgs * howo;
+        let tmp_len = if imgs > 1 { o * cols } else { 0 };
+        T::with_workspace(ckk * cols + tmp_len, |ws| {
+            let (col, tmp) = ws.split_at_mut(ckk * cols);
+            for i in 0..imgs {
+                im2col(&xs[i * g.c * g.hw()..(i + 1) * g.c * g.hw()], g, col, cols, i * howo);
+            }
+            if imgs == 1 {
+                matmul((o, cols, ckk), ychunk, (cols, 1), false, w, (ckk, 1), col, (cols, 1), par);
+            } else {
+                matmul((o, cols, ckk), tmp, (cols, 1), false, w, (ckk, 1), col, (cols, 1), par);
+                for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
+                    for (oc, row) in yi.chunks_mut(howo).enumerate() {
+                        row.copy_from_slice(&tmp[oc * cols + i * howo..oc * cols + (i + 1) * howo]);
+                    }
+                }
+            }
+        });
+    });
+    y
+}
+
+/// Copies the `imgs` images of `dy` (each `o×howo`) side by side into `dst` (`o × imgs·howo`).
+fn gather_dy<T: Elem>(dy: &[T], o: usize, howo: usize, imgs: usize, dst: &mut [T]) {
+    let cols = imgs * howo;
+    for i in 0..imgs {
+        for oc in 0..o {
+            let src = &dy[(i * o + oc) * howo..(i * o + oc + 1) * howo];
+            dst[oc * cols + i * howo..oc * cols + (i + 1) * howo].copy_from_slice(src);
+        }
+    }
+}
+
+/// Input gradient: `dx = col2im(wᵀ · dy)` per group (for a pointwise conv, `dx = wᵀ · dy` per image).
+pub(crate) fn backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
+    let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
+    let mut dx = vec![T::ZERO; g.n * chw];
+    let (gs, parallel) = g.plan();
+    let par = gemm_par(parallel);
+    for_groups(&mut dx, gs * chw, parallel, |gi, dxchunk| {
+        let first = gi * gs;
+        let imgs = dxchunk.len() / chw;
+        let dys = &dy[first * o * howo..(first + imgs) * o * howo];
+        if g.is_pointwise() {
+            for (i, dxi) in dxchunk.chunks_mut(chw).enumerate() {
+                let dyi = &dys[i * o * howo..(i + 1) * o * howo];
+                matmul((ckk, howo, o), dxi, (howo, 1), false, w, (1, ckk), dyi, (howo, 1), par);
+            }
+            return;
+        }
+        let cols = imgs * howo;
+        let tmp_len = if imgs > 1 { o * cols } else { 0 };
+        T::with_workspace(ckk * cols + tmp_len, |ws| {
+            let (dcol, tmp) = ws.split_at_mut(ckk * cols);
+            let dyg: &[T] = if imgs > 1 {
+                gather_dy(dys, o, howo, imgs, tmp);
+                tmp
+            } else {
+                dys
+            };
+            matmul((ckk, cols, o), dcol, (cols, 1), false, w, (1, ckk), dyg, (cols, 1), par);
+            for (i, dxi) in dxchunk.chunks_mut(chw).enumerate() {
+                col2im(dcol, g, cols, i * howo, dxi);
+            }
+        });
+    });
+    dx
+}
+
+/// Weight gradient: `dw = Σ_groups dy_g · col_gᵀ` (for a pointwise conv, `Σ_images dy_i · x_iᵀ`).
+pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
+    let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
+    let (gs, parallel) = g.plan();
+    let par = gemm_par(parallel);
+    let groups = g.n.div_ceil(gs);
+    let group = |gi: usize, acc: &mut [T]| {
+        let first = gi * gs;
+        let imgs = gs.min(g.n - first);
+        let dys = &dy[first * o * howo..(first + imgs) * o * howo];
+        let xs = &x[first * chw..(first + imgs) * chw];
+        if g.is_pointwise() {
+            for i in 0..imgs {
+                let dyi = &dys[i * o * howo..(i + 1) * o * howo];
+                let xi = &xs[i * chw..(i + 1) * chw];
+                matmul((o, ckk, howo), acc, (ckk, 1), true, dyi, (howo, 1), xi, (1, howo), par);
+            }
+            return;
+        }
+        let cols = imgs * howo;
+        let tmp_len = if imgs > 1 { o * cols } else { 0 };
+        T::with_workspace(ckk * cols + tmp_len, |ws| {
+            let (col, tmp) = ws.split_at_mut(ckk * cols);
+            for i in 0..imgs {
+                im2col(&xs[i * chw..(i + 1) * chw], g, col, cols, i * howo);
+            }
+            let dyg: &[T] = if imgs > 1 {
+                gather_dy(dys, o, howo, imgs, tmp);
+                tmp
+            } else {
+                dys
+            };
+            matmul((o, ckk, cols), acc, (ckk, 1), true, dyg, (cols, 1), col, (1, cols), par);
+        });
+    };
+    let zero = || vec![T::ZERO; o * ckk];
+    if parallel {
+        (0..groups)
+            .into_par_iter()
+            .fold(zero, |mut acc, gi| {
+                group(gi, &mut acc);
+                acc
+            })
+            .reduce(zero, |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += *b);
+                a
+            })
+    } else {
+        let mut acc = zero();
+        (0..groups).for_each(|gi| group(gi, &mut acc));
+        acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Direct definition of the convolution, for checking the im2col path on tiny shapes.
+    fn naive(x: &[f64], w: &[f64], g: &Geom) -> Vec<f64> {
+        let mut y = vec![0.0; g.n * g.o * g.howo()];
+        for b in 0..g.n {
+            for oc in 0..g.o {
+                for oy in 0..g.ho {
+                    for ox in 0..g.wo {
+                        let mut s = 0.0;
+                        for ci in 0..g.c {
+                            for ky in 0..g.k {
+                                for kx in 0..g.k {
+                                    let iy = (oy * g.stride + ky) as isize - g.pad as isize;
+                                    let ix = (ox * g.stride + kx) as isize - g.pad as isize;
+                                    if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
+                                        continue;
+                                    }
+                                    s += x[((b * g.c + ci) * g.h + iy as usize) * g.w + ix as usize]
+                                        * w[((oc * g.c + ci) * g.k + ky) * g.k + kx];
+                                }
+                            }
+                        }
+                        y[((b * g.o + oc) * g.ho + oy) * g.wo + ox] = s;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    fn ramp(n: usize, scale: f64) -> Vec<f64> {
+        (0..n).map(|i| ((i * 37 % 101) as f64 - 50.0) * scale).collect()
+    }
+
+    #[test]
+    fn forward_matches_the_definition_on_odd_shapes() {
+        for &(n, c, h, w, o, k, s, p) in
+            &[(1, 2, 5, 7, 3, 3, 1, 1), (3, 3, 9, 6, 2, 3, 2, 1), (2, 4, 4, 4, 5, 1, 1, 0), (5, 1, 7, 7, 2, 3, 2, 0)]
+        {
+            let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
+            let x = ramp(n * c * h * w, 0.01);
+            let wt = ramp(o * c * k * k, 0.02);
+            let got = forward(&x, &wt, &g);
+            let want = naive(&x, &wt, &g);
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-12, "{g:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn col2im_is_the_adjoint_of_im2col() {
+        // <im2col(x), c> == <x, col2im(c)> for every x and c.
+        let g = Geom::new((1, 2, 6, 5), (1, 2, 3, 3), 2, 1).unwrap();
+        let x = ramp(g.c * g.hw(), 0.1);
+        let c = ramp(g.ckk() * g.howo(), 0.03);
+        let mut col = vec![0.0; c.len()];
+        im2col(&x, &g, &mut col, g.howo(), 0);
+        let mut back = vec![0.0; x.len()];
+        col2im(&c, &g, g.howo(), 0, &mut back);
+        let lhs: f64 = col.iter().zip(&c).map(|(a, b)| a * b).sum();
+        let rhs: f64 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
+        assert!((lhs - rhs).abs() < 1e-9, "{lhs} vs {rhs}");
+    }
+
+    #[test]
+    fn rejects_kernels_larger_than_the_padded_input() {
+        assert!(Geom::new((1, 1, 2, 2), (1, 1, 5, 5), 1, 1).is_none());
+        assert!(Geom::new((1, 2, 8, 8), (1, 3, 3, 3), 1, 1).is_none());
+        assert!(Geom::new((1, 1, 8, 8), (1, 1, 3, 3), 0, 1).is_none());
+    }
+}
