@@ -118,7 +118,12 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
     if root.join(&data) == synth.out.join("data.yaml") && !synth.out.join("data.yaml").exists() {
         let s = sluice_dataset::synth::generate(&synth)
             .with_context(|| format!("generating the synthetic dataset in {}", synth.out.display()))?;
-        eprintln!("xtask: generated {} ({} train + {} val images)", s.data_yaml.display(), s.train_images, s.val_images);
+        eprintln!(
+            "xtask: generated {} ({} train + {} val images)",
+            s.data_yaml.display(),
+            s.train_images,
+            s.val_images
+        );
     }
     let config = config.to_string_lossy().into_owned();
     let mut args = vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "train"];

@@ -3,7 +3,7 @@
 //! "elem/s" criterion prints are FLOP/s (forward `2·n·o·ho·wo·c·k²`, backward twice that).
 //!
 //! `SLUICE_CONV_BENCH_BATCH` overrides the batch (default 8).
-#![allow(clippy::unwrap_used, clippy::needless_range_loop)]
+#![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]
 
 use candle_core::{Device, Tensor, Var};
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};

@@ -1,6 +1,6 @@
 //! `sluice_kernels::conv::conv2d` against candle's stock conv2d and its autograd (forward, input gradient, weight
 //! gradient) on random shapes, against f64 central differences, and inside a larger autograd graph.
-#![allow(clippy::unwrap_used, clippy::needless_range_loop)]
+#![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use sluice_kernels::conv::{conv2d, peak_workspace_bytes};

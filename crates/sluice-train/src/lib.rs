@@ -4,7 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod loader;
-pub mod train;
 pub mod optim;
 pub mod plots;
 pub mod predict;
+pub mod train;

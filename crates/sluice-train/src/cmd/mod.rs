@@ -6,6 +6,6 @@ pub(crate) mod eval_coco;
 pub(crate) mod info;
 pub(crate) mod model;
 pub(crate) mod pack;
+pub(crate) mod predict;
 pub(crate) mod train;
 pub(crate) mod val;
-pub(crate) mod predict;

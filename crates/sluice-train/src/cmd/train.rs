@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_train::train::run::checkpoint_config;
-use sluice_train::train::{BatchEvent, CacheMode, EpochEvent, Observer, TrainConfig, TrainSummary, Trainer, find_resume};
+use sluice_train::train::{
+    BatchEvent, CacheMode, EpochEvent, Observer, TrainConfig, TrainSummary, Trainer, find_resume,
+};
 
 /// Arguments of `sluice train`.
 #[derive(Debug, clap::Args)]

@@ -60,8 +60,15 @@ struct ValJson {
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
-    let (v, names) =
-        validate_weights(&args.weights, args.model.as_deref(), &args.data, args.split, args.imgsz, args.batch, args.workers)?;
+    let (v, names) = validate_weights(
+        &args.weights,
+        args.model.as_deref(),
+        &args.data,
+        args.split,
+        args.imgsz,
+        args.batch,
+        args.workers,
+    )?;
     let r = &v.report;
     let classes: Vec<ClassRow> = r
         .classes
@@ -92,7 +99,10 @@ pub(crate) fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     let instances: u64 = out.classes.iter().map(|c| c.instances).sum();
-    println!("{:>20} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}", "Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95");
+    println!(
+        "{:>20} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95"
+    );
     println!(
         "{:>20} {:>7} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
         "all", out.images, instances, out.precision, out.recall, out.map50, out.map50_95

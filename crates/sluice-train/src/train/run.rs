@@ -460,7 +460,9 @@ impl Trainer {
             run_dir: self.paths.dir.clone(),
             progress: self.progress.clone(),
         };
-        self.opt.save_state(&self.model, path, &serde_json::to_value(&meta)?).with_context(|| format!("saving {}", path.display()))
+        self.opt
+            .save_state(&self.model, path, &serde_json::to_value(&meta)?)
+            .with_context(|| format!("saving {}", path.display()))
     }
 
     /// Runs the remaining epochs.
@@ -485,7 +487,7 @@ impl Trainer {
             let t_epoch = Instant::now();
             let mut iter = self.train.epoch_from(epoch, epochs, first);
             let mut t_wait = Instant::now();
-            while let Some(batch) = iter.next() {
+            for batch in iter.by_ref() {
                 let batch = batch.with_context(|| format!("epoch {}: loading a batch", epoch + 1))?;
                 times.data_wait_s += t_wait.elapsed().as_secs_f64();
                 let t = Instant::now();

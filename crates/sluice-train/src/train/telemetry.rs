@@ -150,7 +150,11 @@ impl EpochTelemetry {
             }
         }
         if self.nonfinite_steps > 0 || self.skipped_samples > 0 {
-            let _ = write!(s, "\n  skipped: {} non-finite steps, {} bad samples", self.nonfinite_steps, self.skipped_samples);
+            let _ = write!(
+                s,
+                "\n  skipped: {} non-finite steps, {} bad samples",
+                self.nonfinite_steps, self.skipped_samples
+            );
         }
         s
     }
