@@ -62,14 +62,24 @@ pub const DFL_KEY: &str = "model.22.dfl.conv.weight";
 
 impl YoloV8 {
     /// A freshly initialised model (PyTorch default conv init, BN weight 1 / bias 0 / mean 0 / var 1,
-    /// Ultralytics' head bias init).
+    /// Ultralytics' head bias init), from the device's random generator.
     pub fn new(cfg: YoloConfig, dtype: DType, device: &Device) -> Result<Self> {
+        Self::build(cfg, dtype, device, None)
+    }
+
+    /// The same initialisation drawn from `seed`: every parameter from its own stream keyed by the seed and its
+    /// name, so the same seed gives the same model on any device and in any construction order.
+    pub fn new_seeded(cfg: YoloConfig, dtype: DType, device: &Device, seed: u64) -> Result<Self> {
+        Self::build(cfg, dtype, device, Some(seed))
+    }
+
+    fn build(cfg: YoloConfig, dtype: DType, device: &Device, seed: Option<u64>) -> Result<Self> {
         if cfg.nc == 0 {
             return Err(ModelError::BadInput("the class count must be at least 1".into()));
         }
         let varmap = VarMap::new();
         let (layers, detect) = {
-            let p = Params::new(&varmap, dtype, device).pp("model");
+            let p = Params::new(&varmap, dtype, device, seed).pp("model");
             let c = |x| cfg.ch(x);
             let d = |x| cfg.depth(x);
             let layers = vec![

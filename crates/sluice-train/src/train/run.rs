@@ -401,7 +401,7 @@ impl Trainer {
         // Ultralytics validates with twice the training batch.
         let vcfg = LoaderConfig { batch: cfg.batch * 2, ..lcfg };
         let val = ValLoader::new(source(val_index, cfg.imgsz, false, cfg.cache)?, vcfg);
-        let mut model = YoloV8::new(YoloConfig::new(cfg.scale()?, nc), DType::F32, &device)?;
+        let mut model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, &device, cfg.seed)?;
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
             model.load_weights(w, LoadMode::Strict).with_context(|| format!("initial weights {}", w.display()))?;
         }
