@@ -142,8 +142,11 @@ pub fn weights_num_classes(path: &Path) -> Result<usize> {
     // The header is a JSON object: tensor name -> {dtype, shape, data_offsets} (plus an optional `__metadata__`).
     let header: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(&buf[8..]).map_err(|e| bad(format!("not a safetensors header: {e}")))?;
-    let info =
-        header.get(NC_KEY).ok_or_else(|| bad(format!("no tensor '{NC_KEY}' (not a YOLOv8 detection model?)")))?;
+    // A training checkpoint keeps the weights to predict with under `ema.`.
+    let info = header
+        .get(NC_KEY)
+        .or_else(|| header.get(&format!("ema.{NC_KEY}")))
+        .ok_or_else(|| bad(format!("no tensor '{NC_KEY}' (not a YOLOv8 detection model?)")))?;
     let shape: Option<Vec<u64>> =
         info.get("shape").and_then(|s| s.as_array()).map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect());
     match shape.as_deref() {
@@ -239,9 +242,18 @@ impl Predictor {
         let opts = PredictOptions { imgsz: opts.imgsz.div_ceil(MAX_STRIDE) * MAX_STRIDE, ..opts };
         let context = weights.display().to_string();
         let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
-        let model = YoloV8::load(YoloConfig::new(scale, nc), weights, DType::F32, &Device::Cpu)
-            .and_then(|m| m.fuse())
-            .map_err(model_err)?;
+        // A training checkpoint (sluice train's last/best): its EMA weights, as Ultralytics predicts with.
+        let checkpoint = crate::optim::read_user_metadata(weights).is_ok();
+        let model = if checkpoint {
+            YoloV8::new(YoloConfig::new(scale, nc), DType::F32, &Device::Cpu).and_then(|mut m| {
+                m.load_weights_prefixed(weights, "ema.", sluice_model::LoadMode::Strict)?;
+                Ok(m)
+            })
+        } else {
+            YoloV8::load(YoloConfig::new(scale, nc), weights, DType::F32, &Device::Cpu)
+        }
+        .and_then(|m| m.fuse())
+        .map_err(model_err)?;
         let nms = Nms::new(NmsParams {
             conf_thres: f64::from(opts.conf),
             iou_thres: f64::from(opts.iou),

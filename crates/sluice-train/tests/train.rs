@@ -6,7 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sluice_dataset::synth::{SynthConfig, generate};
+use sluice_model::Scale;
+use sluice_model::candle_core::Device;
+use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
+use sluice_train::train::run::load_model;
 use sluice_train::train::{BatchEvent, Observer, TrainConfig, Trainer};
 
 #[derive(Default)]
@@ -53,7 +57,7 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
 
     // Uninterrupted.
     let mut full = Record::default();
-    let mut t = Trainer::new(config(&data, &project, "full")).unwrap();
+    let mut t = Trainer::new(TrainConfig { plots: true, ..config(&data, &project, "full") }).unwrap();
     let summary = t.run(&mut full).unwrap();
     assert_eq!(summary.epochs, 2);
     assert!(!summary.interrupted);
@@ -65,6 +69,15 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     for f in [&summary.last, &summary.best, &t.paths().summary, &t.paths().telemetry] {
         assert!(f.exists(), "{} missing", f.display());
     }
+    for plot in ["train_batch0.jpg", "PR_curve.png", "results.png"] {
+        assert!(t.paths().dir.join(plot).exists(), "{plot} missing");
+    }
+    // The checkpoint serves `sluice val` and `sluice predict` (its EMA weights).
+    let m = load_model(&summary.best, None, 6, &Device::Cpu).unwrap();
+    assert_eq!(m.config().nc, 6);
+    let opts = PredictOptions { imgsz: 64, ..Default::default() };
+    let p = Predictor::load(&summary.best, Scale::N, None, opts).unwrap();
+    assert_eq!(p.num_classes(), 6);
     let telemetry = std::fs::read_to_string(&t.paths().telemetry).unwrap();
     assert_eq!(telemetry.lines().count(), 2);
     assert!(telemetry.contains("\"bottleneck\""));

@@ -490,6 +490,12 @@ impl Trainer {
             for batch in iter.by_ref() {
                 let batch = batch.with_context(|| format!("epoch {}: loading a batch", epoch + 1))?;
                 times.data_wait_s += t_wait.elapsed().as_secs_f64();
+                if self.cfg.plots && self.progress.iteration == 0 {
+                    let out = self.paths.dir.join("train_batch0.jpg");
+                    if let Err(e) = crate::plots::plot_batch(&batch, &self.names, None, &out) {
+                        observer.warn(&format!("{}: {e}", out.display()));
+                    }
+                }
                 let t = Instant::now();
                 let x = self.transfer.transfer(&batch).context("transfer")?;
                 times.transfer_s += t.elapsed().as_secs_f64();
@@ -580,6 +586,12 @@ impl Trainer {
             if self.cfg.validates(epoch) {
                 let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer)?;
                 tel.val_s = v.seconds;
+                if self.cfg.plots && epoch + 1 == epochs {
+                    let out = self.paths.dir.join("PR_curve.png");
+                    if let Err(e) = crate::plots::plot_pr_curve(&v.report, &self.names, &out) {
+                        observer.warn(&format!("{}: {e}", out.display()));
+                    }
+                }
                 let m = Metrics::of(&v);
                 self.progress.last_metrics = m;
                 self.progress.last_val_loss = v.loss;
@@ -637,6 +649,12 @@ impl Trainer {
             best: self.paths.best.clone(),
         };
         std::fs::write(&self.paths.summary, serde_json::to_string_pretty(&summary)?)?;
+        if self.cfg.plots {
+            let out = self.paths.dir.join("results.png");
+            if let Err(e) = crate::plots::plot_results(&self.paths.results, &out) {
+                observer.warn(&format!("{}: {e}", out.display()));
+            }
+        }
         Ok(summary)
     }
 }

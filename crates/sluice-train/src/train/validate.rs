@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use sluice_core::Transfer;
-use sluice_eval::{ApReport, StreamConfig, StreamStats, StreamingValidator};
-use sluice_model::candle_core::DType;
+use sluice_eval::{ApReport, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
 use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::CpuTransfer;
 
@@ -48,16 +47,10 @@ pub fn validate(model: &YoloV8, loader: &ValLoader, loss: &DetectionLoss, transf
         let x = transfer.transfer(&batch).context("validation transfer")?;
         let out = model.forward(&x.images)?;
         let l = loss.compute(&out.raw, &batch.targets)?;
-        let (_, rows, anchors) = out.y.dims3()?;
-        let mut buf = validator.buffer()?;
-        buf.preds.data.extend(out.y.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+        // Only the anchors above the validation conf cross to the host (the whole head output stays put).
+        let shrunk = shrink(&out.y, &ShrinkParams::default())?;
         model_s += t.elapsed().as_secs_f64();
-        buf.preds.batch = batch.len();
-        buf.preds.num_classes = rows - 4;
-        buf.preds.num_anchors = anchors;
-        buf.ids.extend_from_slice(&batch.sample_ids);
-        buf.targets.extend_from_slice(&batch.targets);
-        validator.submit(buf)?;
+        validator.submit_shrunk(&shrunk, &batch.sample_ids, &batch.targets)?;
         for (s, v) in loss_sum.iter_mut().zip(l.items) {
             *s += v;
         }
