@@ -63,7 +63,9 @@ fn loss_assigner_gradients_and_bn_stats_match_ultralytics() {
     println!("target scores: max abs diff {worst:.3e}");
     assert!(worst <= 1e-4);
     let tss_ref = j["assigner_outputs"]["target_scores_sum"].as_f64().unwrap();
-    assert!((asg.score_sum() - tss_ref).abs() <= 1e-4, "target_scores_sum {} vs {tss_ref}", asg.score_sum());
+    // A sum of ~30 float32 scores, each within 1e-4 above: relative 1e-5 (the forward's gemm accumulation order
+    // differs from PyTorch's, which moves the sum by a few 1e-6 relative).
+    assert!((asg.score_sum() - tss_ref).abs() <= 1e-5 * tss_ref, "target_scores_sum {} vs {tss_ref}", asg.score_sum());
 
     // Loss items and total, rel 1e-4.
     let items_ref: Vec<f64> =
