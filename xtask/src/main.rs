@@ -34,23 +34,13 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
-    /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed.
+    /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed:
+    /// runs `sluice data gen` with these flags (see `sluice data gen --help`; default: the embedded default set
+    /// in datasets/synthetic).
     GenData {
-        /// Output folder (default: datasets/synthetic under the workspace root).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Train images.
-        #[arg(long, default_value_t = 256)]
-        train: usize,
-        /// Val images.
-        #[arg(long, default_value_t = 64)]
-        val: usize,
-        /// Image side in pixels.
-        #[arg(long, default_value_t = 320)]
-        imgsz: u32,
+        /// `sluice data gen` flags, e.g. `--preset default --train 256 --out datasets/other`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -60,19 +50,11 @@ fn main() -> Result<()> {
     match cli.task {
         Task::Ci { tests_only } => ci(&root, tests_only),
         Task::Train { config, rest } => train(&root, &config, &rest),
-        Task::GenData { out, seed, train, val, imgsz } => {
-            let out = out.unwrap_or_else(|| root.join("datasets/synthetic"));
-            let cfg = sluice_dataset::synth::SynthConfig { out, seed, train, val, imgsz, ..Default::default() };
-            let s = sluice_dataset::synth::generate(&cfg)
-                .with_context(|| format!("gen-data into {}", cfg.out.display()))?;
-            eprintln!(
-                "xtask: wrote {} ({} train + {} val images, {} boxes)",
-                s.data_yaml.display(),
-                s.train_images,
-                s.val_images,
-                s.boxes
-            );
-            Ok(())
+        Task::GenData { args } => {
+            let mut cmd =
+                vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "data", "gen"];
+            cmd.extend(args.iter().map(String::as_str));
+            cargo(&root, &cmd)
         }
     }
 }
@@ -93,19 +75,6 @@ fn ci(root: &Path, tests_only: bool) -> Result<()> {
     Ok(())
 }
 
-/// The default dataset of `cargo xtask train`: shapes on textured backgrounds, 400 train / 100 val images at 256
-/// pixels (the size of the set Ultralytics' reference figures in the README were measured on).
-fn quick_dataset(root: &Path) -> sluice_dataset::synth::SynthConfig {
-    sluice_dataset::synth::SynthConfig {
-        out: root.join("datasets/synthetic"),
-        seed: 0,
-        train: 400,
-        val: 100,
-        imgsz: 256,
-        ..Default::default()
-    }
-}
-
 fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
     let config = if config.is_absolute() { config.to_path_buf() } else { root.join(config) };
     let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
@@ -114,8 +83,9 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
         .find_map(|l| l.strip_prefix("data:"))
         .map(|v| v.trim().trim_matches(['"', '\'']).to_string())
         .unwrap_or_else(|| "datasets/synthetic/data.yaml".into());
-    let synth = quick_dataset(root);
-    if root.join(&data) == synth.out.join("data.yaml") && !synth.out.join("data.yaml").exists() {
+    let synth = sluice_dataset::synth::SynthConfig::quick(root.join("datasets/synthetic"));
+    // Generated when absent, and regenerated when it was made with other settings (an older generator).
+    if root.join(&data) == synth.out.join("data.yaml") && !sluice_dataset::synth::is_generated_with(&synth) {
         let s = sluice_dataset::synth::generate(&synth)
             .with_context(|| format!("generating the synthetic dataset in {}", synth.out.display()))?;
         eprintln!(

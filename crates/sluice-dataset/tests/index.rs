@@ -149,7 +149,15 @@ fn cache_is_reused_only_while_files_are_unchanged() {
 fn synthetic_dataset_is_deterministic_and_clean() {
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
-    let cfg = |out: &Path| SynthConfig { out: out.to_path_buf(), seed: 11, train: 10, val: 4, imgsz: 96, quality: 90 };
+    let cfg = |out: &Path| SynthConfig {
+        out: out.to_path_buf(),
+        seed: 11,
+        train: 10,
+        val: 4,
+        imgsz: 96,
+        quality: 90,
+        ..Default::default()
+    };
     let sa = generate(&cfg(a.path())).unwrap();
     let sb = generate(&cfg(b.path())).unwrap();
     assert_eq!(sa.boxes, sb.boxes);

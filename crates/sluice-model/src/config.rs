@@ -1,8 +1,23 @@
-//! YOLOv8 scales (depth, width, max channels from Ultralytics' `yolov8.yaml`) and the channel arithmetic.
+//! YOLOv8 scales (depth, width, max channels from Ultralytics' `yolov8.yaml`), custom multipliers from a model
+//! YAML, and the channel arithmetic.
+
+use std::path::Path;
 
 use crate::error::{ModelError, Result};
 
-/// One of the five YOLOv8 scales.
+/// Depth and width multipliers and the channel cap of a custom scale, in thousandths (so the type stays `Eq` and
+/// `Hash`): `depth_multiple: 0.33` is `depth_milli: 330`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CustomScale {
+    /// `depth_multiple` × 1000.
+    pub depth_milli: u32,
+    /// `width_multiple` × 1000.
+    pub width_milli: u32,
+    /// `max_channels`.
+    pub max_channels: usize,
+}
+
+/// One of the five YOLOv8 scales, or custom multipliers of the same architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scale {
     /// yolov8n: depth 0.33, width 0.25, max channels 1024.
@@ -15,6 +30,9 @@ pub enum Scale {
     L,
     /// yolov8x: depth 1.00, width 1.25, max channels 512.
     X,
+    /// The YOLOv8 architecture with other multipliers (a model YAML's `depth_multiple`, `width_multiple`,
+    /// `max_channels`, as Ultralytics reads them).
+    Custom(CustomScale),
 }
 
 impl Scale {
@@ -26,7 +44,27 @@ impl Scale {
             Scale::M => (0.67, 0.75, 768),
             Scale::L => (1.00, 1.00, 512),
             Scale::X => (1.00, 1.25, 512),
+            Scale::Custom(c) => (f64::from(c.depth_milli) / 1000.0, f64::from(c.width_milli) / 1000.0, c.max_channels),
         }
+    }
+
+    /// A custom scale; multipliers must be in (0, 4] and are kept to three decimals.
+    pub fn custom(depth: f64, width: f64, max_channels: usize) -> Result<Self> {
+        let milli = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 && v <= 4.0 {
+                Ok((v * 1000.0).round() as u32)
+            } else {
+                Err(ModelError::BadInput(format!("{name} {v} must be in (0, 4]")))
+            }
+        };
+        if !(8..=4096).contains(&max_channels) {
+            return Err(ModelError::BadInput(format!("max_channels {max_channels} must be in 8..=4096")));
+        }
+        Ok(Scale::Custom(CustomScale {
+            depth_milli: milli("depth_multiple", depth)?,
+            width_milli: milli("width_multiple", width)?,
+            max_channels,
+        }))
     }
 
     /// Parses `n`, `yolov8n`, `N`, … .
@@ -43,14 +81,65 @@ impl Scale {
         }
     }
 
-    /// The letter of the scale (`n`, `s`, …).
-    pub fn letter(self) -> char {
+    /// The scale a `model` value names: `yolov8n` … `yolov8x` (with or without `.yaml`, as Ultralytics accepts
+    /// them), or the path of an existing model YAML holding `depth_multiple`, `width_multiple` and optionally
+    /// `max_channels` (default 1024) for the YOLOv8 architecture. A YAML that also gives `backbone` or `head` is
+    /// refused: Sluice builds only the YOLOv8 layer table and would silently train something else.
+    pub fn from_model(model: &str) -> Result<Self> {
+        let path = Path::new(model);
+        let is_yaml = model.ends_with(".yaml") || model.ends_with(".yml");
+        if is_yaml && path.is_file() {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ModelError::Io { file: path.to_path_buf(), source })?;
+            return Self::from_model_yaml(&text).map_err(|e| ModelError::BadInput(format!("{}: {e}", path.display())));
+        }
+        let name = model.trim_end_matches(".yaml").trim_end_matches(".yml");
+        let name = path
+            .file_name()
+            .and_then(|s| s.to_str())
+            .map_or(name, |f| f.trim_end_matches(".yaml").trim_end_matches(".yml"));
+        Self::parse(name)
+    }
+
+    /// Parses a model YAML's multipliers (see [`Scale::from_model`]).
+    pub fn from_model_yaml(text: &str) -> std::result::Result<Self, String> {
+        #[derive(serde::Deserialize)]
+        struct ModelYaml {
+            depth_multiple: Option<f64>,
+            width_multiple: Option<f64>,
+            max_channels: Option<usize>,
+            backbone: Option<serde_yaml_ng::Value>,
+            head: Option<serde_yaml_ng::Value>,
+            scales: Option<serde_yaml_ng::Value>,
+        }
+        let y: ModelYaml = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        for (key, present) in
+            [("backbone", y.backbone.is_some()), ("head", y.head.is_some()), ("scales", y.scales.is_some())]
+        {
+            if present {
+                return Err(format!(
+                    "`{key}` is not supported: Sluice builds the YOLOv8 architecture and takes only depth_multiple, \
+                     width_multiple and max_channels from a model YAML"
+                ));
+            }
+        }
+        let depth = y.depth_multiple.ok_or("no depth_multiple")?;
+        let width = y.width_multiple.ok_or("no width_multiple")?;
+        Self::custom(depth, width, y.max_channels.unwrap_or(1024)).map_err(|e| e.to_string())
+    }
+
+    /// The model's name: `yolov8n` … `yolov8x`, or `yolov8(d0.33,w0.125,c1024)` for a custom scale.
+    pub fn name(self) -> String {
         match self {
-            Scale::N => 'n',
-            Scale::S => 's',
-            Scale::M => 'm',
-            Scale::L => 'l',
-            Scale::X => 'x',
+            Scale::N => "yolov8n".into(),
+            Scale::S => "yolov8s".into(),
+            Scale::M => "yolov8m".into(),
+            Scale::L => "yolov8l".into(),
+            Scale::X => "yolov8x".into(),
+            Scale::Custom(_) => {
+                let (d, w, c) = self.multipliers();
+                format!("yolov8(d{d},w{w},c{c})")
+            }
         }
     }
 }
@@ -132,5 +221,30 @@ mod tests {
         assert_eq!(YoloConfig::new(Scale::X, 80).box_hidden(), 80);
         assert_eq!(Scale::parse("yolov8s").ok(), Some(Scale::S));
         assert!(Scale::parse("yolov9").is_err());
+        assert_eq!(Scale::from_model("yolov8m.yaml").ok(), Some(Scale::M));
+        assert_eq!(Scale::from_model("some/dir/yolov8l.yaml").ok(), Some(Scale::L));
+    }
+
+    #[test]
+    fn custom_multipliers_from_a_model_yaml() {
+        let s = Scale::from_model_yaml("# tiny\nnc: 5\ndepth_multiple: 0.33\nwidth_multiple: 0.125 # half of n\n")
+            .expect("parse");
+        assert_eq!(s.multipliers(), (0.33, 0.125, 1024));
+        let c = YoloConfig::new(s, 5);
+        assert_eq!(c.head_channels(), [32, 64, 128]);
+        assert_eq!(c.depth(3), 1);
+        assert_eq!(s.name(), "yolov8(d0.33,w0.125,c1024)");
+        // Ultralytics' own scales written as multipliers give the same channel table.
+        let n = Scale::from_model_yaml("depth_multiple: 0.33\nwidth_multiple: 0.25\nmax_channels: 1024").expect("n");
+        for c in [64, 128, 256, 512, 1024] {
+            assert_eq!(YoloConfig::new(n, 80).ch(c), YoloConfig::new(Scale::N, 80).ch(c));
+        }
+        let err = Scale::from_model_yaml("depth_multiple: 0.33\nwidth_multiple: x").expect_err("bad number");
+        assert!(err.contains("width_multiple") && err.contains("line 2"), "{err}");
+        assert!(Scale::from_model_yaml("depth_multiple: 0.33").expect_err("missing").contains("width_multiple"));
+        assert!(
+            Scale::from_model_yaml("depth_multiple: 1\nwidth_multiple: 1\nbackbone:\n  - [-1, 1, Conv, [64]]").is_err()
+        );
+        assert!(Scale::from_model_yaml("depth_multiple: 0\nwidth_multiple: 1").is_err());
     }
 }

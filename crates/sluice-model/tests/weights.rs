@@ -64,7 +64,7 @@ fn a_fresh_model_has_ultralytics_keys_shapes_and_parameter_counts() {
     for (scale, want) in [(Scale::N, 3_157_200usize), (Scale::S, 11_166_560), (Scale::M, 25_902_640)] {
         let m = YoloV8::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
         let n: usize = m.trainable_vars().iter().map(|(_, v)| v.elem_count()).sum::<usize>() + 16;
-        assert_eq!(n, want, "yolov8{}", scale.letter());
+        assert_eq!(n, want, "{}", scale.name());
     }
 }
 
@@ -74,7 +74,7 @@ fn large_scales_have_ultralytics_parameter_counts() {
     for (scale, want) in [(Scale::L, 43_691_520usize), (Scale::X, 68_229_648)] {
         let m = YoloV8::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
         let n: usize = m.trainable_vars().iter().map(|(_, v)| v.elem_count()).sum::<usize>() + 16;
-        assert_eq!(n, want, "yolov8{}", scale.letter());
+        assert_eq!(n, want, "{}", scale.name());
     }
 }
 

@@ -17,7 +17,15 @@ use sluice_train::loader::{DecodedSource, LoaderConfig, TrainLoader, ValLoader};
 const IMGSZ: u32 = 128;
 
 fn dataset(dir: &Path) -> (SampleIndex, SampleIndex) {
-    let cfg = SynthConfig { out: dir.to_path_buf(), seed: 3, train: 24, val: 10, imgsz: 160, quality: 90 };
+    let cfg = SynthConfig {
+        out: dir.to_path_buf(),
+        seed: 3,
+        train: 24,
+        val: 10,
+        imgsz: 160,
+        quality: 90,
+        ..Default::default()
+    };
     let summary = generate(&cfg).expect("generate");
     let data = DataConfig::load(&summary.data_yaml).expect("data.yaml");
     let opts = IndexOptions { cache: false, find_orphans: false };

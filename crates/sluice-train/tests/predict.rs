@@ -14,7 +14,8 @@ const NC: usize = 6;
 
 /// Three generated 96 px JPEGs plus a 96x60 PNG crop with a non-numeric name, and fresh weights.
 fn setup(dir: &Path) -> (PathBuf, PathBuf) {
-    let cfg = SynthConfig { out: dir.join("data"), seed: 5, train: 3, val: 0, imgsz: 96, quality: 90 };
+    let cfg =
+        SynthConfig { out: dir.join("data"), seed: 5, train: 3, val: 0, imgsz: 96, quality: 90, ..Default::default() };
     generate(&cfg).expect("generate");
     let images = dir.join("data/images/train");
     let first = image::open(images.join("000000.jpg")).expect("decode").to_rgb8();

@@ -51,7 +51,15 @@ fn config(data: &Path, project: &Path, name: &str) -> TrainConfig {
 #[test]
 fn two_epochs_checkpoint_and_an_exact_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let synth = SynthConfig { out: dir.path().join("data"), seed: 5, train: 12, val: 4, imgsz: 96, quality: 90 };
+    let synth = SynthConfig {
+        out: dir.path().join("data"),
+        seed: 5,
+        train: 12,
+        val: 4,
+        imgsz: 96,
+        quality: 90,
+        ..Default::default()
+    };
     let data = generate(&synth).unwrap().data_yaml;
     let project = dir.path().join("runs");
 

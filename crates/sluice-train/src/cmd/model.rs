@@ -105,7 +105,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
 }
 
 pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
-    let scale = sluice_model::Scale::parse(&a.scale)?;
+    let scale = sluice_model::Scale::from_model(&a.scale)?;
     let opts = sluice_model::BenchOptions {
         config: sluice_model::YoloConfig::new(scale, a.nc),
         imgsz: a.imgsz,
@@ -115,7 +115,7 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
     };
     let r = sluice_model::bench_model(&opts, &sluice_model::candle_core::Device::Cpu).context("sluice model bench")?;
     let report = BenchJson {
-        model: format!("yolov8{}", scale.letter()),
+        model: scale.name(),
         imgsz: a.imgsz,
         batch: a.batch,
         device: "cpu",
@@ -140,7 +140,7 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
 }
 
 fn run_forward(a: RunArgs) -> Result<()> {
-    let scale = sluice_model::Scale::parse(&a.model)?;
+    let scale = sluice_model::Scale::from_model(&a.model)?;
     let opts = sluice_model::RunOptions {
         config: sluice_model::YoloConfig::new(scale, a.nc),
         weights: a.weights,
@@ -151,7 +151,7 @@ fn run_forward(a: RunArgs) -> Result<()> {
     };
     let s = sluice_model::run_npy(&opts).with_context(|| format!("sluice model run --model {}", a.model))?;
     let report = Report {
-        model: format!("yolov8{}", scale.letter()),
+        model: scale.name(),
         nc: a.nc,
         input_shape: s.input_shape,
         output_shape: s.output_shape,

@@ -135,7 +135,7 @@ fn saved_name(dir: &Path, image: &Path, used: &mut std::collections::HashSet<Pat
 
 pub(crate) fn run(a: Args) -> Result<()> {
     let t0 = Instant::now();
-    let scale = Scale::parse(a.model.trim_end_matches(".yaml"))?;
+    let scale = Scale::from_model(&a.model)?;
     let sources = list_sources(&a.source)?;
     let names = match &a.data {
         Some(yaml) => sluice_dataset::DataConfig::load(yaml)?.names,
@@ -226,7 +226,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
             })
             .collect();
         let report = Report {
-            model: format!("yolov8{}", scale.letter()),
+            model: scale.name(),
             weights: &a.weights,
             nc: predictor.num_classes(),
             imgsz: opts.imgsz,

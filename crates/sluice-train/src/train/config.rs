@@ -154,9 +154,9 @@ impl TrainConfig {
 
     /// The model scale named by `model`.
     pub fn scale(&self) -> Result<Scale> {
-        let name = self.model.trim_end_matches(".yaml").trim_end_matches(".yml");
-        let name = Path::new(name).file_name().and_then(|s| s.to_str()).unwrap_or(name);
-        Scale::parse(name).with_context(|| format!("model '{}': expected yolov8n|s|m|l|x[.yaml]", self.model))
+        Scale::from_model(&self.model).with_context(|| {
+            format!("model '{}': expected yolov8n|s|m|l|x[.yaml] or a model YAML with multipliers", self.model)
+        })
     }
 
     /// Checks every value; errors name the key.
