@@ -22,7 +22,8 @@ enum Command {
     Val(cmd::val::Args),
     /// Show the build: version, compiled-in backends, threads.
     Info(cmd::info::Args),
-    /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset).
+    /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset), `data preview`
+    /// (one augmented training batch drawn with its boxes).
     Data(cmd::data::Args),
     /// YOLOv8 model tools: `model run` runs the eval forward on an .npy input.
     Model(cmd::model::Args),
