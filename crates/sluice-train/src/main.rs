@@ -27,7 +27,8 @@ enum Command {
     Data(cmd::data::Args),
     /// YOLOv8 model tools: `model run` runs the eval forward on an .npy input.
     Model(cmd::model::Args),
-    /// Stage benchmarks: `bench model` (eval, fused and training-step times).
+    /// Stage benchmarks: `bench model` (eval, fused and training-step times), `bench loader` (training/validation
+    /// loader images/s, cold and warm), `bench decode` (decode images/s and MP/s), `bench read` (reader MB/s).
     Bench(cmd::bench::Args),
     /// COCO bbox mAP of a results file against a ground-truth file (pycocotools-exact).
     EvalCoco(cmd::eval_coco::Args),
