@@ -301,11 +301,8 @@ impl LoaderBenchReport {
             self.cold_images_per_s, self.cold_two_epochs_images_per_s
         );
         s += &format!(
-            "  warm ({} epochs after the first): {:.1} img/s median (min {:.1}, max {:.1})\n",
-            self.epochs - 1,
-            self.warm_images_per_s,
-            self.warm_min,
-            self.warm_max
+            "  warm (epochs 2 to {}): {:.1} img/s median (min {:.1}, max {:.1})\n",
+            self.epochs, self.warm_images_per_s, self.warm_min, self.warm_max
         );
         for (label, t) in [("cold", &self.cold_telemetry), ("warm", &self.warm_telemetry)] {
             s += &format!("  {label} busy:");
