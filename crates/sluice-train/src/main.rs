@@ -22,11 +22,13 @@ enum Command {
     Val(cmd::val::Args),
     /// Show the build: version, compiled-in backends, threads.
     Info(cmd::info::Args),
-    /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset).
+    /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset), `data preview`
+    /// (one augmented training batch drawn with its boxes).
     Data(cmd::data::Args),
     /// YOLOv8 model tools: `model run` runs the eval forward on an .npy input.
     Model(cmd::model::Args),
-    /// Stage benchmarks: `bench model` (eval, fused and training-step times).
+    /// Stage benchmarks: `bench model` (eval, fused and training-step times), `bench loader` (training/validation
+    /// loader images/s, cold and warm), `bench decode` (decode images/s and MP/s), `bench read` (reader MB/s).
     Bench(cmd::bench::Args),
     /// COCO bbox mAP of a results file against a ground-truth file (pycocotools-exact).
     EvalCoco(cmd::eval_coco::Args),

@@ -1,11 +1,15 @@
 //! `sluice data`: dataset tools. `check` indexes a split of a `data.yaml` and reports images, boxes, per-class
-//! counts and problems; `gen` writes the synthetic shapes dataset. The logic lives in `sluice-dataset`.
+//! counts and problems; `gen` writes the synthetic shapes dataset; `preview` draws one augmented training batch of
+//! the real training loader (the trainer's `train_batch0.jpg`). The logic lives in `sluice-dataset` and
+//! `sluice_train::data`.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use sluice_augment::Hyp;
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_dataset::{IndexOptions, Split, check};
+use sluice_train::data::{PreviewOptions, preview};
 
 /// Arguments of `sluice data`.
 #[derive(Debug, clap::Args)]
@@ -66,6 +70,37 @@ enum DataCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Draw one augmented training batch (mosaic, perspective, HSV, flips; Ultralytics' default settings) with its
+    /// boxes and class names, as the trainer's train_batch0.jpg.
+    Preview {
+        /// The dataset YAML (its train split is drawn from).
+        #[arg(long)]
+        data: PathBuf,
+        /// The image to write (.jpg, .jpeg or .png).
+        #[arg(long, default_value = "batch0.jpg")]
+        out: PathBuf,
+        /// Training size.
+        #[arg(long, default_value_t = 640)]
+        imgsz: u32,
+        /// Images per batch (at most 16 are drawn).
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Run seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The 0-based epoch whose first batch is drawn.
+        #[arg(long, default_value_t = 0)]
+        epoch: u32,
+        /// The run's epochs (mosaic is off in the last 10, Ultralytics' close_mosaic).
+        #[arg(long, default_value_t = 100)]
+        epochs: u32,
+        /// Loader workers per stage.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A synthetic dataset preset.
@@ -112,6 +147,22 @@ pub(crate) fn run(args: Args) -> Result<()> {
                     s.train_images,
                     s.val_images,
                     s.boxes
+                );
+            }
+        }
+        DataCmd::Preview { data, out, imgsz, batch, seed, epoch, epochs, workers, json } => {
+            let opts = PreviewOptions { data, out, imgsz, batch, seed, epoch, epochs, hyp: Hyp::default(), workers };
+            let s = preview(&opts).with_context(|| format!("previewing a batch of {}", opts.data.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "wrote {} (epoch {}, {} images, {} boxes, mosaic {})",
+                    s.out.display(),
+                    s.epoch,
+                    s.images,
+                    s.boxes,
+                    if s.mosaic { "on" } else { "off" }
                 );
             }
         }

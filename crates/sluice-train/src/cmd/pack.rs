@@ -1,13 +1,13 @@
 //! `sluice pack`: packs a split of a dataset into one shard file (encoded images + binary labels, a crc32 per
 //! record), written atomically. Record `i` is sample `i` of the split's index. The logic lives in
-//! `sluice-dataset` (the index) and `sluice-storage` (the shard).
+//! `sluice_train::data` (on `sluice-dataset`'s index and `sluice-storage`'s shard writer).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use sluice_dataset::{DataConfig, IndexOptions, Split};
-use sluice_storage::{encode_labels, pack_files};
+use sluice_dataset::{IndexOptions, Split};
+use sluice_train::data::{load_split, pack_index};
 
 /// Arguments of `sluice pack`.
 #[derive(Debug, clap::Args)]
@@ -43,16 +43,12 @@ struct Packed {
 
 pub(crate) fn run(args: Args) -> Result<()> {
     let split: Split = args.split.parse()?;
-    let config = DataConfig::load(&args.data).with_context(|| format!("loading {}", args.data.display()))?;
     let opts = IndexOptions { cache: !args.no_cache, ..IndexOptions::default() };
-    let indexed =
-        config.index(split, &opts).with_context(|| format!("indexing {} of {}", args.split, args.data.display()))?;
-    let items = indexed.index.samples.iter().map(|s| {
-        let mut labels = Vec::new();
-        encode_labels(&s.labels, &mut labels);
-        (s.image.clone(), labels)
-    });
-    let summary = pack_files(items, &args.out).with_context(|| format!("packing into {}", args.out.display()))?;
+    let indexed = load_split(&args.data, split, &opts, false)
+        .with_context(|| format!("indexing {} of {}", args.split, args.data.display()))?
+        .indexed;
+    let summary =
+        pack_index(&indexed.index, &args.out).with_context(|| format!("packing into {}", args.out.display()))?;
     let report = Packed {
         out: summary.path,
         records: summary.records,

@@ -36,7 +36,7 @@ pub(crate) struct Args {
     workers: Option<usize>,
     /// ram or none.
     #[arg(long)]
-    cache: Option<String>,
+    cache: Option<CacheMode>,
     /// cpu or cuda:N.
     #[arg(long)]
     device: Option<String>,
@@ -79,12 +79,8 @@ impl Args {
         if let Some(w) = &self.weights {
             c.weights = Some(w.clone());
         }
-        if let Some(cache) = &self.cache {
-            c.cache = match cache.as_str() {
-                "ram" | "true" => CacheMode::Ram,
-                "none" | "false" => CacheMode::None,
-                other => anyhow::bail!("--cache {other}: expected ram or none"),
-            };
+        if let Some(cache) = self.cache {
+            c.cache = cache;
         }
         c.exist_ok |= self.exist_ok;
         c.strict |= self.strict;

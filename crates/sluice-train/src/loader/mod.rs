@@ -24,7 +24,7 @@ use sluice_core::{
     SampleId, sample_rng,
 };
 
-pub use source::{DecodedSource, SourceStats};
+pub use source::{DecodedSource, RAM_CACHE_BYTES, SourceStats};
 
 /// Loader settings.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,6 +12,11 @@ use serde::Serialize;
 use sluice_core::stage::SourceImage;
 use sluice_core::{DecodeHint, Decoder, Error, ImageLabels, ImageRgb8, ImageSource, Label, Reader, Result, SampleId};
 use sluice_dataset::SampleIndex;
+use sluice_decode::{Backend, TargetDecoder, TargetOptions};
+use sluice_storage::FileReader;
+
+/// Bytes of decoded images kept with `cache: ram` (Ultralytics' `cache=ram`).
+pub const RAM_CACHE_BYTES: usize = 8 << 30;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -77,6 +82,18 @@ impl DecodedSource {
             read_ns: AtomicU64::new(0),
             decode_ns: AtomicU64::new(0),
         }
+    }
+
+    /// The loaders' usual source: `index`'s image files read with a [`FileReader`] and decoded to the training
+    /// size `imgsz` by the preferred compiled-in backend, with Ultralytics' interpolation for training (`augment`)
+    /// or validation, caching up to `budget_bytes` (0: nothing, [`RAM_CACHE_BYTES`] for `cache=ram`).
+    pub fn from_files(index: SampleIndex, imgsz: u32, augment: bool, budget_bytes: usize) -> Result<Self> {
+        let reader: Arc<dyn Reader> =
+            Arc::new(FileReader::new(index.samples.iter().map(|s| s.image.clone()).collect()));
+        let inner = Backend::preferred()?.decoder()?;
+        let decoder: Arc<dyn Decoder> =
+            Arc::new(TargetDecoder::new(inner, TargetOptions { imgsz, augment, dct_scaling: true }));
+        Ok(Self::new(Arc::new(index), reader, decoder, budget_bytes))
     }
 
     /// The dataset index.

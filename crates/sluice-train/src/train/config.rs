@@ -22,6 +22,48 @@ pub enum CacheMode {
     Ram,
 }
 
+impl CacheMode {
+    /// `none` or `ram`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Ram => "ram",
+        }
+    }
+
+    /// The decoded-image cache's byte budget in this mode.
+    pub fn budget_bytes(self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::Ram => crate::loader::RAM_CACHE_BYTES,
+        }
+    }
+}
+
+/// A `--cache` value that is neither `ram` nor `none`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cache '{0}': expected ram or none")]
+pub struct ParseCacheModeError(String);
+
+impl std::str::FromStr for CacheMode {
+    type Err = ParseCacheModeError;
+
+    /// `ram` / `true` or `none` / `false` (Ultralytics' `cache=True` means RAM).
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "ram" | "true" => Ok(Self::Ram),
+            "none" | "false" => Ok(Self::None),
+            other => Err(ParseCacheModeError(other.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Everything a training run needs. Missing keys take Ultralytics' defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -198,6 +240,17 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_modes_parse_and_size_the_cache() {
+        assert_eq!("ram".parse::<CacheMode>(), Ok(CacheMode::Ram));
+        assert_eq!("true".parse::<CacheMode>(), Ok(CacheMode::Ram));
+        assert_eq!("none".parse::<CacheMode>(), Ok(CacheMode::None));
+        assert!("disk".parse::<CacheMode>().is_err_and(|e| e.to_string().contains("expected ram or none")));
+        assert_eq!(CacheMode::None.budget_bytes(), 0);
+        assert!(CacheMode::Ram.budget_bytes() > 0);
+        assert_eq!(CacheMode::Ram.to_string(), "ram");
+    }
 
     #[test]
     fn defaults_are_ultralytics() {

@@ -10,12 +10,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
-use sluice_core::{Decoder, Reader, Transfer, sample_rng};
+use sluice_core::{Transfer, sample_rng};
 use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};
-use sluice_decode::{Backend, TargetDecoder, TargetOptions};
 use sluice_model::candle_core::{DType, Device};
 use sluice_model::{DetectionLoss, LoadMode, Mode, YoloConfig, YoloV8};
-use sluice_storage::FileReader;
 use sluice_transfer::CpuTransfer;
 
 use super::config::{CacheMode, TrainConfig};
@@ -24,9 +22,6 @@ use super::telemetry::{EpochTelemetry, LoopTimes};
 use super::validate::{ValResult, validate};
 use crate::loader::{DecodedSource, LoaderConfig, TrainLoader, ValLoader, default_workers};
 use crate::optim::{Optimization, RunShape, read_user_metadata};
-
-/// Bytes of decoded images kept with `cache: ram`.
-const RAM_CACHE_BYTES: usize = 8 << 30;
 
 /// What the loop reports to its caller after every batch (progress bars, tests).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -329,12 +324,7 @@ fn subset(index: &SampleIndex, fraction: f64, seed: u64) -> SampleIndex {
 }
 
 fn source(index: SampleIndex, imgsz: u32, augment: bool, cache: CacheMode) -> Result<Arc<DecodedSource>> {
-    let reader: Arc<dyn Reader> = Arc::new(FileReader::new(index.samples.iter().map(|s| s.image.clone()).collect()));
-    let inner = Backend::preferred()?.decoder()?;
-    let decoder: Arc<dyn Decoder> =
-        Arc::new(TargetDecoder::new(inner, TargetOptions { imgsz, augment, dct_scaling: true }));
-    let budget = if cache == CacheMode::Ram { RAM_CACHE_BYTES } else { 0 };
-    Ok(Arc::new(DecodedSource::new(Arc::new(index), reader, decoder, budget)))
+    Ok(Arc::new(DecodedSource::from_files(index, imgsz, augment, cache.budget_bytes())?))
 }
 
 /// A training run.
