@@ -2,9 +2,13 @@
 //! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]), and
 //! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]).
 //!
+//! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
+//! element-wise pool tamed on small machines).
+//!
 //! Every op is checked against candle's stock ops and against f64 central differences in its tests.
 #![warn(missing_docs)]
 
 pub mod conv;
 pub mod norm;
 pub mod pool;
+pub mod threads;

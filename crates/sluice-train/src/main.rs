@@ -39,6 +39,8 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    // SAFETY: first statement of `main`: no other thread exists yet and candle has not run.
+    unsafe { sluice_kernels::threads::tame_candle_pools() };
     let cli = Cli::parse();
     match cli.command {
         Command::Train(args) => cmd::train::run(args),

@@ -1,0 +1,77 @@
+//! The thread policy of the CPU path. The model's kernels ([`crate::conv`], [`crate::norm`], [`crate::pool`]) and
+//! candle's matmuls run on rayon's global pool. Candle 0.11 also runs its element-wise ops on a second pool of its
+//! own, the "barrier pool" (`candle-bp-*` threads, one per core minus one), whose workers and whose caller spin
+//! for up to 25 000 iterations waiting for each other. On a machine with few cores those spinning threads compete
+//! with rayon's workers and the data loader for the same cores: a profile of a YOLOv8 training step on 2 cores
+//! showed 16% of the samples in the caller's spin-wait (`BarrierGuard::drop`) and 13% in the barrier worker.
+//!
+//! [`tame_candle_pools`] sizes that pool before candle creates it: on machines with at most
+//! [`SMALL_MACHINE_CORES`] cores it gets no worker (element-wise ops run inline on the calling thread, which is
+//! already one of the busy cores), and elsewhere its spin limit is lowered so idle workers park quickly. A value the
+//! user set in `CANDLE_NUM_THREADS` or `CANDLE_BARRIER_POOL_SPIN_LIMIT` is always kept. The effect is measured by
+//! `sluice bench model` (see the README of this crate).
+
+/// Machines with at most this many cores run candle's element-wise ops on the calling thread.
+pub const SMALL_MACHINE_CORES: usize = 4;
+
+/// Spin iterations before an idle barrier-pool worker parks (candle's default is 25 000).
+pub const BARRIER_SPIN_LIMIT: u32 = 1_000;
+
+/// What [`tame_candle_pools`] decided, for `sluice info` and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadPolicy {
+    /// `CANDLE_NUM_THREADS` as candle will read it (`None`: candle's default, one per core).
+    pub candle_threads: Option<String>,
+    /// `CANDLE_BARRIER_POOL_SPIN_LIMIT` as candle will read it.
+    pub spin_limit: Option<String>,
+}
+
+/// The environment values to set for a machine with `cores` cores, given what is already set.
+pub fn policy_for(cores: usize, num_threads: Option<&str>, spin: Option<&str>) -> ThreadPolicy {
+    let candle_threads = match num_threads {
+        Some(v) => Some(v.to_string()),
+        None if cores <= SMALL_MACHINE_CORES => Some("1".to_string()),
+        None => None,
+    };
+    let spin_limit = Some(spin.map_or_else(|| BARRIER_SPIN_LIMIT.to_string(), str::to_string));
+    ThreadPolicy { candle_threads, spin_limit }
+}
+
+/// Applies [`policy_for`] this machine to the process environment, where candle reads it when its first
+/// element-wise op creates the barrier pool.
+///
+/// # Safety
+/// Changes the process environment: call it at the start of `main`, before any other thread exists (the
+/// requirement of [`std::env::set_var`]) and before the first candle operation.
+pub unsafe fn tame_candle_pools() -> ThreadPolicy {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let num = std::env::var("CANDLE_NUM_THREADS").ok();
+    let spin = std::env::var("CANDLE_BARRIER_POOL_SPIN_LIMIT").ok();
+    let p = policy_for(cores, num.as_deref(), spin.as_deref());
+    if let (Some(v), None) = (&p.candle_threads, &num) {
+        // SAFETY: the caller guarantees that no other thread runs yet.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", v) };
+    }
+    if let (Some(v), None) = (&p.spin_limit, &spin) {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", v) };
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_machines_run_elementwise_inline_and_user_values_win() {
+        let p = policy_for(2, None, None);
+        assert_eq!(p.candle_threads.as_deref(), Some("1"));
+        assert_eq!(p.spin_limit.as_deref(), Some("1000"));
+        let p = policy_for(16, None, None);
+        assert_eq!(p.candle_threads, None);
+        let p = policy_for(2, Some("2"), Some("25000"));
+        assert_eq!(p.candle_threads.as_deref(), Some("2"));
+        assert_eq!(p.spin_limit.as_deref(), Some("25000"));
+    }
+}
