@@ -27,5 +27,5 @@ pub use metric::{CocoMetric, UltralyticsMetric};
 pub use nms::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredBatch, PredView};
 #[cfg(feature = "candle")]
 pub use shrink::{ShrinkParams, Shrunk, shrink};
-pub use stream::{StreamConfig, StreamReport, StreamStats, StreamingValidator, ValBatch};
+pub use stream::{KeptBatch, StreamConfig, StreamReport, StreamStats, StreamingValidator, ValBatch};
 pub use ultralytics::{ApAccumulator, ApReport, ClassMetrics};

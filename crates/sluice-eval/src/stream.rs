@@ -23,6 +23,12 @@
 //!   runs `ap_per_class` once. The accumulator sorts its records into a fixed order, so the report is identical
 //!   for any number of workers and any order of submission.
 //!
+//! Detections back (for plots such as `val_batch0_pred.jpg`): with [`StreamConfig::keep_batches`] `= n`, the
+//! worker that post-processes one of the first `n` submitted batches also keeps a copy of that batch's NMS
+//! output in its own partial result (no lock, no channel back to the inference thread, nothing the inference
+//! loop waits on), and `finish` returns them in [`StreamReport::kept`], in submission order. The memory this
+//! costs is bounded by `n × batch × max_det` detections; `n = 0` (the default) keeps nothing.
+//!
 //! Bounded memory: at most `queue_depth` batches wait, `workers` are being processed and the pool holds
 //! `queue_depth + workers + 2` buffers in all; buffers keep their allocations, so in steady state no prediction
 //! buffer is allocated per batch. What grows is what the metric needs: one `(confidence, class, tp bits)` record
@@ -63,12 +69,15 @@ pub struct StreamConfig {
     pub workers: usize,
     /// Batches that may wait in the queue before [`StreamingValidator::submit`] blocks (at least 1).
     pub queue_depth: usize,
+    /// Keep the NMS detections of the first `keep_batches` submitted batches and return them from
+    /// [`StreamingValidator::finish`] in [`StreamReport::kept`] (0: keep none).
+    pub keep_batches: usize,
 }
 
 impl StreamConfig {
     /// Ultralytics' validation NMS, 2 workers, a queue of 2 batches.
     pub fn new(num_classes: u32) -> Self {
-        Self { num_classes, nms: NmsParams::ultralytics_val(), workers: 2, queue_depth: 2 }
+        Self { num_classes, nms: NmsParams::ultralytics_val(), workers: 2, queue_depth: 2, keep_batches: 0 }
     }
 }
 
@@ -92,6 +101,8 @@ pub struct ValBatch {
     pub above_conf: Vec<u32>,
     /// Optional (empty = unknown): for each image, whether every value of its full head output was finite.
     pub all_finite: Vec<bool>,
+    /// Position of the batch in submission order (set by [`StreamingValidator::submit`]).
+    seq: u64,
 }
 
 impl ValBatch {
@@ -104,6 +115,7 @@ impl ValBatch {
         self.anchor_index.clear();
         self.above_conf.clear();
         self.all_finite.clear();
+        self.seq = 0;
     }
 
     /// Sets the sample ids and the targets from per-image labels (boxes in the predictions' frame).
@@ -213,6 +225,17 @@ impl StreamStats {
     }
 }
 
+/// The detections of one batch kept for the caller (see [`StreamConfig::keep_batches`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeptBatch {
+    /// 0-based position of the batch in submission order.
+    pub batch: u64,
+    /// Sample id of each image of the batch.
+    pub ids: Vec<SampleId>,
+    /// NMS output of each image (in the predictions' frame), as the metric saw it.
+    pub detections: Vec<Vec<Detection>>,
+}
+
 /// What [`StreamingValidator::finish`] returns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamReport {
@@ -220,6 +243,8 @@ pub struct StreamReport {
     pub metrics: ApReport,
     /// Counts and stage times.
     pub stats: StreamStats,
+    /// The detections of the first [`StreamConfig::keep_batches`] submitted batches, in submission order.
+    pub kept: Vec<KeptBatch>,
 }
 
 /// State shared by the validator and its workers.
@@ -251,6 +276,7 @@ impl Shared {
 struct Partial {
     acc: ApAccumulator,
     stats: StreamStats,
+    kept: Vec<KeptBatch>,
 }
 
 /// One post-process worker: its NMS scratch, reusable vectors and partial accumulator.
@@ -263,12 +289,20 @@ struct Worker {
     gt_objs: Vec<GtObj>,
     acc: ApAccumulator,
     stats: StreamStats,
+    /// Batches with `seq` below this have their detections kept.
+    keep_batches: u64,
+    kept: Vec<KeptBatch>,
 }
 
 impl Worker {
     fn process(&mut self, batch: &ValBatch) -> Result<()> {
         let p = &batch.preds;
         let na = p.num_anchors;
+        let mut keep = (batch.seq < self.keep_batches).then(|| KeptBatch {
+            batch: batch.seq,
+            ids: batch.ids.clone(),
+            detections: Vec::with_capacity(batch.ids.len()),
+        });
         let mut t0 = 0;
         for (b, &id) in batch.ids.iter().enumerate() {
             let in_sample = |e: Error| Error::Sample { id, source: Box::new(e) };
@@ -313,8 +347,12 @@ impl Worker {
             self.acc.add_image(key, &self.gt_objs, &self.det_objs).map_err(in_sample)?;
             self.stats.images += 1;
             self.stats.detections += self.dets.len() as u64;
+            if let Some(k) = keep.as_mut() {
+                k.detections.push(self.dets.clone());
+            }
         }
         self.stats.batches += 1;
+        self.kept.extend(keep);
         Ok(())
     }
 
@@ -355,7 +393,7 @@ impl Worker {
                 }
             }
         }
-        Partial { acc: self.acc, stats: self.stats }
+        Partial { acc: self.acc, stats: self.stats, kept: self.kept }
     }
 }
 
@@ -386,6 +424,8 @@ pub struct StreamingValidator {
     pool: Pool<ValBatch>,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<Partial>>,
+    /// Batches submitted so far.
+    submitted: u64,
     submit_blocked: Duration,
     started: Instant,
     failed: bool,
@@ -416,6 +456,7 @@ impl StreamingValidator {
             pool,
             shared,
             workers: Vec::with_capacity(cfg.workers),
+            submitted: 0,
             submit_blocked: Duration::ZERO,
             started: Instant::now(),
             failed: false,
@@ -430,6 +471,8 @@ impl StreamingValidator {
                 gt_objs: Vec::new(),
                 acc: ApAccumulator::default(),
                 stats: StreamStats::default(),
+                keep_batches: cfg.keep_batches as u64,
+                kept: Vec::new(),
             };
             let (rx, shared) = (rx.clone(), Arc::clone(&v.shared));
             let handle = std::thread::Builder::new()
@@ -471,9 +514,11 @@ impl StreamingValidator {
 
     /// Hands a filled batch to the workers. Returns at once unless `queue_depth` batches are already waiting;
     /// returns the error of a worker that failed since the last call (naming the sample).
-    pub fn submit(&mut self, batch: Pooled<ValBatch>) -> Result<()> {
+    pub fn submit(&mut self, mut batch: Pooled<ValBatch>) -> Result<()> {
         self.check_failed()?;
         batch.check(self.cfg.num_classes)?;
+        batch.seq = self.submitted;
+        self.submitted += 1;
         let Some(tx) = self.tx.as_ref() else {
             return Err(Error::Stream("already finished".into()));
         };
@@ -522,7 +567,9 @@ impl StreamingValidator {
             ..StreamStats::default()
         };
         let mut acc = ApAccumulator::default();
+        let mut kept = Vec::new();
         for p in partials {
+            kept.extend(p.kept);
             acc.merge(p.acc)?;
             stats.images += p.stats.images;
             stats.batches += p.stats.batches;
@@ -532,7 +579,8 @@ impl StreamingValidator {
         }
         let metrics = acc.finalize();
         stats.wall = self.started.elapsed();
-        Ok(StreamReport { metrics, stats })
+        kept.sort_unstable_by_key(|k: &KeptBatch| k.batch);
+        Ok(StreamReport { metrics, stats, kept })
     }
 
     /// The stored worker error, once; afterwards a generic "stopped" error.

@@ -72,6 +72,27 @@ fn nms_on_the_shrunk_buffer_equals_nms_on_the_full_one() {
 }
 
 #[test]
+fn detections_kept_through_submit_shrunk_equal_nms_on_the_full_output() {
+    let images = synth::images(8, 40, 10, NC, ANCHORS);
+    let cfg = StreamConfig { workers: 2, keep_batches: 1, ..StreamConfig::new(NC as u32) };
+    let mut v = StreamingValidator::new(cfg).unwrap();
+    let mut batch0 = Vec::new();
+    for chunk in images.chunks(4) {
+        let (data, y) = synth_tensor(chunk);
+        if batch0.is_empty() {
+            batch0 = nms_all(&full_batch(&data, chunk.len(), NC, ANCHORS)).into_iter().map(|(d, _)| d).collect();
+        }
+        let ids: Vec<SampleId> = chunk.iter().map(|im| im.id).collect();
+        v.submit_shrunk(&shrink(&y, &ShrinkParams::default()).unwrap(), &ids, &[]).unwrap();
+    }
+    let r = v.finish().unwrap();
+    assert_eq!(r.kept.len(), 1);
+    assert_eq!((r.kept[0].batch, &r.kept[0].ids), (0, &vec![40, 41, 42, 43]));
+    assert_eq!(r.kept[0].detections, batch0);
+    assert!(batch0.iter().any(|d| !d.is_empty()));
+}
+
+#[test]
 fn shrunk_reference_prediction_gives_ultralytics_detections() {
     let npy = common::read_npy("nms_pred_img0.npy");
     let data = npy.f32();

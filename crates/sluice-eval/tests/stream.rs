@@ -83,6 +83,50 @@ fn equals_nms_and_ultralytics_metric_run_sequentially() {
 }
 
 #[test]
+fn kept_batches_equal_sequential_nms_and_change_nothing_else() {
+    let images = synth::images(6, 500, 17, NC, ANCHORS);
+    let refs: Vec<&SynthImage> = images.iter().collect();
+    let plain = stream(&refs, 4, 3, 2);
+    assert!(plain.kept.is_empty(), "keep_batches 0 keeps nothing");
+    let nms = Nms::new(NmsParams::ultralytics_val());
+    let mut scratch = NmsScratch::default();
+    for (workers, keep) in [(1, 1), (3, 2), (4, 9)] {
+        let cfg = StreamConfig { workers, queue_depth: 2, keep_batches: keep, ..StreamConfig::new(NC as u32) };
+        let mut v = StreamingValidator::new(cfg).unwrap();
+        for chunk in refs.chunks(4) {
+            let mut buf = v.buffer().unwrap();
+            for im in chunk {
+                buf.preds.data.extend_from_slice(&im.pred);
+            }
+            (buf.preds.batch, buf.preds.num_classes, buf.preds.num_anchors) = (chunk.len(), NC, ANCHORS);
+            let ids: Vec<SampleId> = chunk.iter().map(|im| im.id).collect();
+            let labels: Vec<_> = chunk.iter().map(|im| im.labels.clone()).collect();
+            buf.set_labels(&ids, &labels).unwrap();
+            v.submit(buf).unwrap();
+        }
+        let r = v.finish().unwrap();
+        assert_eq!((&r.metrics, &r.stats.detections), (&plain.metrics, &plain.stats.detections));
+        // 17 images in batches of 4 -> 5 batches; at most that many can be kept.
+        assert_eq!(r.kept.len(), keep.min(5), "{workers} workers, keep {keep}");
+        let mut total = 0;
+        for (i, k) in r.kept.iter().enumerate() {
+            assert_eq!(k.batch, i as u64);
+            let chunk = refs.chunks(4).nth(i).unwrap();
+            assert_eq!(k.ids, chunk.iter().map(|im| im.id).collect::<Vec<_>>());
+            assert_eq!(k.detections.len(), chunk.len());
+            for (b, (im, got)) in chunk.iter().zip(&k.detections).enumerate() {
+                let view = PredView::new(&im.pred, NC, ANCHORS, sluice_eval::Layout::ChannelsFirst).unwrap();
+                let mut want = Vec::new();
+                nms.run(&view, b, &mut scratch, &mut want, None).unwrap();
+                assert_eq!(got, &want, "batch {i} image {b}");
+                total += want.len();
+            }
+        }
+        assert!(total > 0, "the kept batches hold detections");
+    }
+}
+
+#[test]
 fn nan_prediction_is_an_error_naming_the_sample() {
     let mut images = synth::images(3, 1000, 12, NC, ANCHORS);
     // A NaN class score of image 1007, anchor 17.

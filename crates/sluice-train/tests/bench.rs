@@ -15,7 +15,15 @@ const SIDE: u32 = 96;
 
 /// A generated dataset of 10 train and 5 val images of 96 px; returns its data.yaml.
 fn dataset(dir: &Path) -> PathBuf {
-    let cfg = SynthConfig { out: dir.join("data"), seed: 7, train: TRAIN, val: VAL, imgsz: SIDE, quality: 90 };
+    let cfg = SynthConfig {
+        out: dir.join("data"),
+        seed: 7,
+        train: TRAIN,
+        val: VAL,
+        imgsz: SIDE,
+        quality: 90,
+        ..Default::default()
+    };
     generate(&cfg).expect("generate").data_yaml
 }
 

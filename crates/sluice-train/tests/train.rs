@@ -1,5 +1,6 @@
-//! End to end on a tiny generated dataset: two epochs with validation and checkpoints; the same run interrupted
-//! in the middle of epoch 2 and resumed from `last.safetensors` gives the same loss sequence, bit for bit.
+//! End to end on a tiny generated dataset: two epochs with validation, checkpoints, plots (the first val batch's
+//! labels and predictions among them) and telemetry; the same run interrupted in the middle of epoch 2 and
+//! resumed from `last.safetensors` gives the same loss sequence, bit for bit.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -80,6 +81,16 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     for plot in ["train_batch0.jpg", "PR_curve.png", "results.png"] {
         assert!(t.paths().dir.join(plot).exists(), "{plot} missing");
     }
+    // The final validation's first batch: the 4 square val images in one rect batch, whose canvas is
+    // ceil(64 / 32 + 0.5) * 32 = 96 px a side (Ultralytics' rect shapes pad half a stride), drawn as a 2 x 2 grid,
+    // once with the ground truth and once with the predictions.
+    for plot in ["val_batch0_labels.jpg", "val_batch0_pred.jpg"] {
+        let path = t.paths().dir.join(plot);
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{plot}: {e}"));
+        assert_eq!(image::guess_format(&bytes).unwrap(), image::ImageFormat::Jpeg, "{plot}");
+        let img = image::load_from_memory(&bytes).unwrap();
+        assert_eq!((img.width(), img.height()), (192, 192), "{plot}");
+    }
     // The checkpoint serves `sluice val` and `sluice predict` (its EMA weights).
     let m = load_model(&summary.best, None, 6, &Device::Cpu).unwrap();
     assert_eq!(m.config().nc, 6);
@@ -88,7 +99,17 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     assert_eq!(p.num_classes(), 6);
     let telemetry = std::fs::read_to_string(&t.paths().telemetry).unwrap();
     assert_eq!(telemetry.lines().count(), 2);
-    assert!(telemetry.contains("\"bottleneck\""));
+    for line in telemetry.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["bottleneck"].is_string(), "{line}");
+        assert_eq!(v["collate"], "in augment");
+        // Both epochs validated (the last always is; val_interval defaults to 1).
+        let val = &v["val"];
+        assert_eq!(val["images"], 4, "{line}");
+        assert!(val["images_per_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(val["post_process_busy_fraction"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(["post-process", "data", "inference"].contains(&val["bound"].as_str().unwrap()), "{line}");
+    }
 
     // Interrupted after batch 0 of epoch 2, then resumed from `last`.
     let mut part = Record { stop_at: Some((1, 0)), ..Default::default() };

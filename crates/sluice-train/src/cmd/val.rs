@@ -7,6 +7,7 @@ use anyhow::Result;
 use serde::Serialize;
 use sluice_dataset::Split;
 use sluice_train::train::run::validate_weights;
+use sluice_train::train::telemetry::ValTelemetry;
 
 /// Arguments of `sluice val`.
 #[derive(Debug, clap::Args)]
@@ -56,6 +57,8 @@ struct ValJson {
     fitness: f64,
     loss: [f64; 3],
     seconds: f64,
+    /// Images/s, the loader wait, inference and post-process shares, the bound.
+    telemetry: ValTelemetry,
     classes: Vec<ClassRow>,
 }
 
@@ -92,6 +95,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         fitness: r.fitness(),
         loss: v.loss,
         seconds: v.seconds,
+        telemetry: ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats),
         classes,
     };
     if args.json {
@@ -113,6 +117,6 @@ pub(crate) fn run(args: Args) -> Result<()> {
             c.name, "", c.instances, c.precision, c.recall, c.map50, c.map50_95
         );
     }
-    eprintln!("{:.1} s", out.seconds);
+    eprintln!("{}", out.telemetry.line().trim_start());
     Ok(())
 }

@@ -15,7 +15,7 @@ use super::{PlotError, Result, class_color, class_name, save_rgb};
 pub const MOSAIC_MAX_SIDE: u32 = 1920;
 /// Most images in a batch mosaic (Ultralytics' `max_subplots`).
 pub const MOSAIC_MAX_IMAGES: usize = 16;
-/// Detections below this confidence are not drawn on a batch mosaic (Ultralytics' `conf_thres`).
+/// Only detections above this confidence are drawn on a batch mosaic (Ultralytics' `conf_thres`, compared with `>`).
 pub const MOSAIC_CONF: f32 = 0.25;
 
 /// One box to draw: where, which class, and the score of a prediction (`None` for ground truth).
@@ -157,7 +157,7 @@ pub fn plot_batch(batch: &Batch, names: &[String], detections: Option<&[Vec<Dete
         match detections {
             Some(d) => items.extend(
                 d[i].iter()
-                    .filter(|d| d.score >= MOSAIC_CONF)
+                    .filter(|d| d.score > MOSAIC_CONF)
                     .map(|d| place(Annotation::from(d)))
                     .map(|a| (a, label_of(&a, names, 1))),
             ),
@@ -236,10 +236,12 @@ mod tests {
         let batch = grey_batch(1);
         let png = dir.path().join("val_batch0_pred.png");
         let det = |score| Detection { bbox: BoxXyxy::new(10.0, 20.0, 40.0, 40.0), score, class: 2 };
-        plot_batch(&batch, &names(), Some(&[vec![det(0.1)]]), &png).expect("plot");
-        let img = image::open(&png).expect("decode").to_rgb8();
-        assert_eq!(img.dimensions(), (64, 48));
-        assert_eq!(img.get_pixel(25, 40).0, [128, 128, 128], "a 0.1 detection is not drawn");
+        for score in [0.1, MOSAIC_CONF] {
+            plot_batch(&batch, &names(), Some(&[vec![det(score)]]), &png).expect("plot");
+            let img = image::open(&png).expect("decode").to_rgb8();
+            assert_eq!(img.dimensions(), (64, 48));
+            assert_eq!(img.get_pixel(25, 40).0, [128, 128, 128], "a {score} detection is not drawn");
+        }
         plot_batch(&batch, &names(), Some(&[vec![det(0.9)]]), &png).expect("plot");
         let img = image::open(&png).expect("decode").to_rgb8();
         assert_eq!(img.get_pixel(25, 40).0, class_color(2));

@@ -18,8 +18,8 @@ use sluice_transfer::CpuTransfer;
 
 use super::config::{CacheMode, TrainConfig};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
-use super::telemetry::{EpochTelemetry, LoopTimes};
-use super::validate::{ValResult, validate};
+use super::telemetry::{EpochTelemetry, LoopTimes, ValTelemetry};
+use super::validate::{ValOptions, ValResult, validate};
 use crate::loader::{DecodedSource, LoaderConfig, TrainLoader, ValLoader, default_workers};
 use crate::optim::{Optimization, RunShape, read_user_metadata};
 
@@ -302,7 +302,7 @@ pub fn validate_weights(
     let lcfg = LoaderConfig { workers, ..LoaderConfig::new(imgsz, batch, 0) };
     let val = ValLoader::new(source(index, imgsz, false, CacheMode::None)?, lcfg);
     let loss = DetectionLoss::new(cfg.nc());
-    let v = validate(&m, &val, &loss, &CpuTransfer::new(device, DType::F32))?;
+    let v = validate(&m, &val, &loss, &CpuTransfer::new(device, DType::F32), ValOptions::default())?;
     Ok((v, cfg.names))
 }
 
@@ -574,12 +574,27 @@ impl Trainer {
             }
             let mut best = false;
             if self.cfg.validates(epoch) {
-                let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer)?;
+                // Ultralytics plots the final validation only (PR curve, the first val batch's labels and
+                // predictions).
+                let final_plots = self.cfg.plots && epoch + 1 == epochs;
+                let opts = ValOptions { keep_first_batch: final_plots };
+                let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, opts)?;
                 tel.val_s = v.seconds;
-                if self.cfg.plots && epoch + 1 == epochs {
+                tel.val = Some(ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats));
+                if final_plots {
                     let out = self.paths.dir.join("PR_curve.png");
                     if let Err(e) = crate::plots::plot_pr_curve(&v.report, &self.names, &out) {
                         observer.warn(&format!("{}: {e}", out.display()));
+                    }
+                    if let Some(first) = &v.first_batch {
+                        for (file, dets) in
+                            [("val_batch0_labels.jpg", None), ("val_batch0_pred.jpg", Some(&first.detections[..]))]
+                        {
+                            let out = self.paths.dir.join(file);
+                            if let Err(e) = crate::plots::plot_batch(&first.batch, &self.names, dets, &out) {
+                                observer.warn(&format!("{}: {e}", out.display()));
+                            }
+                        }
                     }
                 }
                 let m = Metrics::of(&v);

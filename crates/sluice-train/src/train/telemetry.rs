@@ -1,16 +1,21 @@
 //! Where an epoch's time went: images/s, the model step, the fraction of the step loop spent waiting for data,
-//! each stage's busy share, and the named bottleneck with a hint. Printed as a short table after every epoch and
+//! each stage's busy share, and the named bottleneck with a hint; then, for a validated epoch, the validation
+//! pass's images/s and where its time went ([`ValTelemetry`]). Printed as a short table after every epoch and
 //! appended to `telemetry.jsonl`.
 //!
 //! Stage busy % is busy time over the epoch's wall time, summed over that stage's workers, so a stage with 4 busy
 //! workers shows 400%: compare it with its worker count. `read` and `decode` come from the decoded-image source
-//! (cache misses only), `augment` (which composes straight into the batch slot, i.e. includes collate) from the
-//! loader pipeline, `transfer`, `model` and `post-process` from the training loop itself.
+//! (cache misses only), `augment` from the loader pipeline, `transfer` and `model` from the training loop itself.
+//! There is no separate collate step: the augment stage composes each sample straight into its pooled batch slot
+//! (pixels, targets, ids), so collate's time is inside `augment`'s and the table says `collate (in augment)`
+//! instead of a number. Post-processing (NMS + matching) happens only in validation, on the streaming
+//! validator's workers; its busy share is over the validation wall time, on the `val` line.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 use sluice_core::PipelineReport;
+use sluice_eval::StreamStats;
 
 /// Above this fraction of the loop's time spent waiting for batches, the run is data-bound.
 pub const DATA_BOUND_WAIT: f64 = 0.10;
@@ -26,6 +31,95 @@ pub struct StageShare {
     pub busy_s: f64,
     /// Busy seconds over wall seconds (can exceed 1 with several workers).
     pub busy_fraction: f64,
+}
+
+/// Where collate's time is accounted: the augment stage writes each sample straight into its batch slot.
+pub const COLLATE: &str = "in augment";
+
+/// The figures of one validation pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ValTelemetry {
+    /// Images validated.
+    pub images: u64,
+    /// Wall seconds of the pass.
+    pub seconds: f64,
+    /// Validation images per second (over the whole pass, final drain included).
+    pub images_per_s: f64,
+    /// Fraction of the pass the inference loop waited for the val loader.
+    pub data_wait_fraction: f64,
+    /// Busy share of the inference loop (transfer, eval forward, validation loss, shrink and copy to the host).
+    pub inference_busy_fraction: f64,
+    /// Post-process (NMS + matching) worker threads.
+    pub post_process_workers: usize,
+    /// Post-process busy seconds, summed over its workers.
+    pub post_process_busy_s: f64,
+    /// `post_process_busy_s` over the pass's wall seconds (can exceed 1 with several workers).
+    pub post_process_busy_fraction: f64,
+    /// Seconds inference waited for room in the post-process queue (blocked in `submit`).
+    pub post_process_queue_wait_s: f64,
+    /// Seconds after the last batch waiting for the workers to drain the queue.
+    pub post_process_drain_s: f64,
+    /// Images whose candidates the device-side shrink step cut at `top_k`.
+    pub truncated_images: u64,
+    /// What bounded the pass: `post-process`, `data` or `inference`.
+    pub bound: String,
+}
+
+impl ValTelemetry {
+    /// From a pass's images, wall seconds, loader wait, inference busy seconds and post-process figures.
+    /// The bound is the side the inference loop waited on most, if it waited on the post-process queue more
+    /// than [`StreamStats::post_process_bound`]'s 5% or on the loader more than [`DATA_BOUND_WAIT`]; otherwise
+    /// inference.
+    pub fn new(images: u64, seconds: f64, data_wait_s: f64, inference_s: f64, stats: &StreamStats) -> Self {
+        let wall = seconds.max(1e-9);
+        let busy = stats.worker_busy.as_secs_f64();
+        let post_wait = (stats.submit_blocked + stats.finish_wait).as_secs_f64();
+        let data_wait_fraction = data_wait_s / wall;
+        let post_bound = stats.post_process_bound();
+        let data_bound = data_wait_fraction > DATA_BOUND_WAIT;
+        let bound = match (post_bound, data_bound) {
+            (true, true) if data_wait_s > post_wait => "data",
+            (true, _) => "post-process",
+            (false, true) => "data",
+            (false, false) => "inference",
+        };
+        Self {
+            images,
+            seconds,
+            images_per_s: images as f64 / wall,
+            data_wait_fraction,
+            inference_busy_fraction: inference_s / wall,
+            post_process_workers: stats.workers,
+            post_process_busy_s: busy,
+            post_process_busy_fraction: busy / wall,
+            post_process_queue_wait_s: stats.submit_blocked.as_secs_f64(),
+            post_process_drain_s: stats.finish_wait.as_secs_f64(),
+            truncated_images: stats.truncated_images,
+            bound: bound.to_string(),
+        }
+    }
+
+    /// One line for the console.
+    pub fn line(&self) -> String {
+        format!(
+            "  val: {:.1} img/s · {:.1} s · data wait {:.0}% · inference {:.0}% · post-process {:.0}%/{}w, \
+             queue wait {:.2} s, drain {:.2} s · bound: {}{}",
+            self.images_per_s,
+            self.seconds,
+            self.data_wait_fraction * 100.0,
+            self.inference_busy_fraction * 100.0,
+            self.post_process_busy_fraction * 100.0,
+            self.post_process_workers,
+            self.post_process_queue_wait_s,
+            self.post_process_drain_s,
+            self.bound,
+            if self.truncated_images > 0 {
+                format!(" · {} images cut by top_k", self.truncated_images)
+            } else {
+                String::new()
+            }
+        )
+    }
 }
 
 /// The figures of one epoch.
@@ -53,6 +147,10 @@ pub struct EpochTelemetry {
     pub skipped_samples: u64,
     /// Per-stage shares.
     pub stages: Vec<StageShare>,
+    /// Where collate's time is: [`COLLATE`] (no separate step, so no share of its own).
+    pub collate: &'static str,
+    /// The validation pass of this epoch (`None` when not validated).
+    pub val: Option<ValTelemetry>,
     /// The limiting stage.
     pub bottleneck: String,
     /// What to do about it.
@@ -124,6 +222,8 @@ impl EpochTelemetry {
             nonfinite_steps: 0,
             skipped_samples: 0,
             stages,
+            collate: COLLATE,
+            val: None,
             bottleneck,
             hint,
         }
@@ -148,6 +248,12 @@ impl EpochTelemetry {
             if st.workers > 1 {
                 let _ = write!(s, "/{}w", st.workers);
             }
+            if st.stage == "augment" {
+                let _ = write!(s, " collate ({})", self.collate);
+            }
+        }
+        if let Some(v) = &self.val {
+            let _ = write!(s, "\n{}", v.line());
         }
         if self.nonfinite_steps > 0 || self.skipped_samples > 0 {
             let _ = write!(
@@ -162,6 +268,8 @@ impl EpochTelemetry {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use sluice_core::StageReport;
 
@@ -196,6 +304,49 @@ mod tests {
         let e = EpochTelemetry::new(1, t, &report("decode"), 7.0, 1.0);
         assert_eq!(e.bottleneck, "read");
         assert!(e.table().contains("bottleneck: read"));
+    }
+
+    #[test]
+    fn the_table_names_collate_and_the_validation_pass() {
+        let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 0.2, transfer_s: 0.1, model_s: 9.5 };
+        let mut e = EpochTelemetry::new(1, t, &report("consumer"), 1.0, 1.0);
+        assert!(e.table().contains("augment 10%/2w collate (in augment) transfer"), "{}", e.table());
+        assert!(!e.table().contains("val:"));
+        let stats = StreamStats {
+            images: 40,
+            workers: 2,
+            worker_busy: Duration::from_millis(1500),
+            submit_blocked: Duration::from_millis(50),
+            finish_wait: Duration::from_millis(20),
+            wall: Duration::from_secs(2),
+            ..StreamStats::default()
+        };
+        e.val = Some(ValTelemetry::new(40, 2.0, 0.1, 1.7, &stats));
+        let v = e.val.as_ref().map(|v| (v.images_per_s, v.post_process_busy_fraction, v.bound.clone()));
+        assert_eq!(v, Some((20.0, 0.75, "inference".to_string())));
+        let table = e.table();
+        let line = table.lines().last().unwrap_or_default();
+        assert!(line.contains("val: 20.0 img/s") && line.contains("post-process 75%/2w"), "{table}");
+        assert!(line.contains("queue wait 0.05 s, drain 0.02 s · bound: inference"), "{table}");
+        let json = serde_json::to_value(&e).map_err(|e| e.to_string());
+        assert_eq!(json.map(|j| j["collate"].clone()), Ok(serde_json::json!("in augment")));
+    }
+
+    #[test]
+    fn the_validation_bound_is_the_longest_wait() {
+        let stats = |blocked_ms, wall_s| StreamStats {
+            workers: 2,
+            submit_blocked: Duration::from_millis(blocked_ms),
+            wall: Duration::from_secs(wall_s),
+            ..StreamStats::default()
+        };
+        // Waited 0.5 s of 2 s on the post-process queue: post-process-bound.
+        assert_eq!(ValTelemetry::new(10, 2.0, 0.0, 1.0, &stats(500, 2)).bound, "post-process");
+        // Waited 0.6 s on the loader, 0.02 s on post-processing: data-bound.
+        assert_eq!(ValTelemetry::new(10, 2.0, 0.6, 1.0, &stats(20, 2)).bound, "data");
+        // Both above their thresholds: the longer wait wins.
+        assert_eq!(ValTelemetry::new(10, 2.0, 0.3, 1.0, &stats(500, 2)).bound, "post-process");
+        assert_eq!(ValTelemetry::new(10, 2.0, 0.9, 1.0, &stats(500, 2)).bound, "data");
     }
 
     #[test]

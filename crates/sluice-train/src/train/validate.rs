@@ -5,16 +5,38 @@
 //!
 //! Predictions and ground truth are compared in the letterboxed canvas: the letterbox is a uniform scale plus a
 //! shift, so IoUs — and therefore the metrics — equal those computed in original image pixels.
+//!
+//! With [`ValOptions::keep_first_batch`] the pass also returns the first batch with its detections
+//! ([`FirstBatch`], for `val_batch0_labels.jpg` / `val_batch0_pred.jpg`): the batch's pixels and targets are
+//! copied on this thread (one host `memcpy`, no device read), and its detections come back from the worker that
+//! post-processed it through [`sluice_eval::StreamReport::kept`], so the inference loop gains no wait.
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use sluice_core::Transfer;
+use anyhow::{Context, Result, ensure};
+use sluice_core::{Batch, Detection, Transfer};
 use sluice_eval::{ApReport, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
 use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::CpuTransfer;
 
 use crate::loader::ValLoader;
+
+/// What a validation pass should keep besides the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ValOptions {
+    /// Return the first batch and its NMS detections ([`ValResult::first_batch`]).
+    pub keep_first_batch: bool,
+}
+
+/// The first validation batch (letterboxed images and targets, as the model saw them) and the NMS output of each
+/// of its images in the same canvas pixels.
+#[derive(Debug, Clone)]
+pub struct FirstBatch {
+    /// A copy of the loader's batch.
+    pub batch: Batch,
+    /// Detections per filled slot (Ultralytics' validation NMS: conf 0.001, so filter before drawing).
+    pub detections: Vec<Vec<Detection>>,
+}
 
 /// What a validation pass measured.
 #[derive(Debug, Clone)]
@@ -27,22 +49,40 @@ pub struct ValResult {
     pub images: u64,
     /// Wall seconds.
     pub seconds: f64,
-    /// Seconds in the model forward (and the copy of its output to the host).
+    /// Seconds the loop waited for the val loader's next batch.
+    pub data_wait_s: f64,
+    /// Seconds in transfer, the eval forward, the validation loss and the shrink step with its copy to the host.
     pub model_s: f64,
     /// Post-process (NMS + matching) figures: worker busy time, time inference waited for it, which one bound.
     pub stats: StreamStats,
+    /// The first batch with its detections, when [`ValOptions::keep_first_batch`] asked for it.
+    pub first_batch: Option<FirstBatch>,
 }
 
 /// Validates `model` over one pass of `loader`: inference on this thread, NMS and matching on `workers`
 /// post-process threads fed through a bounded queue, so the two overlap.
-pub fn validate(model: &YoloV8, loader: &ValLoader, loss: &DetectionLoss, transfer: &CpuTransfer) -> Result<ValResult> {
+pub fn validate(
+    model: &YoloV8,
+    loader: &ValLoader,
+    loss: &DetectionLoss,
+    transfer: &CpuTransfer,
+    opts: ValOptions,
+) -> Result<ValResult> {
     let start = Instant::now();
     let nc = u32::try_from(loss.nc).context("class count")?;
-    let mut validator = StreamingValidator::new(StreamConfig { workers: 2, ..StreamConfig::new(nc) })?;
+    let keep_batches = usize::from(opts.keep_first_batch);
+    let mut validator = StreamingValidator::new(StreamConfig { workers: 2, keep_batches, ..StreamConfig::new(nc) })?;
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
-    let mut model_s = 0f64;
+    let (mut model_s, mut data_wait_s) = (0f64, 0f64);
+    let mut first: Option<Batch> = None;
+    let mut t_wait = Instant::now();
     for batch in loader.pass() {
         let batch = batch.context("validation loader")?;
+        data_wait_s += t_wait.elapsed().as_secs_f64();
+        if opts.keep_first_batch && first.is_none() {
+            // A copy, not the pooled batch itself: holding that would take a buffer from the loader's pool.
+            first = Some((*batch).clone());
+        }
         let t = Instant::now();
         let x = transfer.transfer(&batch).context("validation transfer")?;
         let out = model.forward(&x.images)?;
@@ -56,15 +96,30 @@ pub fn validate(model: &YoloV8, loader: &ValLoader, loss: &DetectionLoss, transf
         }
         batches += 1;
         images += batch.len() as u64;
+        t_wait = Instant::now();
     }
     let report = validator.finish()?;
+    let first_batch = match (first, report.kept.into_iter().next()) {
+        (Some(batch), Some(kept)) => {
+            ensure!(
+                kept.ids == batch.sample_ids,
+                "validation: the kept detections are of samples {:?}, the first batch holds {:?}",
+                kept.ids,
+                batch.sample_ids
+            );
+            Some(FirstBatch { batch, detections: kept.detections })
+        }
+        _ => None,
+    };
     let n = batches.max(1) as f64;
     Ok(ValResult {
         report: report.metrics,
         loss: loss_sum.map(|s| s / n),
         images,
         seconds: start.elapsed().as_secs_f64(),
+        data_wait_s,
         model_s,
         stats: report.stats,
+        first_batch,
     })
 }
