@@ -3,6 +3,12 @@
 
 mod cmd;
 
+/// mimalloc instead of glibc's malloc: candle allocates a fresh buffer for every tensor op, and glibc serves the
+/// large ones with mmap/munmap, so each training step paid page faults, page zeroing and TLB shootdowns for
+/// memory it had just freed (see `sluice-kernels/README.md` for the measured effect).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
