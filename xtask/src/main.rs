@@ -3,12 +3,18 @@
 //! `ci` runs the checks CI runs, cheapest first: formatting, clippy with warnings denied, then the tests.
 //! `train` trains the embedded default: it generates the synthetic shapes dataset when it is absent, builds the
 //! `sluice` binary in release mode and runs `sluice train --config configs/quick.yaml`.
+//! `bench` builds the release `sluice` once and runs the peer-comparison scripts of `benches/` with it (`SLUICE`
+//! set, so they do not build it again), writing their combined output to stdout and to a results file under the
+//! target directory's `bench/`.
 
+use std::fs::File;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Sluice developer tasks")]
@@ -34,6 +40,25 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
+    /// Build the release `sluice` once, then run the peer-comparison scripts of `benches/` with it (they need the
+    /// peers' venv, see /work/shared/peers/README.md) and write their output to stdout and to
+    /// `<target dir>/bench/<UTC date-time>-<case>.txt`. The scripts read their settings from the environment
+    /// (e.g. `PEERS_REPEATS=1`; see each script's header).
+    Bench {
+        /// Which comparison: loader (benches/loader_vs_ultralytics.sh), model (benches/model_vs_pytorch.sh),
+        /// decode (benches/decode_vs_peers.sh) or all three (decode, model, loader).
+        #[arg(value_enum, default_value_t = BenchCase::All)]
+        case: BenchCase,
+        /// Cargo features of the `sluice` build, e.g. `turbojpeg` (for `BACKEND=turbojpeg` in the decode script).
+        #[arg(long, conflicts_with = "sluice")]
+        features: Option<String>,
+        /// Use this prebuilt `sluice` binary instead of building one.
+        #[arg(long)]
+        sluice: Option<PathBuf>,
+        /// The script's own arguments, after `--`: its cases, e.g. `-- train320 infer1` (not with `all`).
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
     /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed:
     /// runs `sluice data gen` with these flags (see `sluice data gen --help`; default: the embedded default set
     /// in datasets/synthetic).
@@ -50,6 +75,7 @@ fn main() -> Result<()> {
     match cli.task {
         Task::Ci { tests_only } => ci(&root, tests_only),
         Task::Train { config, rest } => train(&root, &config, &rest),
+        Task::Bench { case, features, sluice, rest } => bench(&root, case, features.as_deref(), sluice, &rest),
         Task::GenData { args } => {
             let mut cmd =
                 vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "data", "gen"];
@@ -102,6 +128,182 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
     cargo(root, &args)
 }
 
+/// The comparisons `cargo xtask bench` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BenchCase {
+    Loader,
+    Model,
+    Decode,
+    All,
+}
+
+impl BenchCase {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Loader => "loader",
+            Self::Model => "model",
+            Self::Decode => "decode",
+            Self::All => "all",
+        }
+    }
+
+    /// The scripts, relative to the workspace root, cheapest first.
+    fn scripts(self) -> &'static [&'static str] {
+        const DECODE: &str = "benches/decode_vs_peers.sh";
+        const MODEL: &str = "benches/model_vs_pytorch.sh";
+        const LOADER: &str = "benches/loader_vs_ultralytics.sh";
+        match self {
+            Self::Loader => &[LOADER],
+            Self::Model => &[MODEL],
+            Self::Decode => &[DECODE],
+            Self::All => &[DECODE, MODEL, LOADER],
+        }
+    }
+}
+
+fn bench(
+    root: &Path,
+    case: BenchCase,
+    features: Option<&str>,
+    prebuilt: Option<PathBuf>,
+    rest: &[String],
+) -> Result<()> {
+    if case == BenchCase::All && !rest.is_empty() {
+        bail!("script arguments after `--` need one case (loader, model or decode): each script has its own cases");
+    }
+    let target = target_dir(root);
+    let sluice = match prebuilt {
+        Some(p) => std::path::absolute(&p).with_context(|| format!("resolving {}", p.display()))?,
+        None => {
+            let mut build = vec!["build", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice"];
+            if let Some(f) = features {
+                build.extend(["--features", f]);
+            }
+            cargo(root, &build)?;
+            target.join("release").join("sluice")
+        }
+    };
+    if !sluice.is_file() {
+        bail!("no sluice binary at {} (set CARGO_TARGET_DIR to cargo's target directory)", sluice.display());
+    }
+    let dir = target.join("bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (stamp, iso) = utc_now();
+    let path = dir.join(format!("{stamp}-{}.txt", case.name()));
+    let mut file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let mut header = format!("# cargo xtask bench {}", case.name());
+    if let Some(f) = features {
+        header.push_str(&format!(" --features {f}"));
+    }
+    if !rest.is_empty() {
+        header.push_str(&format!(" -- {}", rest.join(" ")));
+    }
+    header.push_str(&format!(
+        "\n# {iso} UTC, commit {}, {}, sluice {}\n",
+        git_commit(root),
+        machine(),
+        sluice.display()
+    ));
+    tee(&mut file, header.as_bytes())?;
+    let mut failed = Vec::new();
+    for script in case.scripts() {
+        tee(&mut file, format!("==== {script} {}\n", rest.join(" ")).as_bytes())?;
+        let mut cmd = Command::new("bash");
+        cmd.arg(root.join(script)).args(rest).env("SLUICE", &sluice).current_dir(root);
+        let status = run_tee(cmd, &mut file).with_context(|| format!("running {script}"))?;
+        if !status.success() {
+            tee(&mut file, format!("!! {script} failed with {status}\n").as_bytes())?;
+            failed.push(*script);
+        }
+    }
+    eprintln!("xtask: results in {}", path.display());
+    if !failed.is_empty() {
+        bail!("{} failed (see {})", failed.join(", "), path.display());
+    }
+    Ok(())
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace root) or `<root>/target`.
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => root.join(d),
+        _ => root.join("target"),
+    }
+}
+
+/// Writes `bytes` to stdout and to `file`.
+fn tee(file: &mut File, bytes: &[u8]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes).and_then(|()| out.flush()).context("writing to stdout")?;
+    file.write_all(bytes).context("writing the results file")
+}
+
+/// Runs `cmd` with its stdout and stderr joined into one pipe, copied to stdout and to `file` as it comes.
+fn run_tee(mut cmd: Command, file: &mut File) -> Result<std::process::ExitStatus> {
+    let (mut reader, writer) = std::io::pipe().context("creating a pipe")?;
+    cmd.stdout(writer.try_clone().context("cloning the pipe")?).stderr(writer);
+    let mut child = cmd.spawn().with_context(|| format!("cannot start {cmd:?}"))?;
+    // The command holds the pipe's write ends: drop it so the reader sees the end when the child exits.
+    drop(cmd);
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = reader.read(&mut buf).context("reading the script's output")?;
+        if n == 0 {
+            break;
+        }
+        tee(file, &buf[..n])?;
+    }
+    child.wait().context("waiting for the script")
+}
+
+/// `git rev-parse --short HEAD`, with `-dirty` when the tree has changes; `unknown` without git.
+fn git_commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(c) if git(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty()) => format!("{c}-dirty"),
+        Some(c) => c,
+        None => "unknown".into(),
+    }
+}
+
+/// Cores and load average, for the results header.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{cores} cores, load {load}")
+}
+
+/// The current UTC time as `YYYYmmdd-HHMMSS` (for file names) and `YYYY-mm-ddTHH:MM:SS`.
+fn utc_now() -> (String, String) {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let (hh, mm, ss) = (secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    (format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}"), format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}"))
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 /// Installs a rustup component when `cargo <probe>` fails (a fresh machine may lack rustfmt or clippy).
 fn ensure_component(component: &str, probe: &[&str]) -> Result<()> {
     let ok = Command::new("cargo").args(probe).output().map(|o| o.status.success()).unwrap_or(false);
@@ -123,4 +325,27 @@ fn run(cmd: &mut Command) -> Result<()> {
         bail!("{cmd:?} failed with {status}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_of_known_days() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+    }
+
+    #[test]
+    fn all_runs_every_script_cheapest_first() {
+        let all = BenchCase::All.scripts();
+        assert_eq!(all.len(), 3);
+        for one in [BenchCase::Decode, BenchCase::Model, BenchCase::Loader] {
+            assert!(all.contains(&one.scripts()[0]));
+        }
+        assert_eq!(all[0], BenchCase::Decode.scripts()[0]);
+    }
 }
