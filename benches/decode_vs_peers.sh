@@ -53,25 +53,9 @@ done
 case $BACKEND in image|turbojpeg) ;; *) echo "unknown BACKEND $BACKEND (image turbojpeg)" >&2; exit 1 ;; esac
 
 # The peers' environment, as /work/shared/peers/run_all.sh sets it.
-export PEERS_VENV
-export PEERS_DATA=${PEERS_DATA:-/tmp/peers-data}
-export PEERS_OUT=$OUT/peers.jsonl
 export PEERS_REPEATS=$REPEATS
-export YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(dirname "$PEERS_VENV")/ultralytics_cfg OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
-export PYTHONDONTWRITEBYTECODE=1
-mkdir -p "$OUT"
-: > "$PEERS_OUT"
-
-if [ -z "${SLUICE:-}" ]; then
-  echo "== building sluice (release)"
-  features=()
-  [ "$BACKEND" = turbojpeg ] && features=(--features turbojpeg)
-  (cd "$ROOT" && cargo build --release -q -p sluice-train "${features[@]}")
-  SLUICE=${CARGO_TARGET_DIR:-$ROOT/target}/release/sluice
-fi
-[ -x "$SLUICE" ] || { echo "no sluice binary at $SLUICE" >&2; exit 1; }
-
-load() { cut -d' ' -f1-3 /proc/loadavg; }
+[ "$BACKEND" = turbojpeg ] && SLUICE_FEATURES=turbojpeg
+. "$ROOT/benches/common.sh"
 
 echo "== peer m3_jpeg_decode: python m3_jpeg_decode.py ($(date +%T), load $(load))"
 if ! (cd "$PEERS_DIR" && "$PY" m3_jpeg_decode.py) > "$OUT/m3_jpeg_decode.log" 2>&1; then

@@ -47,22 +47,7 @@ for c in $CASES; do
 done
 
 # The peers' environment, as /work/shared/peers/run_all.sh sets it.
-export PEERS_VENV
-export PEERS_DATA=${PEERS_DATA:-/tmp/peers-data}
-export PEERS_OUT=$OUT/peers.jsonl
-export YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(dirname "$PEERS_VENV")/ultralytics_cfg OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
-export PYTHONDONTWRITEBYTECODE=1
-mkdir -p "$OUT"
-: > "$PEERS_OUT"
-
-if [ -z "${SLUICE:-}" ]; then
-  echo "== building sluice (release)"
-  (cd "$ROOT" && cargo build --release -q -p sluice-train)
-  SLUICE=${CARGO_TARGET_DIR:-$ROOT/target}/release/sluice
-fi
-[ -x "$SLUICE" ] || { echo "no sluice binary at $SLUICE" >&2; exit 1; }
-
-load() { cut -d' ' -f1-3 /proc/loadavg; }
+. "$ROOT/benches/common.sh"
 
 peer() {  # peer NAME script args...: runs a peer script, its log in $OUT/NAME.log
   local name=$1; shift

@@ -56,23 +56,8 @@ for c in $CASES; do
 done
 
 # The peers' environment, as /work/shared/peers/run_all.sh sets it, with THREADS threads.
-export PEERS_VENV
-export PEERS_DATA=${PEERS_DATA:-/tmp/peers-data}
-export PEERS_OUT=$OUT/peers.jsonl
 export PEERS_THREADS=$THREADS
-export YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(dirname "$PEERS_VENV")/ultralytics_cfg OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
-export PYTHONDONTWRITEBYTECODE=1
-mkdir -p "$OUT"
-: > "$PEERS_OUT"
-
-if [ -z "${SLUICE:-}" ]; then
-  echo "== building sluice (release)"
-  (cd "$ROOT" && cargo build --release -q -p sluice-train)
-  SLUICE=${CARGO_TARGET_DIR:-$ROOT/target}/release/sluice
-fi
-[ -x "$SLUICE" ] || { echo "no sluice binary at $SLUICE" >&2; exit 1; }
-
-load() { cut -d' ' -f1-3 /proc/loadavg; }
+. "$ROOT/benches/common.sh"
 
 # m4_model_cpu.py's own functions for one case (its __main__ runs all of them in this order). argv[0] is set to
 # the script's name, which emit() records with every figure.
