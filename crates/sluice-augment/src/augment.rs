@@ -48,7 +48,7 @@ pub struct TrainAugment;
 impl TrainAugment {
     fn run(recipe: &TrainRecipe, source: &dyn ImageSource, batch: &mut Batch) -> Result<()> {
         let id = recipe.id();
-        let n = recipe.imgsz as usize;
+        let n = recipe.size as usize;
         check_shape(batch, id, n, n)?;
         let ids = recipe.geometry.layout.ids();
         let held = fetch(ids, source)?;

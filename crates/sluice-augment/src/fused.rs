@@ -10,8 +10,15 @@
 //! with the neighbouring tile or the grey border over the last half pixel. Boxes follow Ultralytics exactly:
 //! tile placement, canvas clip (mosaic), the forward transform of the 4 corners, min/max, clip to the output,
 //! `box_candidates`, flips.
+//!
+//! Multi-scale: Ultralytics augments at `imgsz`, then resizes the whole batch to the drawn size (bilinear,
+//! `align_corners=False`). Here the output pixel → `imgsz` pixel map of that resize, `x = (x' + 0.5) r - 0.5` with
+//! `r = imgsz / size`, is folded into the inverse transform, so the sample is gathered straight at the drawn size
+//! (still one interpolation, where Ultralytics' path makes three; when shrinking, a single bilinear tap instead of
+//! two in a row, so slightly more aliasing). The boxes are Ultralytics' `imgsz` boxes (same clip and candidate
+//! filter) scaled by `size / imgsz`: its targets are normalised, so its resize scales them the same way.
 
-use sluice_core::{Label, SourceImage};
+use sluice_core::{BoxXyxy, Label, SourceImage};
 
 use crate::affine::{Mat3, box_candidate, transform_box};
 use crate::canvas::{Canvas, flip_box};
@@ -33,7 +40,8 @@ struct Warp<'a> {
 }
 
 impl<'a> Warp<'a> {
-    fn new(geometry: &Geometry, imgsz: u32, images: &[&'a SourceImage], flip: &Mat3) -> Result<Self> {
+    /// `post` maps output pixels to the `imgsz` frame before the flips (identity without multi-scale).
+    fn new(geometry: &Geometry, imgsz: u32, images: &[&'a SourceImage], flip: &Mat3, post: &Mat3) -> Result<Self> {
         let canvas = Canvas::new(&geometry.layout, imgsz, images)?;
         let s = f64::from(imgsz);
         let forward = geometry.perspective.matrix(f64::from(canvas.width), f64::from(canvas.height), s, s);
@@ -41,7 +49,7 @@ impl<'a> Warp<'a> {
             what: "recipe perspective",
             reason: format!("sample {}: singular transform {:?}", geometry.layout.ids()[0], geometry.perspective),
         })?;
-        let total = inv.mul(flip);
+        let total = inv.mul(flip).mul(post);
         let inverse = total.0.map(|row| row.map(|v| v as f32));
         Ok(Self { canvas, forward, inverse, affine: total.is_affine(), scale: geometry.perspective.scale as f32 })
     }
@@ -76,6 +84,7 @@ impl<'a> Warp<'a> {
 #[derive(Debug, Clone)]
 pub struct TrainPlan<'a> {
     imgsz: u32,
+    size: u32,
     main: Warp<'a>,
     mix: Option<(Warp<'a>, f32)>,
     hsv: Option<HsvLut>,
@@ -88,10 +97,10 @@ impl<'a> TrainPlan<'a> {
     /// mixup partner's layout (`mix_images`, empty without mixup).
     pub fn new(recipe: &TrainRecipe, images: &[&'a SourceImage], mix_images: &[&'a SourceImage]) -> Result<Self> {
         let s = f64::from(recipe.imgsz);
-        if recipe.imgsz == 0 {
+        if recipe.imgsz == 0 || recipe.size == 0 {
             return Err(AugmentError::Config {
                 what: "recipe imgsz",
-                reason: format!("sample {}: output size 0", recipe.id()),
+                reason: format!("sample {}: size 0 (imgsz {}, output {})", recipe.id(), recipe.imgsz, recipe.size),
             });
         }
         // Output pixel -> pre-flip pixel (the flips act on the final image, pixel i -> imgsz - 1 - i).
@@ -102,13 +111,22 @@ impl<'a> TrainPlan<'a> {
         if recipe.flip_ud {
             flip.0[1] = [0.0, -1.0, s - 1.0];
         }
-        let main = Warp::new(&recipe.geometry, recipe.imgsz, images, &flip)?;
+        // Output pixel -> `imgsz` pixel: the inverse of a bilinear resize with `align_corners=False`.
+        let post = if recipe.size == recipe.imgsz {
+            Mat3::IDENTITY
+        } else {
+            let r = s / f64::from(recipe.size);
+            let t = 0.5 * r - 0.5;
+            Mat3([[r, 0.0, t], [0.0, r, t], [0.0, 0.0, 1.0]])
+        };
+        let main = Warp::new(&recipe.geometry, recipe.imgsz, images, &flip, &post)?;
         let mix = match &recipe.mixup {
-            Some(m) => Some((Warp::new(&m.geometry, recipe.imgsz, mix_images, &flip)?, m.ratio)),
+            Some(m) => Some((Warp::new(&m.geometry, recipe.imgsz, mix_images, &flip, &post)?, m.ratio)),
             None => None,
         };
         Ok(Self {
             imgsz: recipe.imgsz,
+            size: recipe.size,
             main,
             mix,
             hsv: recipe.hsv.map(HsvLut::new),
@@ -117,9 +135,9 @@ impl<'a> TrainPlan<'a> {
         })
     }
 
-    /// Bytes of the CHW slot this plan fills (`3 * imgsz * imgsz`).
+    /// Bytes of the CHW slot this plan fills (`3 * size * size`, the recipe's output side).
     pub fn slot_len(&self) -> usize {
-        3 * self.imgsz as usize * self.imgsz as usize
+        3 * self.size as usize * self.size as usize
     }
 
     /// Writes the sample into `out`, a CHW u8 slot of [`Self::slot_len`] bytes.
@@ -127,7 +145,7 @@ impl<'a> TrainPlan<'a> {
         if out.len() != self.slot_len() {
             return Err(AugmentError::Config {
                 what: "slot length",
-                reason: format!("{} bytes for a {}x{} RGB sample", out.len(), self.imgsz, self.imgsz),
+                reason: format!("{} bytes for a {}x{} RGB sample", out.len(), self.size, self.size),
             });
         }
         match (&self.mix, &self.hsv) {
@@ -147,7 +165,7 @@ impl<'a> TrainPlan<'a> {
 
     #[inline(always)]
     fn render_with(&self, out: &mut [u8], px: impl Fn(f32, f32) -> [u8; 3]) {
-        let n = self.imgsz as usize;
+        let n = self.size as usize;
         let plane = n * n;
         let (rp, rest) = out.split_at_mut(plane);
         let (gp, bp) = rest.split_at_mut(plane);
@@ -167,9 +185,21 @@ impl<'a> TrainPlan<'a> {
     /// The sample's labels in output pixels (the main image's first, then the mixup partner's).
     pub fn labels(&self, mut f: impl FnMut(Label)) {
         let s = self.imgsz as f32;
-        self.main.labels(s, self.flip_lr, self.flip_ud, &mut f);
+        let mut out = |l: Label| f(self.to_output(l));
+        self.main.labels(s, self.flip_lr, self.flip_ud, &mut out);
         if let Some((mix, _)) = &self.mix {
-            mix.labels(s, self.flip_lr, self.flip_ud, &mut f);
+            mix.labels(s, self.flip_lr, self.flip_ud, &mut out);
         }
+    }
+
+    /// An `imgsz` label scaled to the output side (and clipped to it, against rounding).
+    fn to_output(&self, l: Label) -> Label {
+        if self.size == self.imgsz {
+            return l;
+        }
+        let (n, s) = (self.size as f32, self.imgsz as f32);
+        let b = l.bbox;
+        let bbox = BoxXyxy::new(b.x1 * n / s, b.y1 * n / s, b.x2 * n / s, b.y2 * n / s).clip(n, n);
+        Label { bbox, ..l }
     }
 }

@@ -14,7 +14,10 @@
 //! How a loader uses it (training): per sample position `i` of epoch `e`, draw
 //! `RecipeSampler::draw(id, imgsz, hyp.mosaic_active(e, epochs), &mut sluice_core::sampler::sample_rng(seed, e, i))`
 //! in the sampler, and let a worker call `TrainAugment.apply(&recipe, &cache, &mut batch)` on a batch of shape
-//! `(3, imgsz, imgsz)`. Validation: `RectPlan::new(sizes, batch, imgsz, 32, 0.5)` once, then per image
+//! `(3, imgsz, imgsz)`. With multi-scale, draw the batch's side once with
+//! `draw_multiscale(imgsz, range, 32, &mut sluice_core::batch_rng(seed, e, k))`, set it on every recipe of the batch
+//! with `TrainRecipe::with_size` and give the batch that shape: each sample is rendered straight at that size.
+//! Validation: `RectPlan::new(sizes, batch, imgsz, 32, 0.5)` once, then per image
 //! `ValLetterbox.apply(&ValRecipe { id, imgsz, canvas: plan.shapes[b] }, ...)` into a batch of that canvas;
 //! `ValTransform::unmap_box` maps predictions back to the source image.
 #![warn(missing_docs)]
@@ -37,4 +40,4 @@ pub use fused::TrainPlan;
 pub use hsv::{HsvGains, HsvLut, hsv_reference};
 pub use hyp::Hyp;
 pub use letterbox::{FILL, Letterbox, LetterboxOpts, RectPlan, letterbox_into, load_size};
-pub use recipe::{Geometry, Layout, Mixup, RecipeSampler, TrainRecipe, draw_multiscale};
+pub use recipe::{Geometry, Layout, Mixup, RecipeSampler, TrainRecipe, draw_multiscale, multiscale_bounds};

@@ -9,6 +9,10 @@
 //! `int(U(imgsz/2, 3 imgsz/2))`), then the 8 perspective parameters; then, when mixup is configured, its decision,
 //! its partner (uniform) with that partner's own mosaic and perspective, and the ratio `Beta(32, 32)`; then the 3
 //! HSV gains (when any is configured) and the two flips.
+//!
+//! Multi-scale is a batch-level decision: [`draw_multiscale`] draws the batch's output side from the batch's own
+//! stream, and [`TrainRecipe::with_size`] sets it on each recipe. The per-sample draws do not depend on it, so a
+//! sample's geometry is the same with multi-scale on or off; only the size it is rendered at changes.
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -69,8 +73,13 @@ pub struct Mixup {
 /// Everything needed to produce one training sample.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TrainRecipe {
-    /// Output side (square `imgsz x imgsz`); varies per batch with multi-scale.
+    /// The augmentation size: the mosaic canvas is `2 imgsz`, the perspective's output `imgsz x imgsz`, and the
+    /// box filter works in its pixels (Ultralytics' `imgsz`).
     pub imgsz: u32,
+    /// The output side (square `size x size`): `imgsz`, or the batch's multi-scale size. The `imgsz` image is
+    /// rendered straight at this size, as Ultralytics' bilinear batch resize (`align_corners=False`) would give it,
+    /// and its boxes are scaled by `size / imgsz`.
+    pub size: u32,
     /// The sample's composition.
     pub geometry: Geometry,
     /// Optional mixup partner.
@@ -87,6 +96,11 @@ impl TrainRecipe {
     /// The sample's own id (the first image of its layout).
     pub fn id(&self) -> SampleId {
         self.geometry.layout.ids()[0]
+    }
+
+    /// The same sample rendered at output side `size` (multi-scale); everything random stays as drawn.
+    pub fn with_size(self, size: u32) -> Self {
+        Self { size, ..self }
     }
 }
 
@@ -144,7 +158,7 @@ impl RecipeSampler {
         });
         let flip_ud = h.flipud > 0.0 && rng.random::<f64>() < h.flipud;
         let flip_lr = h.fliplr > 0.0 && rng.random::<f64>() < h.fliplr;
-        TrainRecipe { imgsz, geometry, mixup, hsv, flip_lr, flip_ud }
+        TrainRecipe { imgsz, size: imgsz, geometry, mixup, hsv, flip_lr, flip_ud }
     }
 
     fn geometry(&self, id: SampleId, imgsz: u32, mosaic_on: bool, rng: &mut impl Rng) -> Geometry {
@@ -177,13 +191,34 @@ impl RecipeSampler {
     }
 }
 
-/// Multi-scale (Ultralytics' `multi_scale`): a batch size drawn uniformly from `imgsz * [1 - range, 1 + range]`
-/// and rounded down to a multiple of `stride` (at least `stride`). Draw it once per batch, from a per-batch stream.
-pub fn draw_multiscale(imgsz: u32, range: f64, stride: u32, rng: &mut impl Rng) -> u32 {
-    let stride = stride.max(1);
+/// The draw bounds of Ultralytics 8.4's `multi_scale` (`DetectionTrainer.preprocess_batch`): `lo = max(stride,
+/// int(imgsz (1 - range)))`, `hi = int(imgsz (1 + range) + stride)`, the size `randrange(lo, hi) // stride * stride`.
+fn multiscale_draw_range(imgsz: u32, range: f64, stride: u32) -> (u64, u64) {
+    let stride = u64::from(stride.max(1));
     let s = f64::from(imgsz);
-    let size = uniform(rng, s * (1.0 - range), s * (1.0 + range));
-    ((size as u32) / stride * stride).max(stride)
+    let lo = ((s * (1.0 - range)) as u64).max(stride);
+    let hi = ((s * (1.0 + range) + stride as f64) as u64).max(lo + 1);
+    (lo, hi)
+}
+
+/// Multi-scale (Ultralytics 8.4's `multi_scale: range`, a fraction of `imgsz`): a batch side drawn uniformly from
+/// the integers `max(stride, int(imgsz (1 - range))) .. int(imgsz (1 + range) + stride)` and rounded down to a
+/// multiple of `stride`, exactly as `DetectionTrainer.preprocess_batch` does (so both ends are reachable, and the
+/// smallest size may lie below `imgsz (1 - range)` when that is not a stride multiple). Draw it once per batch,
+/// from the batch's own stream ([`sluice_core::batch_rng`]). `range` 0 gives `imgsz` for a stride-multiple `imgsz`.
+pub fn draw_multiscale(imgsz: u32, range: f64, stride: u32, rng: &mut impl Rng) -> u32 {
+    let (lo, hi) = multiscale_draw_range(imgsz, range, stride);
+    let stride = u64::from(stride.max(1));
+    let size = rng.random_range(lo..hi) / stride * stride;
+    u32::try_from(size).unwrap_or(u32::MAX)
+}
+
+/// The smallest and largest side [`draw_multiscale`] can return (size the batch buffers for the largest).
+pub fn multiscale_bounds(imgsz: u32, range: f64, stride: u32) -> (u32, u32) {
+    let (lo, hi) = multiscale_draw_range(imgsz, range, stride);
+    let stride = u64::from(stride.max(1));
+    let clamp = |v: u64| u32::try_from(v / stride * stride).unwrap_or(u32::MAX);
+    (clamp(lo), clamp(hi - 1))
 }
 
 #[cfg(test)]
@@ -225,9 +260,40 @@ mod tests {
     #[test]
     fn multiscale_sizes_are_stride_aligned_and_in_range() {
         let mut rng = ChaCha8Rng::seed_from_u64(2);
-        for _ in 0..1000 {
+        assert_eq!(multiscale_bounds(640, 0.5, 32), (320, 960));
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..4000 {
             let s = draw_multiscale(640, 0.5, 32, &mut rng);
             assert!(s % 32 == 0 && (320..=960).contains(&s), "{s}");
+            seen.insert(s);
         }
+        // Every stride multiple of the range, both ends included (randrange(320, 992) // 32 * 32).
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), (10..=30).map(|k| k * 32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn multiscale_bounds_follow_ultralytics_rounding() {
+        // imgsz 64, range 0.25: randrange(48, 112) // 32 * 32 gives 32, 64 or 96.
+        assert_eq!(multiscale_bounds(64, 0.25, 32), (32, 96));
+        // Range 1 (Ultralytics' `multi_scale: True`): from one stride to 2 imgsz + the last partial stride.
+        assert_eq!(multiscale_bounds(640, 1.0, 32), (32, 1280));
+        // Range 0: always imgsz.
+        assert_eq!(multiscale_bounds(640, 0.0, 32), (640, 640));
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        assert!((0..100).all(|_| draw_multiscale(640, 0.0, 32, &mut rng) == 640));
+        for _ in 0..500 {
+            let s = draw_multiscale(64, 0.25, 32, &mut rng);
+            assert!([32, 64, 96].contains(&s), "{s}");
+        }
+    }
+
+    #[test]
+    fn with_size_changes_only_the_output_side() {
+        let sampler = RecipeSampler::new(Hyp::default(), 16).expect("sampler");
+        let r = sampler.draw(2, 640, true, &mut ChaCha8Rng::seed_from_u64(5));
+        assert_eq!(r.size, 640);
+        let m = r.with_size(384);
+        assert_eq!((m.imgsz, m.size), (640, 384));
+        assert_eq!(TrainRecipe { size: 640, ..m }, r);
     }
 }

@@ -95,7 +95,8 @@ impl Batch {
         }
     }
 
-    /// Empties the batch for reuse with `shape`; reuses the allocations when the new shape fits.
+    /// Empties the batch for reuse with `shape`; reuses the allocations when the new shape fits (a batch created
+    /// for the largest shape a loader can ask for, e.g. the top multi-scale size, never reallocates).
     pub fn reset(&mut self, shape: BatchShape, index: u64) {
         self.shape = shape;
         self.len = 0;
@@ -204,5 +205,17 @@ mod tests {
         assert!(b.is_empty());
         assert_eq!(b.slot(0).as_ptr(), ptr);
         assert_eq!(b.index, 1);
+    }
+
+    #[test]
+    fn reset_to_smaller_and_back_keeps_allocation() {
+        let mut b = Batch::new(BatchShape::rgb(2, 12, 12), 4);
+        let ptr = b.slot(0).as_ptr();
+        for side in [4, 12, 8, 12] {
+            b.reset(BatchShape::rgb(2, side, side), 0);
+            let (_, slot) = b.push_slot(0).expect("slot");
+            assert_eq!(slot.len(), 3 * side * side);
+            assert_eq!(slot.as_ptr(), ptr, "side {side}");
+        }
     }
 }

@@ -23,7 +23,7 @@ pub use image::ImageRgb8;
 pub use labels::{ClassId, Detection, ImageLabels, Label, SampleId};
 pub use pool::{Pool, Pooled};
 pub use runner::{CancelSource, CancelToken, Pipeline, PipelineIter, StageCtx};
-pub use sampler::{DistributedSampler, RngStream, sample_rng};
+pub use sampler::{DistributedSampler, RngStream, batch_rng, sample_rng};
 pub use stage::{
     Augment, DecodeHint, DecodeInfo, Decoder, ImageSource, Metric, PostProcess, Reader, SourceImage, Transfer,
 };

@@ -4,8 +4,9 @@
 //! run or in which order they finish.
 //!
 //! Streams are ChaCha8 (`rand_chacha`): the key comes from the seed, the 64-bit stream id from the epoch (even ids
-//! for samples, odd ids for the epoch shuffle), and each sample index owns a disjoint block of 2^36 words of its
-//! stream. Counter-based means any sample's generator is reached in O(1), without drawing the ones before it.
+//! for samples, odd ids for the epoch: block 0 for the shuffle, block `1 + k` for batch `k`'s decisions, such as
+//! its multi-scale size), and each sample index owns a disjoint block of 2^36 words of its stream. Counter-based
+//! means any sample's generator is reached in O(1), without drawing the ones before it.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -30,6 +31,14 @@ fn stream(seed: u64, stream_id: u64, index: u64) -> RngStream {
 pub fn sample_rng(seed: u64, epoch: u64, index: u64) -> RngStream {
     debug_assert!(index < 1 << 32, "sample index {index} too large for a disjoint stream");
     stream(seed, epoch.wrapping_mul(2), index)
+}
+
+/// The random stream of batch `batch` in epoch `epoch` of a run seeded with `seed`: for decisions that hold for a
+/// whole batch (its multi-scale size). Disjoint from the epoch's shuffle and from every sample stream; it does not
+/// depend on the rank, so every rank's batch `k` draws the same. `batch` must be below 2^32 - 1.
+pub fn batch_rng(seed: u64, epoch: u64, batch: u64) -> RngStream {
+    debug_assert!(batch < (1 << 32) - 1, "batch index {batch} too large for a disjoint stream");
+    stream(seed, epoch.wrapping_mul(2).wrapping_add(1), batch + 1)
 }
 
 /// Epoch orders and rank shards over a dataset of `len` samples, with PyTorch `DistributedSampler` semantics.
@@ -185,5 +194,18 @@ mod tests {
         assert_eq!(unique.len(), 50);
         assert_ne!(sample_rng(1, 2, 0).next_u64(), sample_rng(1, 3, 0).next_u64());
         assert_ne!(sample_rng(1, 2, 0).next_u64(), sample_rng(2, 2, 0).next_u64());
+    }
+
+    #[test]
+    fn batch_streams_are_disjoint_from_sample_and_shuffle_streams() {
+        let batches: Vec<u64> = (0..20).map(|k| batch_rng(1, 2, k).next_u64()).collect();
+        let mut all = batches.clone();
+        all.extend((0..20).map(|i| sample_rng(1, 2, i).next_u64()));
+        all.push(stream(1, 2 * 2 + 1, 0).next_u64());
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 41);
+        assert_eq!(batches[3], batch_rng(1, 2, 3).next_u64());
+        assert_ne!(batch_rng(1, 2, 3).next_u64(), batch_rng(1, 3, 3).next_u64());
     }
 }

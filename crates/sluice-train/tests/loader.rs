@@ -1,6 +1,7 @@
 //! The loaders on a small generated dataset: byte-identical batches for 1 and 3 workers, every validation image
 //! exactly once in rect batches, a corrupt image skipped and counted (or fatal with `strict`), and the telemetry
-//! naming an artificially slow decode stage as the bottleneck.
+//! naming an artificially slow decode stage as the bottleneck; with multi-scale, batches of varying stride-multiple
+//! sides, byte-identical for 1 and 3 workers and on resume, with every box inside its image.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -95,6 +96,82 @@ fn train_batches_are_identical_for_any_worker_count_and_differ_across_epochs() {
     assert_eq!(stats.cached_images, 24);
     assert!(stats.hits > 0);
     assert_eq!(three.skips().skipped, 0);
+}
+
+/// One epoch from batch `first` on, checking each batch's side and boxes; returns (side, flattened batch).
+fn multiscale_epoch(loader: &TrainLoader, epoch: u32, first: usize) -> Vec<(usize, Flat)> {
+    loader
+        .epoch_from(epoch, 10, first)
+        .map(|b| {
+            let b = b.expect("batch");
+            let shape = b.shape();
+            let side = shape.width;
+            assert_eq!(shape.height, side);
+            assert_eq!(side as u32, loader.side(epoch, b.index as usize), "batch {}", b.index);
+            assert_eq!(b.pixels().len(), b.len() * 3 * side * side);
+            for t in &b.targets {
+                let b = t.bbox;
+                assert!(b.x1 >= 0.0 && b.y1 >= 0.0 && b.x2 <= side as f32 && b.y2 <= side as f32, "{t:?} at {side}");
+                assert!(t.bbox.x2 > t.bbox.x1 && t.bbox.y2 > t.bbox.y1, "{t:?}");
+            }
+            let targets = b
+                .targets
+                .iter()
+                .map(|t| {
+                    [
+                        t.image,
+                        t.class,
+                        t.bbox.x1.to_bits(),
+                        t.bbox.y1.to_bits(),
+                        t.bbox.x2.to_bits(),
+                        t.bbox.y2.to_bits(),
+                    ]
+                })
+                .collect();
+            (side, (b.index, b.pixels().to_vec(), targets, b.sample_ids.clone()))
+        })
+        .collect()
+}
+
+#[test]
+fn multi_scale_sizes_vary_per_batch_identically_for_any_worker_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (train, _) = dataset(dir.path());
+    let ms = |workers| LoaderConfig { multi_scale: 0.5, ..config(workers) };
+    assert_eq!(ms(1).train_sides(), (64, 192));
+    let one = TrainLoader::new(source(&train, target_decoder(true), 0), ms(1), Hyp::default()).expect("loader");
+    let three = TrainLoader::new(source(&train, target_decoder(true), 1 << 30), ms(3), Hyp::default()).expect("loader");
+    let plain = TrainLoader::new(source(&train, target_decoder(true), 0), config(1), Hyp::default()).expect("loader");
+    let mut sides = std::collections::BTreeSet::new();
+    let (mut boxes, mut at_imgsz) = (0, 0);
+    for epoch in 0..2 {
+        let a = multiscale_epoch(&one, epoch, 0);
+        assert_eq!(a.len(), 6);
+        assert_eq!(a, multiscale_epoch(&three, epoch, 0), "1 vs 3 workers, epoch {epoch}");
+        // Resuming in the middle of the epoch gives the same batches, sizes included.
+        assert_eq!(&a[4..], &multiscale_epoch(&three, epoch, 4)[..], "resume at batch 4, epoch {epoch}");
+        // The per-sample draws do not depend on multi-scale: a batch drawn at imgsz is the plain loader's batch.
+        let base = epoch_bytes(&plain, epoch);
+        for (side, flat) in &a {
+            assert_eq!(side % 32, 0);
+            assert!((64..=192).contains(side), "{side}");
+            if *side == IMGSZ as usize {
+                assert_eq!(flat, &base[flat.0 as usize], "batch {} at imgsz", flat.0);
+                at_imgsz += 1;
+            }
+            sides.insert(*side);
+            boxes += flat.2.len();
+        }
+    }
+    assert!(sides.len() >= 3, "sizes should vary across batches: {sides:?}");
+    assert!(boxes > 0, "mosaics carry boxes");
+    assert!(at_imgsz > 0, "some batch should be drawn at imgsz: {sides:?}");
+    let bad = TrainLoader::new(
+        source(&train, target_decoder(true), 0),
+        LoaderConfig { multi_scale: 1.5, ..config(1) },
+        Hyp::default(),
+    );
+    assert!(bad.is_err_and(|e| e.to_string().contains("multi_scale")));
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! End to end on a tiny generated dataset: two epochs with validation, checkpoints, plots (the first val batch's
 //! labels and predictions among them) and telemetry; the same run interrupted in the middle of epoch 2 and
-//! resumed from `last.safetensors` gives the same loss sequence, bit for bit.
+//! resumed from `last.safetensors` gives the same loss sequence, bit for bit. The run trains with multi-scale on
+//! (`multi_scale: 0.5` at imgsz 64: batches of 32, 64 or 96 px), so the model, the loss and the assigner also take
+//! batches at other sizes than `imgsz`, and the resume repeats the sizes too.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,14 +18,15 @@ use sluice_train::train::{BatchEvent, Observer, TrainConfig, Trainer};
 
 #[derive(Default)]
 struct Record {
-    losses: Vec<(u32, usize, [f64; 3])>,
+    /// (epoch, batch, side, loss items).
+    losses: Vec<(u32, usize, usize, [f64; 3])>,
     stop_at: Option<(u32, usize)>,
     stop: Option<Arc<AtomicBool>>,
 }
 
 impl Observer for Record {
     fn batch(&mut self, e: &BatchEvent) {
-        self.losses.push((e.epoch, e.batch, e.loss));
+        self.losses.push((e.epoch, e.batch, e.side, e.loss));
         if self.stop_at == Some((e.epoch, e.batch))
             && let Some(s) = &self.stop
         {
@@ -38,6 +41,7 @@ fn config(data: &Path, project: &Path, name: &str) -> TrainConfig {
         model: "yolov8n".into(),
         epochs: 2,
         imgsz: 64,
+        multi_scale: 0.5,
         batch: 4,
         workers: 2,
         project: project.to_path_buf(),
@@ -71,7 +75,10 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     assert_eq!(summary.epochs, 2);
     assert!(!summary.interrupted);
     assert_eq!(full.losses.len(), 6, "3 batches x 2 epochs");
-    assert!(full.losses.iter().all(|(_, _, l)| l.iter().all(|v| v.is_finite())));
+    assert!(full.losses.iter().all(|(_, _, _, l)| l.iter().all(|v| v.is_finite())));
+    let sides: Vec<usize> = full.losses.iter().map(|&(_, _, side, _)| side).collect();
+    assert!(sides.iter().all(|s| [32, 64, 96].contains(s)), "{sides:?}");
+    assert!(sides.iter().any(|&s| s != 64), "multi-scale drew only imgsz: {sides:?}");
     let rows = ResultsCsv::read(&t.paths().results).unwrap();
     assert_eq!(rows.iter().map(|r| r.epoch).collect::<Vec<_>>(), vec![1, 2]);
     assert!(rows.iter().all(|r| r.val_loss.iter().all(|v| v.is_finite() && *v > 0.0)));
@@ -135,4 +142,17 @@ fn a_missing_dataset_is_a_clear_error() {
     let c = config(&dir.path().join("nope.yaml"), &dir.path().join("runs"), "x");
     let e = Trainer::new(c).unwrap_err();
     assert!(format!("{e:#}").contains("nope.yaml"), "{e:#}");
+}
+
+#[test]
+fn a_final_batch_of_one_at_a_tiny_size_is_refused_like_ultralytics() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth =
+        SynthConfig { out: dir.path().join("data"), seed: 1, train: 9, val: 2, imgsz: 64, ..Default::default() };
+    let data = generate(&synth).unwrap().data_yaml;
+    // 9 images in batches of 4 leave a final batch of 1, and multi-scale 0.5 at 64 reaches 32 px.
+    let e = Trainer::new(config(&data, &dir.path().join("runs"), "bn")).unwrap_err();
+    assert!(format!("{e:#}").contains("BatchNorm"), "{e:#}");
+    let c = TrainConfig { multi_scale: 0.0, ..config(&data, &dir.path().join("runs"), "bn") };
+    assert!(Trainer::new(c).is_ok(), "at imgsz 64 without multi-scale the final batch of 1 is allowed");
 }

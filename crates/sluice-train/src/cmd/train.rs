@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_train::train::run::checkpoint_config;
 use sluice_train::train::{
-    BatchEvent, CacheMode, EpochEvent, Observer, TrainConfig, TrainSummary, Trainer, find_resume,
+    BatchEvent, CacheMode, EpochEvent, Observer, TrainConfig, TrainSummary, Trainer, find_resume, parse_multi_scale,
 };
 
 /// Arguments of `sluice train`.
@@ -29,6 +29,9 @@ pub(crate) struct Args {
     epochs: Option<u32>,
     #[arg(long)]
     imgsz: Option<u32>,
+    /// Multi-scale training: per-batch sizes within imgsz x (1 ± RANGE), stride 32 (0 = off; true = 1).
+    #[arg(long, value_name = "RANGE", value_parser = parse_multi_scale)]
+    multi_scale: Option<f64>,
     #[arg(long)]
     batch: Option<usize>,
     /// Loader workers per stage (0: about 80% of the cores).
@@ -75,7 +78,21 @@ impl Args {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
         }
-        set!(data, model, epochs, imgsz, batch, workers, device, seed, project, name, val_interval, val_fraction);
+        set!(
+            data,
+            model,
+            epochs,
+            imgsz,
+            multi_scale,
+            batch,
+            workers,
+            device,
+            seed,
+            project,
+            name,
+            val_interval,
+            val_fraction
+        );
         if let Some(w) = &self.weights {
             c.weights = Some(w.clone());
         }
@@ -109,7 +126,8 @@ impl Observer for Console {
         bar.set_position(e.batch as u64 + 1);
         let [b, c, d] = e.mean_loss;
         bar.set_message(format!(
-            "box {b:.3} cls {c:.3} dfl {d:.3} · {:.1} img/s · data wait {:.0}%",
+            "size {} · box {b:.3} cls {c:.3} dfl {d:.3} · {:.1} img/s · data wait {:.0}%",
+            e.side,
             e.images_per_s,
             e.data_wait_fraction * 100.0
         ));
@@ -193,15 +211,20 @@ pub(crate) fn run(args: Args) -> Result<()> {
     .context("installing the Ctrl-C handler")?;
     let cfg = trainer.config();
     let (n_train, n_val) = trainer.sizes();
+    let sizes = if cfg.multi_scale > 0.0 {
+        let (lo, hi) = sluice_augment::multiscale_bounds(cfg.imgsz, cfg.multi_scale, sluice_train::loader::STRIDE);
+        format!("imgsz {} (multi-scale {lo}-{hi})", cfg.imgsz)
+    } else {
+        format!("imgsz {}", cfg.imgsz)
+    };
     eprintln!(
-        "training {} on {} ({} train / {} val images, {} classes) · {} epochs · imgsz {} · batch {} · {}",
+        "training {} on {} ({} train / {} val images, {} classes) · {} epochs · {sizes} · batch {} · {}",
         cfg.model,
         cfg.data.display(),
         n_train,
         n_val,
         trainer.names().len(),
         cfg.epochs,
-        cfg.imgsz,
         cfg.batch,
         cfg.device
     );

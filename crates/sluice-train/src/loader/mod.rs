@@ -7,6 +7,11 @@
 //! the job pool live in the loader and persist across epochs; only the threads are per epoch (starting them costs
 //! microseconds, unlike PyTorch's worker processes).
 //!
+//! Multi-scale training (`multi_scale > 0`, Ultralytics' `multi_scale`): batch `k` of epoch `e` gets its side from
+//! its own stream (`batch_rng(seed, e, k)`), a stride multiple around `imgsz`; the `decode` stage sets it on every
+//! recipe of the batch and the `augment` stage renders each sample straight at that size (no resize pass). The
+//! pooled batches are allocated for the largest size, so changing sizes allocates nothing.
+//!
 //! A sample whose image fails to read or decode is skipped and counted (the batch has one image fewer), with the
 //! first messages kept for the report; with `strict` the epoch stops with that error instead.
 
@@ -16,15 +21,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
-use sluice_augment::recipe::{RecipeSampler, TrainRecipe};
+use sluice_augment::recipe::{RecipeSampler, TrainRecipe, draw_multiscale, multiscale_bounds};
 use sluice_augment::{Hyp, RectPlan, TrainAugment, ValLetterbox, ValRecipe};
 use sluice_core::stage::SourceImage;
 use sluice_core::{
     Augment, Batch, BatchShape, DistributedSampler, Error, ImageSource, Pipeline, PipelineIter, Pool, Pooled, Result,
-    SampleId, sample_rng,
+    SampleId, batch_rng, sample_rng,
 };
 
 pub use source::{DecodedSource, RAM_CACHE_BYTES, SourceStats};
+
+/// The model stride canvases are aligned to (validation rect batches, multi-scale sizes).
+pub const STRIDE: u32 = 32;
 
 /// Loader settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,12 +49,42 @@ pub struct LoaderConfig {
     pub seed: u64,
     /// Stop on the first bad sample instead of skipping and counting it.
     pub strict: bool,
+    /// Multi-scale range as a fraction of `imgsz` (Ultralytics' `multi_scale`, 0 = off): each training batch gets
+    /// its own side, a multiple of [`STRIDE`] drawn by [`draw_multiscale`]. The validation loader ignores it.
+    pub multi_scale: f64,
 }
 
 impl LoaderConfig {
     /// Defaults: workers ≈ 80% of the cores (at least 1), prefetch 2.
     pub fn new(imgsz: u32, batch: usize, seed: u64) -> Self {
-        Self { imgsz, batch: batch.max(1), workers: default_workers(), prefetch: 2, seed, strict: false }
+        Self {
+            imgsz,
+            batch: batch.max(1),
+            workers: default_workers(),
+            prefetch: 2,
+            seed,
+            strict: false,
+            multi_scale: 0.0,
+        }
+    }
+
+    /// The smallest and largest training side: `imgsz` twice without multi-scale.
+    pub fn train_sides(&self) -> (u32, u32) {
+        if self.multi_scale > 0.0 {
+            multiscale_bounds(self.imgsz, self.multi_scale, STRIDE)
+        } else {
+            (self.imgsz, self.imgsz)
+        }
+    }
+
+    /// The side of training batch `batch` of `epoch`: a pure function of `(seed, epoch, batch)`, so it does not
+    /// depend on worker count, rank or where an epoch was resumed.
+    pub fn train_side(&self, epoch: u32, batch: u64) -> u32 {
+        if self.multi_scale > 0.0 {
+            draw_multiscale(self.imgsz, self.multi_scale, STRIDE, &mut batch_rng(self.seed, u64::from(epoch), batch))
+        } else {
+            self.imgsz
+        }
     }
 
     fn max_in_flight(&self) -> usize {
@@ -236,7 +274,8 @@ impl<R: Send + 'static> Core<R> {
     }
 }
 
-/// The training loader: shuffled (per `(seed, epoch)`), mosaic until `close_mosaic`, square `imgsz` batches.
+/// The training loader: shuffled (per `(seed, epoch)`), mosaic until `close_mosaic`, square `imgsz` batches (or,
+/// with `multi_scale`, square batches of a side drawn per batch).
 pub struct TrainLoader {
     core: Core<TrainRecipe>,
     sampler: DistributedSampler,
@@ -251,12 +290,21 @@ impl std::fmt::Debug for TrainLoader {
 }
 
 impl TrainLoader {
-    /// A loader over every sample of `source` with augmentation `hyp`; `drop_last` as PyTorch's.
+    /// A loader over every sample of `source` with augmentation `hyp`; `drop_last` as PyTorch's. Fails on a
+    /// `multi_scale` outside `[0, 1]`.
     pub fn new(source: Arc<DecodedSource>, cfg: LoaderConfig, hyp: Hyp) -> Result<Self> {
+        if !(0.0..=1.0).contains(&cfg.multi_scale) {
+            return Err(Error::Invalid {
+                what: "multi_scale",
+                reason: format!("{} is not a fraction of imgsz in [0, 1]", cfg.multi_scale),
+            });
+        }
         let n = source.index().len();
         let recipes = RecipeSampler::new(hyp, n as u64).map_err(Error::other)?;
         let sampler = DistributedSampler::new(n, cfg.seed);
-        let canvas = BatchShape::rgb(cfg.batch, cfg.imgsz as usize, cfg.imgsz as usize);
+        // Pooled batches are sized for the largest side, so a smaller one reuses the buffer.
+        let side = cfg.train_sides().1 as usize;
+        let canvas = BatchShape::rgb(cfg.batch, side, side);
         Ok(Self { core: Core::new(source, cfg, canvas), sampler, recipes, hyp })
     }
 
@@ -269,6 +317,11 @@ impl TrainLoader {
     /// Batches per epoch (the last one may be short).
     pub fn len(&self) -> usize {
         self.sampler.num_samples().div_ceil(self.core.cfg.batch)
+    }
+
+    /// The side of batch `batch` of `epoch` (`imgsz` without multi-scale).
+    pub fn side(&self, epoch: u32, batch: usize) -> u32 {
+        self.core.cfg.train_side(epoch, batch as u64)
     }
 
     /// Whether an epoch has no batch.
@@ -304,14 +357,15 @@ impl TrainLoader {
             }
         };
         self.core.run(first.min(self.len())..self.len(), TrainAugment, ids_of, move |k, job| {
+            let side = cfg.train_side(epoch, k);
             let start = k as usize * cfg.batch;
             let end = (start + cfg.batch).min(order.len());
             for pos in start..end {
                 let id = order[pos] as SampleId;
                 let mut rng = sample_rng(cfg.seed, u64::from(epoch), pos as u64);
-                job.recipes.push((id, recipes.draw(id, cfg.imgsz, mosaic, &mut rng)));
+                job.recipes.push((id, recipes.draw(id, cfg.imgsz, mosaic, &mut rng).with_size(side)));
             }
-            BatchShape::rgb(cfg.batch, cfg.imgsz as usize, cfg.imgsz as usize)
+            BatchShape::rgb(cfg.batch, side as usize, side as usize)
         })
     }
 }
@@ -331,7 +385,7 @@ impl std::fmt::Debug for ValLoader {
 
 impl ValLoader {
     /// Model stride the canvases are aligned to.
-    pub const STRIDE: u32 = 32;
+    pub const STRIDE: u32 = STRIDE;
 
     /// A loader over every sample of `source`.
     pub fn new(source: Arc<DecodedSource>, cfg: LoaderConfig) -> Self {

@@ -78,6 +78,12 @@ pub struct TrainConfig {
     pub epochs: u32,
     /// Training size (square), a multiple of 32.
     pub imgsz: u32,
+    /// Multi-scale training (Ultralytics 8.4's `multi_scale`): the range as a fraction of `imgsz`, 0 = off. Each
+    /// batch gets its own side, drawn from `max(32, int(imgsz (1 - f))) .. int(imgsz (1 + f) + 32)` and rounded down
+    /// to a multiple of 32 (0.5 at 640: 320 … 960). A boolean is accepted as Ultralytics reads it: `true` is 1.0
+    /// (8.4 compares the value as a number; 8.3 and earlier meant ±50% by `True`, write 0.5 for that).
+    #[serde(deserialize_with = "bool_or_fraction")]
+    pub multi_scale: f64,
     /// Images per batch.
     pub batch: usize,
     /// Loader workers per stage (0 = about 80% of the cores).
@@ -135,6 +141,35 @@ impl Default for Gains {
     }
 }
 
+/// A number, or a boolean read as Python does (`True` = 1, `False` = 0): Ultralytics' fraction keys accept both.
+fn bool_or_fraction<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged, expecting = "a fraction of imgsz in [0, 1], or a boolean")]
+    enum BoolOrNumber {
+        Bool(bool),
+        Number(f64),
+    }
+    Ok(match BoolOrNumber::deserialize(d)? {
+        BoolOrNumber::Bool(b) => f64::from(u8::from(b)),
+        BoolOrNumber::Number(v) => v,
+    })
+}
+
+/// A `--multi-scale` value: a fraction in `[0, 1]`, or `true` / `false` (1 / 0, as Ultralytics 8.4 reads them).
+pub fn parse_multi_scale(s: &str) -> std::result::Result<f64, String> {
+    let v = match s.to_ascii_lowercase().as_str() {
+        "true" => 1.0,
+        "false" => 0.0,
+        other => {
+            other.parse::<f64>().map_err(|e| format!("'{s}': {e} (expected a fraction in [0, 1], true or false)"))?
+        }
+    };
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{v} is outside [0, 1] (a fraction of imgsz)"));
+    }
+    Ok(v)
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
@@ -143,6 +178,7 @@ impl Default for TrainConfig {
             weights: None,
             epochs: 100,
             imgsz: 640,
+            multi_scale: 0.0,
             batch: 16,
             workers: 0,
             cache: CacheMode::None,
@@ -209,6 +245,9 @@ impl TrainConfig {
         }
         if self.imgsz < 32 || !self.imgsz.is_multiple_of(32) {
             bail!("imgsz {} must be a positive multiple of 32", self.imgsz);
+        }
+        if !(0.0..=1.0).contains(&self.multi_scale) {
+            bail!("multi_scale {} must be in [0, 1] (a fraction of imgsz; 0 = off)", self.multi_scale);
         }
         if self.batch == 0 {
             bail!("batch must be at least 1");
@@ -280,6 +319,29 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("imgsz"));
         let c = TrainConfig { model: "yolov9t".into(), ..Default::default() };
         assert!(format!("{:#}", c.validate().unwrap_err()).contains("yolov9t"));
+    }
+
+    #[test]
+    fn multi_scale_reads_fractions_and_booleans_like_ultralytics() {
+        assert_eq!(TrainConfig::default().multi_scale, 0.0, "off by default");
+        for (yaml, want) in [
+            ("multi_scale: 0.5\n", 0.5),
+            ("multi_scale: 1\n", 1.0),
+            ("multi_scale: True\n", 1.0),
+            ("multi_scale: false\n", 0.0),
+        ] {
+            let c = TrainConfig::from_yaml_str(yaml).unwrap();
+            assert_eq!(c.multi_scale, want, "{yaml}");
+            c.validate().unwrap();
+            assert_eq!(TrainConfig::from_yaml_str(&c.to_yaml().unwrap()).unwrap(), c);
+        }
+        let e = TrainConfig::from_yaml_str("multi_scale: big\n").unwrap_err();
+        assert!(format!("{e:#}").contains("fraction of imgsz"), "{e:#}");
+        let c = TrainConfig::from_yaml_str("multi_scale: 1.5\n").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("multi_scale"));
+        assert_eq!(parse_multi_scale("0.25"), Ok(0.25));
+        assert_eq!(parse_multi_scale("True"), Ok(1.0));
+        assert!(parse_multi_scale("-0.1").is_err() && parse_multi_scale("big").is_err());
     }
 
     #[test]

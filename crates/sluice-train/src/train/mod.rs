@@ -7,5 +7,5 @@ pub mod run;
 pub mod telemetry;
 pub mod validate;
 
-pub use config::{CacheMode, TrainConfig};
+pub use config::{CacheMode, TrainConfig, parse_multi_scale};
 pub use run::{BatchEvent, EpochEvent, Metrics, Observer, Quiet, TrainSummary, Trainer, find_resume};

@@ -20,7 +20,7 @@ use super::config::{CacheMode, TrainConfig};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::telemetry::{EpochTelemetry, LoopTimes, ValTelemetry};
 use super::validate::{ValOptions, ValResult, validate};
-use crate::loader::{DecodedSource, LoaderConfig, TrainLoader, ValLoader, default_workers};
+use crate::loader::{DecodedSource, LoaderConfig, STRIDE, TrainLoader, ValLoader, default_workers};
 use crate::optim::{Optimization, RunShape, read_user_metadata};
 
 /// What the loop reports to its caller after every batch (progress bars, tests).
@@ -32,6 +32,8 @@ pub struct BatchEvent {
     pub batch: usize,
     /// Batches in the epoch.
     pub batches: usize,
+    /// Side of the batch's square images (`imgsz`, or the batch's size with `multi_scale`; Ultralytics' `Size`).
+    pub side: usize,
     /// Global iteration (batches since the start of training).
     pub iteration: u64,
     /// Loss items (box, cls, dfl) of this batch.
@@ -385,11 +387,30 @@ impl Trainer {
         let nc = data.nc();
         let device = device_of(&cfg.device)?;
         let workers = if cfg.workers == 0 { default_workers() } else { cfg.workers };
-        let lcfg = LoaderConfig { workers, strict: cfg.strict, ..LoaderConfig::new(cfg.imgsz, cfg.batch, cfg.seed) };
+        let lcfg = LoaderConfig {
+            workers,
+            strict: cfg.strict,
+            multi_scale: cfg.multi_scale,
+            ..LoaderConfig::new(cfg.imgsz, cfg.batch, cfg.seed)
+        };
+        // Ultralytics' guard: a final batch of one image at a side under two strides gives BatchNorm one value per
+        // channel.
+        let (min_side, _) = lcfg.train_sides();
+        let last_batch = match train_index.len() % cfg.batch {
+            0 => cfg.batch,
+            r => r,
+        };
+        if min_side < 2 * STRIDE && last_batch == 1 {
+            bail!(
+                "final batch=1 training at imgsz={min_side} gives BatchNorm a single value per channel; change batch, \
+                 or use imgsz and multi_scale that keep every size >= {}",
+                2 * STRIDE
+            );
+        }
         let train = TrainLoader::new(source(train_index, cfg.imgsz, true, cfg.cache)?, lcfg, cfg.hyp)?;
         let val_index = subset(&val_index, cfg.val_fraction, cfg.seed);
-        // Ultralytics validates with twice the training batch.
-        let vcfg = LoaderConfig { batch: cfg.batch * 2, ..lcfg };
+        // Ultralytics validates with twice the training batch, at `imgsz` (multi-scale is for training only).
+        let vcfg = LoaderConfig { batch: cfg.batch * 2, multi_scale: 0.0, ..lcfg };
         let val = ValLoader::new(source(val_index, cfg.imgsz, false, cfg.cache)?, vcfg);
         let mut model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, &device, cfg.seed)?;
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
@@ -530,6 +551,7 @@ impl Trainer {
                     epoch,
                     batch: k,
                     batches,
+                    side: batch.shape().width,
                     iteration: self.progress.iteration,
                     loss: out.items,
                     mean_loss: self.progress.epoch_loss_sum.map(|s| s / counted),
