@@ -57,7 +57,9 @@ pub fn yolo_labels(data: &[u8]) {
         let mut keys: Vec<[u32; 5]> = parsed
             .rows
             .iter()
-            .map(|r| [r.class, (r.cx + 0.0).to_bits(), (r.cy + 0.0).to_bits(), (r.w + 0.0).to_bits(), (r.h + 0.0).to_bits()])
+            .map(|r| {
+                [r.class, (r.cx + 0.0).to_bits(), (r.cy + 0.0).to_bits(), (r.w + 0.0).to_bits(), (r.h + 0.0).to_bits()]
+            })
             .collect();
         keys.sort_unstable();
         assert!(keys.windows(2).all(|w| w[0] != w[1]), "duplicate rows survived: {:?}", parsed.rows);
