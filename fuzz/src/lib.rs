@@ -227,7 +227,8 @@ const IMGSZ: [u32; 6] = [1, 7, 32, 64, 320, 640];
 /// zune-jpeg). Bad bytes must give an error.
 pub fn decode(data: &[u8]) {
     let k = data.len();
-    let opts = TargetOptions { imgsz: IMGSZ[k % 6], augment: (k / 6) % 2 == 1, dct_scaling: (k / 12) % 2 == 0 };
+    let opts =
+        TargetOptions { imgsz: IMGSZ[k % 6], augment: (k / 6) % 2 == 1, dct_scaling: (k / 12).is_multiple_of(2) };
     let decoder = ImageDecoder::new().with_max_pixels(FUZZ_MAX_PIXELS);
     let (mut scratch, mut out) = (ImageRgb8::default(), ImageRgb8::default());
     let info = match decode_to_target(&decoder, data, opts, &mut scratch, &mut out) {
