@@ -137,7 +137,10 @@ pub fn parse_yolo_labels(text: &str, path: &Path, nc: usize) -> Result<ParsedLab
         return Ok(ParsedLabels { rows, duplicates: 0, segments });
     }
     let mut sorted = rows.clone();
-    let key = |r: &YoloRow| [r.class as f32, r.cx, r.cy, r.w, r.h];
+    // Compared by value as `np.unique` does: -0.0 equals 0.0 (total_cmp alone would order -0.0 first and let a
+    // row in between keep the two copies apart).
+    let zero = |v: f32| if v == 0.0 { 0.0 } else { v };
+    let key = |r: &YoloRow| [r.class as f32, zero(r.cx), zero(r.cy), zero(r.w), zero(r.h)];
     sorted.sort_by(|a, b| {
         key(a).iter().zip(key(b).iter()).map(|(x, y)| x.total_cmp(y)).find(|o| o.is_ne()).unwrap_or(a.line.cmp(&b.line))
     });
@@ -249,6 +252,17 @@ mod tests {
         let classes: Vec<u32> = r.rows.iter().map(|r| r.class).collect();
         assert_eq!(classes, vec![0, 1, 2]);
         assert_eq!(r.rows[2].line, 1);
+    }
+
+    #[test]
+    fn negative_zero_rows_are_duplicates() {
+        // Found while writing the `yolo_labels` fuzz target's duplicate check (fuzz/): -0 and 0 sorted apart with
+        // a row between them, so the third row survived as a duplicate of the first; `np.unique` removes it.
+        let t = "0 -0 0.5 0.1 0.1\n0 -0 0.6 0.1 0.1\n0 0 0.5 0.1 0.1";
+        let r = parse_yolo_labels(t, p(), 1).unwrap();
+        assert_eq!(r.duplicates, 1);
+        let lines: Vec<usize> = r.rows.iter().map(|r| r.line).collect();
+        assert_eq!(lines, vec![1, 2]);
     }
 
     #[test]

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets into fuzz/corpus/<target>/seed_* (standard library only).
+
+A few files are copied from the crates' test fixtures (real COCO labels and JPEGs, the WebP); the rest are made
+here: small PNGs (RGB, RGBA, gray, 16-bit gray, palette + tRNS, Adam7-interlaced, with an eXIf orientation), a BMP,
+edge-case label files, and packed shards in the layout of crates/sluice-storage/src/shard/mod.rs. Deterministic;
+rerun after changing it (`python3 fuzz/make_seeds.py` from the repository root or from fuzz/).
+"""
+
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+FUZZ = Path(__file__).resolve().parent
+ROOT = FUZZ.parent
+CORPUS = FUZZ / "corpus"
+DECODE_DATA = ROOT / "crates/sluice-decode/tests/data"
+LABEL_DATA = ROOT / "crates/sluice-dataset/tests/data/coco128-mini/labels/train2017"
+
+
+def write(target, name, data):
+    d = CORPUS / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"seed_{name}").write_bytes(data)
+
+
+# ---------------------------------------------------------------- images
+
+
+def png_chunk(kind, payload):
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def pixel(x, y, channels, depth):
+    vals = [(x * 37 + y * 11 + c * 53) % 256 for c in range(channels)]
+    if depth == 16:
+        return b"".join(struct.pack(">H", v * 257) for v in vals)
+    return bytes(vals)
+
+
+ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+
+
+def png(w, h, color_type, depth=8, interlace=False, extra=b"", palette=None):
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color_type]
+    raw = bytearray()
+    passes = ADAM7 if interlace else [(0, 0, 1, 1)]
+    for x0, y0, dx, dy in passes:
+        xs, ys = range(x0, w, dx), range(y0, h, dy)
+        if not xs or not ys:
+            continue
+        for y in ys:
+            raw.append(0)  # filter: none
+            for x in xs:
+                if color_type == 3:
+                    raw.append((x + y) % len(palette))
+                else:
+                    raw += pixel(x, y, channels, depth)
+    out = b"\x89PNG\r\n\x1a\n"
+    out += png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, 1 if interlace else 0))
+    if palette:
+        out += png_chunk(b"PLTE", b"".join(bytes(p) for p in palette))
+        out += png_chunk(b"tRNS", bytes([255, 128, 0]))
+    out += extra
+    out += png_chunk(b"IDAT", zlib.compress(bytes(raw), 9))
+    out += png_chunk(b"IEND", b"")
+    return out
+
+
+def exif_tiff(orientation):
+    # Big-endian TIFF header, IFD0 with one entry: Orientation (0x0112), SHORT, count 1.
+    return b"MM\0\x2a\0\0\0\x08" + struct.pack(">HHHIHH", 1, 0x0112, 3, 1, orientation, 0) + b"\0\0\0\0"
+
+
+def bmp(w, h):
+    row = (w * 3 + 3) // 4 * 4
+    pixels = bytearray()
+    for y in reversed(range(h)):
+        line = bytearray()
+        for x in range(w):
+            line += bytes(reversed(pixel(x, y, 3, 8)))
+        pixels += line + b"\0" * (row - len(line))
+    info = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 24, 0, len(pixels), 2835, 2835, 0, 0)
+    head = b"BM" + struct.pack("<IHHI", 14 + len(info) + len(pixels), 0, 0, 14 + len(info))
+    return head + info + bytes(pixels)
+
+
+def images():
+    pngs = {
+        "rgb_12x10.png": png(12, 10, 2),
+        "rgba_11x13.png": png(11, 13, 6),
+        "gray_10x10.png": png(10, 10, 0),
+        "gray16_10x12.png": png(10, 12, 0, depth=16),
+        "graya_10x10.png": png(10, 10, 4),
+        "palette_trns_12x12.png": png(12, 12, 3, palette=[(255, 0, 0), (0, 255, 0), (0, 0, 255), (9, 9, 9)]),
+        "adam7_13x11.png": png(13, 11, 2, interlace=True),
+        "exif6_16x10.png": png(16, 10, 2, extra=png_chunk(b"eXIf", exif_tiff(6))),
+    }
+    for name, data in pngs.items():
+        write("decode", name, data)
+    write("decode", "rgb_12x10.bmp", bmp(12, 10))
+    for name in ["gray.jpg", "progressive.jpg", "exif_orient6.jpg", "cmyk.jpg", "rgb.webp"]:
+        shutil.copyfile(DECODE_DATA / name, CORPUS / "decode" / f"seed_{name}")
+    # Headers: sizes, orientations, a truncated JPEG (no EOI), a WebP's first bytes, a too-small PNG.
+    write("read_header", "exif_orient6.jpg", (DECODE_DATA / "exif_orient6.jpg").read_bytes())
+    write("read_header", "gray_truncated.jpg", (DECODE_DATA / "gray.jpg").read_bytes()[:1500])
+    write("read_header", "progressive_head.jpg", (DECODE_DATA / "progressive.jpg").read_bytes()[:700])
+    write("read_header", "rgb.webp_head", (DECODE_DATA / "rgb.webp").read_bytes()[:256])
+    write("read_header", "exif6_16x10.png", pngs["exif6_16x10.png"])
+    write("read_header", "small_9x30.png", png(9, 30, 0))
+    write("read_header", "rgb_12x10.bmp", bmp(12, 10))
+
+
+# ---------------------------------------------------------------- labels
+
+
+def labels():
+    for stem in ["000000000359", "000000000472", "000000000536"]:
+        write("yolo_labels", f"coco_{stem}.txt", (LABEL_DATA / f"{stem}.txt").read_bytes())
+    cases = {
+        "polygon.txt": "1 0.1 0.2 0.5 0.2 0.5 0.6 0.1 0.6\n0 0.3 0.3 0.4 0.4\n",
+        "crlf_blank_edges.txt": "\r\n\n0 0.5 0.5 0.2 0.4\r\n\n3 0.1 0.2 0.05 0.1\r\n  \n",
+        "duplicates.txt": "2 0.5 0.5 0.1 0.1\n1 0.3 0.3 0.1 0.1\n2 0.5 0.5 0.1 0.1\n0 0.9 0.9 0.1 0.1\n",
+        "negative_zero_dup.txt": "0 -0 0.5 0.1 0.1\n0 -0 0.6 0.1 0.1\n0 0 0.5 0.1 0.1\n",
+        "tolerance.txt": "0 0.5 0.5 1.005 0.5\n0 -0.005 0.5 0.0 0.5\n0 1.01 1e-3 5E-1 .25\n",
+        "bad_number.txt": "0 0.5 x 0.2 0.2\n",
+        "wrong_columns.txt": "0 0.5 0.5 0.2\n",
+    }
+    for name, text in cases.items():
+        write("yolo_labels", name, text.encode())
+
+
+# ---------------------------------------------------------------- shards
+
+
+def encode_labels(width, height, objects):
+    out = struct.pack("<III", width, height, len(objects))
+    for cls, x1, y1, x2, y2 in objects:
+        out += struct.pack("<Iffff", cls, x1, y1, x2, y2)
+    return out
+
+
+def shard(records, corrupt=None):
+    """records: (name, image bytes, label bytes); corrupt: index of a record whose stored crc is wrong."""
+    data, entries, names = bytearray(), [], bytearray()
+    for i, (name, image, label) in enumerate(records):
+        crc = zlib.crc32(image + label)
+        if i == corrupt:
+            crc ^= 1
+        entries.append((64 + len(data), len(image), len(label), len(names), len(name.encode()), crc))
+        data += image + label
+        names += name.encode()
+    index = b"".join(struct.pack("<QIIIIII", *e, 0) for e in entries)
+    index_offset = 64 + len(data)
+    names_offset = index_offset + len(index)
+    head = b"SLUICESH" + struct.pack(
+        "<IIQQQQI", 1, 0, len(records), index_offset, names_offset, len(names), zlib.crc32(index + bytes(names))
+    )
+    head += b"\0" * 8
+    head += struct.pack("<I", zlib.crc32(head))
+    assert len(head) == 64
+    return head + bytes(data) + index + bytes(names)
+
+
+def shards():
+    recs = [
+        ("images/000.jpg", (DECODE_DATA / "gray.jpg").read_bytes()[:120], encode_labels(160, 120, [(0, 1, 2, 30, 40)])),
+        ("images/001.png", png(10, 10, 0), encode_labels(10, 10, [(3, 0, 0, 10, 10), (1, 2.5, 2.5, 5, 5)])),
+        ("images/ünï.bmp", b"BM", b""),
+        ("", b"", encode_labels(0, 0, [])),
+    ]
+    # Byte 0 of a packed_reader input says which fields the harness repairs (see fuzz/src/lib.rs): 0 = none,
+    # 0x0f = magic, length, index and header checksums.
+    write("packed_reader", "valid_4", b"\x00" + shard(recs))
+    write("packed_reader", "valid_4_fixups", b"\x0f" + shard(recs))
+    write("packed_reader", "empty", b"\x00" + shard([]))
+    write("packed_reader", "corrupt_record_1", b"\x00" + shard(recs, corrupt=1))
+    broken = bytearray(shard(recs))
+    broken[64 + 8 * 0 + 3] ^= 0x55  # a byte of record 0; header and index checksums still match
+    write("packed_reader", "bad_bytes_fixups", b"\x0c" + bytes(broken))
+
+
+if __name__ == "__main__":
+    for t in ["yolo_labels", "packed_reader", "decode", "read_header"]:
+        d = CORPUS / t
+        if d.is_dir():
+            for f in d.glob("seed_*"):
+                f.unlink()
+    images()
+    labels()
+    shards()
+    total = sum(f.stat().st_size for f in CORPUS.rglob("seed_*"))
+    print(f"seeds: {len(list(CORPUS.rglob('seed_*')))} files, {total} bytes")

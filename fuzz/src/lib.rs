@@ -1,0 +1,279 @@
+//! The bodies of Sluice's fuzz targets, one function per target in `fuzz_targets/`, kept in a library so that
+//! `cargo test` (stable, no libFuzzer) replays the committed corpus through exactly the code the fuzzer runs.
+//!
+//! Every function takes arbitrary bytes and must return normally: a panic (an `unwrap` or index out of bounds in
+//! the crate under test, or a failed invariant check here) is a finding. Errors are the expected answer to bad
+//! input; they are formatted (their `Display` must not panic either) and dropped.
+
+use std::fmt::Write as _;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+use sluice_core::Reader as _;
+use sluice_dataset::labels::to_pixel_labels;
+use sluice_decode::resize::target_size;
+use sluice_decode::{Format, ImageDecoder, ImageRgb8, Orientation, TargetOptions, decode_to_target, jpeg_orientation};
+use sluice_storage::{PackedReader, StorageError, Verify, decode_labels};
+
+/// Formats an error the way a report would, so broken `Display` impls are found too.
+fn render(e: &dyn std::fmt::Display) {
+    let mut s = String::new();
+    let _ = write!(s, "{e}");
+    std::hint::black_box(s);
+}
+
+/// Class counts the label target validates against: one class, COCO's 80, and a large one.
+const CLASS_COUNTS: [usize; 3] = [1, 80, 1000];
+/// Image sizes the parsed rows are turned into pixel boxes for.
+const IMAGE_SIZES: [(u32, u32); 3] = [(1, 1), (640, 480), (10_000, 37)];
+
+/// `parse_yolo_labels` → `to_pixel_labels` on arbitrary text (invalid UTF-8 replaced, as a superset of what the
+/// indexer feeds it: it refuses non-UTF-8 label files before parsing).
+///
+/// Checks on success: every row has a class below `nc`, finite coordinates within Ultralytics' tolerance and a
+/// 1-based line inside the file; rows are unique; every pixel box lies inside the image with a positive area, and
+/// each row is either a box or a zero-area problem.
+pub fn yolo_labels(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let path = Path::new("fuzz/labels.txt");
+    let lines = text.split('\n').count();
+    for nc in CLASS_COUNTS {
+        let parsed = match sluice_dataset::parse_yolo_labels(&text, path, nc) {
+            Ok(p) => p,
+            Err(e) => {
+                render(&e);
+                continue;
+            }
+        };
+        let tol = sluice_dataset::labels::COORD_TOLERANCE;
+        for r in &parsed.rows {
+            assert!((r.class as usize) < nc, "class {} with nc {nc}", r.class);
+            for v in [r.cx, r.cy, r.w, r.h] {
+                assert!(v.is_finite() && (-tol..=1.0 + tol).contains(&v), "coordinate {v} in {r:?}");
+            }
+            assert!((1..=lines).contains(&r.line), "line {} of {lines}", r.line);
+        }
+        // Rows are compared by value, as `np.unique` does (so -0.0 equals 0.0): `+ 0.0` turns -0.0 into 0.0.
+        let mut keys: Vec<[u32; 5]> = parsed
+            .rows
+            .iter()
+            .map(|r| {
+                [r.class, (r.cx + 0.0).to_bits(), (r.cy + 0.0).to_bits(), (r.w + 0.0).to_bits(), (r.h + 0.0).to_bits()]
+            })
+            .collect();
+        keys.sort_unstable();
+        assert!(keys.windows(2).all(|w| w[0] != w[1]), "duplicate rows survived: {:?}", parsed.rows);
+        for (w, h) in IMAGE_SIZES {
+            let (labels, problems) = to_pixel_labels(&parsed.rows, w, h, path);
+            let (wf, hf) = (w as f32, h as f32);
+            for l in &labels {
+                let b = l.bbox;
+                assert!(
+                    0.0 <= b.x1 && b.x1 < b.x2 && b.x2 <= wf && 0.0 <= b.y1 && b.y1 < b.y2 && b.y2 <= hf,
+                    "box {b:?} outside {w}x{h} or empty"
+                );
+            }
+            let zero_area = problems.iter().filter(|p| p.kind == sluice_dataset::ProblemKind::ZeroArea).count();
+            assert_eq!(labels.len() + zero_area, parsed.rows.len(), "a row got lost or counted twice");
+            for p in &problems {
+                render(p);
+            }
+        }
+    }
+}
+
+/// Where the shard target writes its input: a per-process file, in RAM (`/dev/shm`) where there is one.
+fn shard_path() -> PathBuf {
+    let dir = Path::new("/dev/shm");
+    let dir = if dir.is_dir() { dir.to_path_buf() } else { std::env::temp_dir() };
+    dir.join(format!("sluice-fuzz-{}.sluice", std::process::id()))
+}
+
+/// Byte 0 of a `packed_reader` input: which checks the harness makes pass before the reader sees the bytes, so
+/// the fuzzer also reaches the index-entry validation and reads behind the header and index checksums.
+const FIX_MAGIC: u8 = 1;
+/// Make names length end the shard exactly at the end of the file.
+const FIX_LENGTH: u8 = 2;
+/// Recompute the index + names checksum (from the header's offsets, where they lie inside the input).
+const FIX_INDEX_CRC: u8 = 4;
+/// Recompute the header checksum (last, as it covers the fields above).
+const FIX_HEADER_CRC: u8 = 8;
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// The shard bytes for an input: byte 0 says which fields to repair (see [`FIX_MAGIC`] and friends), the rest is
+/// the file.
+pub fn shard_bytes(data: &[u8]) -> Vec<u8> {
+    let Some((&mode, rest)) = data.split_first() else { return Vec::new() };
+    let mut b = rest.to_vec();
+    if b.len() < 64 {
+        return b;
+    }
+    if mode & FIX_MAGIC != 0 {
+        b[0..8].copy_from_slice(sluice_storage::shard::MAGIC);
+        b[8..12].copy_from_slice(&sluice_storage::shard::FORMAT_VERSION.to_le_bytes());
+    }
+    let names_offset = u64_at(&b, 32);
+    if mode & FIX_LENGTH != 0 && names_offset <= b.len() as u64 {
+        let names_len = b.len() as u64 - names_offset;
+        b[40..48].copy_from_slice(&names_len.to_le_bytes());
+    }
+    if mode & FIX_INDEX_CRC != 0 {
+        let (index_offset, names_len) = (u64_at(&b, 24), u64_at(&b, 40));
+        let end = names_offset.checked_add(names_len);
+        if let Some(end) = end.filter(|&e| index_offset <= e && e <= b.len() as u64) {
+            let crc = crc32(&b[index_offset as usize..end as usize]);
+            b[48..52].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    if mode & FIX_HEADER_CRC != 0 {
+        let crc = crc32(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+    }
+    b
+}
+
+/// CRC-32 (IEEE), bitwise: the harness must not share code with the reader it checks.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// At most this many records are read per input (a valid index holds one 32-byte entry per record, so inputs
+/// stay small anyway).
+const MAX_RECORDS_READ: usize = 256;
+
+/// `PackedReader::open` on arbitrary bytes written to a file (the reader only opens paths; its map is private).
+///
+/// Must answer with an error for anything that is not a valid shard, never panic or read outside the map. On
+/// success: checked reads either return the record or `CorruptRecord` with the record id; unchecked reads always
+/// return slices of the file; `verify_all` agrees with the checked reads; ids past the end are `OutOfRange`;
+/// record label bytes go through `decode_labels` (an error or labels, never a panic).
+pub fn packed_reader(data: &[u8]) {
+    let bytes = shard_bytes(data);
+    let path = shard_path();
+    std::fs::write(&path, &bytes).expect("write the fuzz input to a temporary file");
+    let result = PackedReader::open(&path);
+    // The map keeps the file's bytes; the name is not needed any more (and no file is left behind on any path).
+    let _ = std::fs::remove_file(&path);
+    let reader = match result {
+        Ok(r) => r,
+        Err(e) => {
+            assert!(matches!(e, StorageError::BadShard { .. }), "open must report a bad shard, got {e:?}");
+            render(&e);
+            return;
+        }
+    };
+    assert_eq!(reader.file_bytes(), bytes.len());
+    let n = reader.records();
+    assert!(n * 32 + 64 <= bytes.len(), "{n} records in {} bytes", bytes.len());
+    let mut corrupt = 0;
+    for id in 0..n.min(MAX_RECORDS_READ) as u64 {
+        let name = reader.name(id).expect("name of an existing record");
+        match reader.record(id) {
+            Ok(r) => {
+                assert_eq!(r.name, name);
+                let (image, labels) = (reader.image(id).expect("image"), reader.labels(id).expect("labels"));
+                assert_eq!((image, labels), (r.image, r.labels));
+                match decode_labels(id, r.labels) {
+                    Ok(l) => assert_eq!(l.objects.len() * 20 + 12, r.labels.len()),
+                    Err(e) => render(&e),
+                }
+            }
+            Err(e) => {
+                assert!(matches!(e, StorageError::CorruptRecord { id: i, .. } if i == id), "record {id}: {e:?}");
+                render(&e);
+                corrupt += 1;
+            }
+        }
+    }
+    if n <= MAX_RECORDS_READ {
+        assert_eq!(reader.verify_all().len(), corrupt, "verify_all disagrees with the checked reads");
+    }
+    let past = reader.record(n as u64).expect_err("record past the end");
+    assert!(matches!(past, StorageError::OutOfRange { .. }), "{past:?}");
+    assert!(reader.record(u64::MAX).is_err());
+    let unchecked = reader.with_verify(Verify::Never);
+    let mut scratch = Vec::new();
+    for id in 0..n.min(MAX_RECORDS_READ) as u64 {
+        let r = unchecked.record(id).expect("an unchecked read of a validated entry");
+        assert!(r.image.len() + r.labels.len() <= bytes.len());
+        let read = unchecked.read(id, &mut scratch).expect("Reader::read of a validated entry");
+        assert_eq!(read, r.image);
+        assert!(scratch.is_empty(), "the packed reader serves slices of the map, no copies");
+    }
+}
+
+/// The decoder's pixel limit under fuzzing: 4 Mpx (the crate's default is 2^27; a lower limit only moves the
+/// point where `TooLarge` is answered, and keeps a hostile header from making every run allocate 400 MB).
+pub const FUZZ_MAX_PIXELS: u64 = 1 << 22;
+
+/// The target sizes `decode` resizes to, chosen by the input's length so committed seeds are plain image files.
+const IMGSZ: [u32; 6] = [1, 7, 32, 64, 320, 640];
+
+/// The `image` backend's `decode_to_target` (decode with EXIF orientation, then Ultralytics' resize) on arbitrary
+/// bytes, with `imgsz`, `augment` and `dct_scaling` picked from the input's length.
+///
+/// Checks on success: the original size is the oriented decoded size and within the pixel limit; the output has
+/// exactly `target_size`'s dimensions with a packed buffer; the backend decoded at scale 1 (no DCT scaling in
+/// zune-jpeg). Bad bytes must give an error.
+pub fn decode(data: &[u8]) {
+    let k = data.len();
+    let opts =
+        TargetOptions { imgsz: IMGSZ[k % 6], augment: (k / 6) % 2 == 1, dct_scaling: (k / 12).is_multiple_of(2) };
+    let decoder = ImageDecoder::new().with_max_pixels(FUZZ_MAX_PIXELS);
+    let (mut scratch, mut out) = (ImageRgb8::default(), ImageRgb8::default());
+    let info = match decode_to_target(&decoder, data, opts, &mut scratch, &mut out) {
+        Ok(info) => info,
+        Err(e) => {
+            render(&e);
+            return;
+        }
+    };
+    let (ow, oh) = (info.orig_width, info.orig_height);
+    assert!(ow > 0 && oh > 0 && u64::from(ow) * u64::from(oh) <= FUZZ_MAX_PIXELS, "{ow}x{oh}");
+    assert_eq!(info.dct_scale, 1.0);
+    let (r, w, h) = target_size(ow, oh, opts.imgsz);
+    assert_eq!(info.ratio, r);
+    assert_eq!((out.width(), out.height()), (w, h), "output size for {ow}x{oh} at imgsz {}", opts.imgsz);
+    assert!(out.as_bytes().len() >= out.stride() * h as usize && out.stride() >= w as usize * 3);
+    // The full-size decode the resize started from: oriented, RGB8, `orig` in size.
+    let mut full = ImageRgb8::default();
+    let again = decoder.decode_rgb(data, &mut full).expect("a second decode of the same bytes");
+    assert_eq!((again.orig_width, again.orig_height), (ow, oh));
+    assert_eq!((full.width(), full.height()), (ow, oh));
+}
+
+/// The dataset indexer's header reader (`read_header`'s body on an in-memory file: `imagesize` for JPEG SOF / PNG
+/// IHDR / BMP / WebP sizes, kamadak-exif for the orientation, the JPEG end-of-image check), plus sluice-decode's
+/// own JPEG marker walk (`jpeg_orientation`) and format sniffing on the same bytes.
+///
+/// Checks on success: both sides at least `MIN_SIDE`, orientation 1..=8, `missing_eoi` only for a JPEG and exactly
+/// when its last two bytes are not `FF D9`; `jpeg_orientation` is `Normal` for anything that is not a JPEG.
+pub fn read_header(data: &[u8]) {
+    let sniffed = Format::sniff(data);
+    let orientation = jpeg_orientation(data);
+    if sniffed != Some(Format::Jpeg) {
+        assert_eq!(orientation, Orientation::Normal, "an orientation outside a JPEG");
+    }
+    let h = match sluice_dataset::header::read_header_from(Cursor::new(data), Path::new("fuzz/image.jpg")) {
+        Ok(h) => h,
+        Err(e) => {
+            render(&e);
+            return;
+        }
+    };
+    let min = sluice_dataset::header::MIN_SIDE;
+    assert!(h.width >= min && h.height >= min, "{h:?}");
+    assert!((1..=8).contains(&h.orientation), "{h:?}");
+    let jpeg = h.format == sluice_dataset::ImageFormat::Jpeg;
+    assert_eq!(h.missing_eoi, jpeg && !data.ends_with(&[0xFF, 0xD9]), "{h:?}");
+}
