@@ -58,22 +58,17 @@ fn epoch_bytes(loader: &TrainLoader, epoch: u32) -> Vec<Flat> {
         .epoch(epoch, 10)
         .map(|b| {
             let b = b.expect("batch");
-            let targets = b
-                .targets
-                .iter()
-                .map(|t| {
-                    [
-                        t.image,
-                        t.class,
-                        t.bbox.x1.to_bits(),
-                        t.bbox.y1.to_bits(),
-                        t.bbox.x2.to_bits(),
-                        t.bbox.y2.to_bits(),
-                    ]
-                })
-                .collect();
+            let targets = target_bits(&b.targets);
             (b.index, b.pixels().to_vec(), targets, b.sample_ids.clone())
         })
+        .collect()
+}
+
+/// A batch's targets as exact bits (image, class, box), for byte-identity comparisons.
+fn target_bits(targets: &[sluice_core::Target]) -> Vec<[u32; 6]> {
+    targets
+        .iter()
+        .map(|t| [t.image, t.class, t.bbox.x1.to_bits(), t.bbox.y1.to_bits(), t.bbox.x2.to_bits(), t.bbox.y2.to_bits()])
         .collect()
 }
 
@@ -114,20 +109,7 @@ fn multiscale_epoch(loader: &TrainLoader, epoch: u32, first: usize) -> Vec<(usiz
                 assert!(b.x1 >= 0.0 && b.y1 >= 0.0 && b.x2 <= side as f32 && b.y2 <= side as f32, "{t:?} at {side}");
                 assert!(t.bbox.x2 > t.bbox.x1 && t.bbox.y2 > t.bbox.y1, "{t:?}");
             }
-            let targets = b
-                .targets
-                .iter()
-                .map(|t| {
-                    [
-                        t.image,
-                        t.class,
-                        t.bbox.x1.to_bits(),
-                        t.bbox.y1.to_bits(),
-                        t.bbox.x2.to_bits(),
-                        t.bbox.y2.to_bits(),
-                    ]
-                })
-                .collect();
+            let targets = target_bits(&b.targets);
             (side, (b.index, b.pixels().to_vec(), targets, b.sample_ids.clone()))
         })
         .collect()
