@@ -1,6 +1,8 @@
 //! Developer tasks for the Sluice workspace, run as `cargo xtask <task>`.
 //!
-//! `ci` runs the checks CI runs, cheapest first: formatting, clippy with warnings denied, then the tests.
+//! `ci` runs the checks CI runs, cheapest first: formatting, clippy with warnings denied, then the tests; then the
+//! same for `sluice-decode`'s `turbojpeg` backend when CMake and NASM are installed (`SLUICE_REQUIRE_TURBOJPEG=1`
+//! makes their absence an error, as `.ci/run` does).
 //! `train` trains the embedded default: it generates the synthetic shapes dataset when it is absent, builds the
 //! `sluice` binary in release mode and runs `sluice train --config configs/quick.yaml`.
 //! `bench` builds the release `sluice` once and runs the peer-comparison scripts of `benches/` with it (`SLUICE`
@@ -98,7 +100,32 @@ fn ci(root: &Path, tests_only: bool) -> Result<()> {
         cargo(root, &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
     }
     cargo(root, &["test", "--workspace", "--locked"])?;
+    // The libjpeg-turbo backend builds its bundled library with CMake and NASM: checked and tested (the decode
+    // conformance suite against both backends) wherever those tools are, required where CI says so.
+    let missing: Vec<&str> = ["cmake", "nasm"].into_iter().filter(|t| !tool_found(t)).collect();
+    if missing.is_empty() {
+        let feature = ["-p", "sluice-decode", "--features", "turbojpeg", "--locked"];
+        if !tests_only {
+            cargo(root, &[&["clippy"][..], &feature, &["--all-targets", "--", "-D", "warnings"]].concat())?;
+        }
+        cargo(root, &[&["test"][..], &feature].concat())?;
+    } else if std::env::var_os("SLUICE_REQUIRE_TURBOJPEG").is_some_and(|v| v == "1") {
+        bail!(
+            "SLUICE_REQUIRE_TURBOJPEG=1 but {} not found: the turbojpeg backend cannot be built",
+            missing.join(" and ")
+        );
+    } else {
+        eprintln!(
+            "xtask: skipped the turbojpeg backend's checks ({} not found; install them, e.g. `apt-get install cmake nasm`)",
+            missing.join(" and ")
+        );
+    }
     Ok(())
+}
+
+/// Whether `tool --version` runs.
+fn tool_found(tool: &str) -> bool {
+    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
