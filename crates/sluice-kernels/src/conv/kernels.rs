@@ -5,6 +5,7 @@
 //! column matrix is `(c·k·k) × (g·ho·wo)`, image `i` occupying columns `i·ho·wo ..`.
 
 use gemm::Parallelism;
+use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::workspace::Elem;
@@ -140,6 +141,7 @@ fn valid_range(kx: usize, g: &Geom) -> (usize, usize) {
 }
 
 /// Writes image `x` (`c×h×w`) as the columns `off..off+ho·wo` of `col` (row length `ld`).
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
 pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: usize) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
     for ci in 0..g.c {
@@ -175,6 +177,7 @@ pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: 
 
 /// Adds the columns `off..off+ho·wo` of `col` (row length `ld`) back into image `dx` (`c×h×w`): the adjoint of
 /// [`im2col`].
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
 pub(crate) fn col2im<T: Elem>(col: &[T], g: &Geom, ld: usize, off: usize, dx: &mut [T]) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
     for ci in 0..g.c {
