@@ -311,12 +311,18 @@ pub(crate) fn backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
 }
 
 /// Weight gradient: `dw = Σ_groups dy_g · col_gᵀ` (for a pointwise conv, `Σ_images dy_i · x_iᵀ`).
+///
+/// The gemm computes `dwᵀ (c·k·k × o) = col · dyᵀ` and the result is transposed once at the end. Asked for `dw`
+/// directly, gemm (which puts the destination's contiguous dimension along its microkernel's rows) would have to
+/// repack the whole column matrix with a strided, one-element-at-a-time gather; this way it reads the column
+/// matrix as it lies and repacks only `dy`, which is `c·k·k / o` times smaller.
 pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
     let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
     let (gs, parallel) = g.plan();
     let par = gemm_par(parallel);
     let groups = g.n.div_ceil(gs);
-    let group = |gi: usize, acc: &mut [T]| {
+    // Accumulates into `acc_t`, `dwᵀ` row-major (`ckk × o`).
+    let group = |gi: usize, acc_t: &mut [T]| {
         let first = gi * gs;
         let imgs = gs.min(g.n - first);
         let dys = &dy[first * o * howo..(first + imgs) * o * howo];
@@ -325,7 +331,7 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
             for i in 0..imgs {
                 let dyi = &dys[i * o * howo..(i + 1) * o * howo];
                 let xi = &xs[i * chw..(i + 1) * chw];
-                matmul((o, ckk, howo), acc, (ckk, 1), true, dyi, (howo, 1), xi, (1, howo), par);
+                matmul((ckk, o, howo), acc_t, (o, 1), true, xi, (howo, 1), dyi, (1, howo), par);
             }
             return;
         }
@@ -342,11 +348,11 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
             } else {
                 dys
             };
-            matmul((o, ckk, cols), acc, (ckk, 1), true, dyg, (cols, 1), col, (1, cols), par);
+            matmul((ckk, o, cols), acc_t, (o, 1), true, col, (cols, 1), dyg, (1, cols), par);
         });
     };
     let zero = || vec![T::ZERO; o * ckk];
-    if parallel {
+    let acc_t = if parallel {
         (0..groups)
             .into_par_iter()
             .fold(zero, |mut acc, gi| {
@@ -361,7 +367,14 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
         let mut acc = zero();
         (0..groups).for_each(|gi| group(gi, &mut acc));
         acc
+    };
+    let mut dw = vec![T::ZERO; o * ckk];
+    for (j, row) in acc_t.chunks_exact(o).enumerate() {
+        for (oc, &v) in row.iter().enumerate() {
+            dw[oc * ckk + j] = v;
+        }
     }
+    dw
 }
 
 #[cfg(test)]
