@@ -162,11 +162,24 @@ pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: 
                     seg[hi..].fill(T::ZERO);
                     let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
                     let first = lo * s + kx - p;
-                    if s == 1 {
-                        seg[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
-                    } else {
-                        for (d, v) in seg[lo..hi].iter_mut().zip(src[first..].iter().step_by(s)) {
-                            *d = *v;
+                    match s {
+                        1 => seg[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]),
+                        // Every other element: written over pairs so LLVM vectorises it as an interleaved load.
+                        2 => {
+                            let n = hi - lo;
+                            let pairs = src[first..].chunks_exact(2);
+                            let tail = pairs.len() < n;
+                            for (d, v) in seg[lo..hi].iter_mut().zip(pairs) {
+                                *d = v[0];
+                            }
+                            if tail {
+                                seg[hi - 1] = src[first + 2 * (n - 1)];
+                            }
+                        }
+                        _ => {
+                            for (d, v) in seg[lo..hi].iter_mut().zip(src[first..].iter().step_by(s)) {
+                                *d = *v;
+                            }
                         }
                     }
                 }
@@ -195,13 +208,27 @@ pub(crate) fn col2im<T: Elem>(col: &[T], g: &Geom, ld: usize, off: usize, dx: &m
                     let seg = &src[oy * wo + lo..oy * wo + hi];
                     let dst = &mut plane[iy as usize * g.w..(iy as usize + 1) * g.w];
                     let first = lo * s + kx - p;
-                    if s == 1 {
-                        for (d, v) in dst[first..first + (hi - lo)].iter_mut().zip(seg) {
-                            *d += *v;
+                    match s {
+                        1 => {
+                            for (d, v) in dst[first..first + (hi - lo)].iter_mut().zip(seg) {
+                                *d += *v;
+                            }
                         }
-                    } else {
-                        for (d, v) in dst[first..].iter_mut().step_by(s).zip(seg) {
-                            *d += *v;
+                        2 => {
+                            let n = hi - lo;
+                            let mut pairs = dst[first..].chunks_exact_mut(2);
+                            let full = pairs.len().min(n);
+                            for (d, v) in (&mut pairs).zip(&seg[..full]) {
+                                d[0] += *v;
+                            }
+                            if full < n {
+                                dst[first + 2 * (n - 1)] += seg[n - 1];
+                            }
+                        }
+                        _ => {
+                            for (d, v) in dst[first..].iter_mut().step_by(s).zip(seg) {
+                                *d += *v;
+                            }
                         }
                     }
                 }
