@@ -20,6 +20,49 @@ pub struct Sampler<'a> {
     max_y: f32,
     last_x: usize,
     last_y: usize,
+    /// Bytes of one row's pixels (`3 width`, without the stride's padding).
+    row_len: usize,
+}
+
+/// Integer part and 11-bit weight of a clamped coordinate (`v >= 0`): how [`Sampler::sample_clamped`] splits
+/// each axis.
+#[inline(always)]
+fn split(v: f32) -> (usize, u32) {
+    // Truncation is floor for v >= 0; i32 conversions are single instructions, usize ones are not.
+    let i = v as i32;
+    // Round half up without a libm call (`f32::round` is not an instruction on baseline x86-64).
+    let w = ((v - i as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
+    (i as usize, w)
+}
+
+/// The two source rows and the vertical weight of one clamped `y`: what [`Sampler::sample_clamped`] reads at that
+/// `y` for every `x`, fetched once for a run of samples on the same source row (identical results).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SampleRows<'a> {
+    top: &'a [u8],
+    bottom: &'a [u8],
+    wy: u32,
+    last_x: usize,
+}
+
+impl SampleRows<'_> {
+    /// `Sampler::sample_clamped(x, y)` for this row's `y` and a clamped `x`.
+    #[inline(always)]
+    pub(crate) fn sample(&self, x: f32) -> [u8; 3] {
+        let (x0, wx) = split(x);
+        let dx = if x0 < self.last_x { 3 } else { 0 };
+        let i = x0 * 3;
+        // One bounds check per row for the two horizontal neighbours (see `sample_clamped`).
+        let (t, b) = (&self.top[i..i + dx + 3], &self.bottom[i..i + dx + 3]);
+        let (ax, ay) = (COEF_ONE - wx, COEF_ONE - self.wy);
+        let mut out = [0u8; 3];
+        for (c, o) in out.iter_mut().enumerate() {
+            let top = u32::from(t[c]) * ax + u32::from(t[dx + c]) * wx;
+            let bottom = u32::from(b[c]) * ax + u32::from(b[dx + c]) * wx;
+            *o = ((top * ay + bottom * self.wy + ROUND) >> (2 * COEF_BITS)) as u8;
+        }
+        out
+    }
 }
 
 impl<'a> Sampler<'a> {
@@ -35,6 +78,7 @@ impl<'a> Sampler<'a> {
             max_y: (img.height() - 1) as f32,
             last_x: img.width() as usize - 1,
             last_y: img.height() as usize - 1,
+            row_len: img.width() as usize * 3,
         })
     }
 
@@ -52,12 +96,7 @@ impl<'a> Sampler<'a> {
     #[inline(always)]
     pub fn sample_clamped(&self, x: f32, y: f32) -> [u8; 3] {
         debug_assert!((0.0..=self.max_x).contains(&x) && (0.0..=self.max_y).contains(&y), "{x} {y}");
-        // Truncation is floor for x, y >= 0; i32 conversions are single instructions, usize ones are not.
-        let (xi, yi) = (x as i32, y as i32);
-        // Round half up without a libm call (`f32::round` is not an instruction on baseline x86-64).
-        let wx = ((x - xi as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
-        let wy = ((y - yi as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
-        let (x0, y0) = (xi as usize, yi as usize);
+        let ((x0, wx), (y0, wy)) = (split(x), split(y));
         // At the last column/row the weight of the next pixel is 0 (the position is clamped), so reading the
         // same pixel twice is exact.
         let dx = if x0 < self.last_x { 3 } else { 0 };
@@ -74,6 +113,21 @@ impl<'a> Sampler<'a> {
             *o = ((t * ay + b * wy + ROUND) >> (2 * COEF_BITS)) as u8;
         }
         out
+    }
+
+    /// The source rows [`Sampler::sample_clamped`] reads at a clamped `y`; `None` only for an image whose buffer
+    /// is shorter than its size says (never for an [`ImageRgb8`]).
+    #[inline(always)]
+    pub(crate) fn rows(&self, y: f32) -> Option<SampleRows<'a>> {
+        let (y0, wy) = split(y);
+        let dy = if y0 < self.last_y { self.stride } else { 0 };
+        let i = y0 * self.stride;
+        Some(SampleRows {
+            top: self.data.get(i..i + self.row_len)?,
+            bottom: self.data.get(i + dy..i + dy + self.row_len)?,
+            wy,
+            last_x: self.last_x,
+        })
     }
 
     /// The bilinear sample at `(x, y)` after clamping it into the image (edge pixels replicate).
