@@ -8,7 +8,7 @@ use sluice_core::{BoxXyxy, Label, SampleId, SourceImage};
 use crate::error::{AugmentError, Result};
 use crate::letterbox::{FILL, Letterbox, LetterboxOpts, load_size};
 use crate::recipe::Layout;
-use crate::resample::Sampler;
+use crate::resample::{RUN, Sampler};
 
 /// One source image on the canvas.
 #[derive(Debug, Clone, Copy)]
@@ -353,19 +353,24 @@ impl<'a> Canvas<'a> {
         let Some(t) = self.tiles.get(q).and_then(Option::as_ref) else {
             return;
         };
-        let px = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(x0..);
         // No rotation or shear (Ultralytics' default): `cy` is the same value on the whole row (`0 x` is a zero,
         // so only the sign of a zero `cy` can differ from pixel to pixel, and the clamp and floor of `sy` make
         // both signs give the same source row and weight), so the two source rows are fetched once.
         if map.ay == 0.0
             && let Some(rows) = t.sampler.rows(t.sy(map.at(x0).1))
         {
-            for (((r, g), b), x) in px {
-                let [pr, pg, pb] = rows.sample(t.sx(map.x_at(x)));
-                (*r, *g, *b) = (pr, pg, pb);
+            // In chunks: the source positions first (a loop of plain float arithmetic), then the samples.
+            let mut xs = [0f32; RUN];
+            let chunks = r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN));
+            for (((r, g), b), x) in chunks.zip((x0..).step_by(RUN)) {
+                let xs = &mut xs[..r.len()];
+                for (s, x) in xs.iter_mut().zip(x..) {
+                    *s = t.sx(map.x_at(x));
+                }
+                rows.sample_run(xs, r, g, b);
             }
         } else {
-            for (((r, g), b), x) in px {
+            for (((r, g), b), x) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(x0..) {
                 let (cx, cy) = map.at(x);
                 let [pr, pg, pb] = t.sampler.sample_clamped(t.sx(cx), t.sy(cy));
                 (*r, *g, *b) = (pr, pg, pb);

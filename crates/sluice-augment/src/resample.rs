@@ -45,23 +45,32 @@ pub(crate) struct SampleRows<'a> {
     last_x: usize,
 }
 
+/// Most samples [`SampleRows::sample_run`] takes at once.
+pub(crate) const RUN: usize = 64;
+
 impl SampleRows<'_> {
-    /// `Sampler::sample_clamped(x, y)` for this row's `y` and a clamped `x`.
+    /// [`Self::sample`] at each of `xs` (at most [`RUN`]), written into the channel rows `r`, `g`, `b`.
     #[inline(always)]
-    pub(crate) fn sample(&self, x: f32) -> [u8; 3] {
-        let (x0, wx) = split(x);
-        let dx = if x0 < self.last_x { 3 } else { 0 };
-        let i = x0 * 3;
-        // One bounds check per row for the two horizontal neighbours (see `sample_clamped`).
-        let (t, b) = (&self.top[i..i + dx + 3], &self.bottom[i..i + dx + 3]);
-        let (ax, ay) = (COEF_ONE - wx, COEF_ONE - self.wy);
-        let mut out = [0u8; 3];
-        for (c, o) in out.iter_mut().enumerate() {
-            let top = u32::from(t[c]) * ax + u32::from(t[dx + c]) * wx;
-            let bottom = u32::from(b[c]) * ax + u32::from(b[dx + c]) * wx;
-            *o = ((top * ay + bottom * self.wy + ROUND) >> (2 * COEF_BITS)) as u8;
+    pub(crate) fn sample_run(&self, xs: &[f32], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+        let (mut col, mut wx) = ([0u32; RUN], [0u32; RUN]);
+        for ((c, w), &x) in col.iter_mut().zip(wx.iter_mut()).zip(xs) {
+            let (i, v) = split(x);
+            (*c, *w) = (i as u32, v);
         }
-        out
+        let ay = COEF_ONE - self.wy;
+        for ((((r, g), b), &c), &wx) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(&col).zip(&wx) {
+            let x0 = c as usize;
+            let dx = if x0 < self.last_x { 3 } else { 0 };
+            let i = x0 * 3;
+            let (t, bt) = (&self.top[i..i + dx + 3], &self.bottom[i..i + dx + 3]);
+            let ax = COEF_ONE - wx;
+            let px = |c: usize| {
+                let top = u32::from(t[c]) * ax + u32::from(t[dx + c]) * wx;
+                let bottom = u32::from(bt[c]) * ax + u32::from(bt[dx + c]) * wx;
+                ((top * ay + bottom * self.wy + ROUND) >> (2 * COEF_BITS)) as u8
+            };
+            (*r, *g, *b) = (px(0), px(1), px(2));
+        }
     }
 }
 
