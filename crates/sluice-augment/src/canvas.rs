@@ -8,7 +8,7 @@ use sluice_core::{BoxXyxy, Label, SampleId, SourceImage};
 use crate::error::{AugmentError, Result};
 use crate::letterbox::{FILL, Letterbox, LetterboxOpts, load_size};
 use crate::recipe::Layout;
-use crate::resample::{RUN, Sampler};
+use crate::resample::{RUN, RUN_MAX_WIDTH, RunScratch, Sampler};
 
 /// One source image on the canvas.
 #[derive(Debug, Clone, Copy)]
@@ -75,9 +75,10 @@ impl RowMap {
         Self { ax: m[0][0], bx: m[0][1] * y, cx: m[0][2], ay: m[1][0], by: m[1][1] * y, cy: m[1][2] }
     }
 
-    /// Canvas x of output pixel `x`.
+    /// Canvas x of output pixel `x`, as [`Self::at`] gives it (a signed `x` converts exactly as a `usize` does for
+    /// `x < 2^31`, in one instruction, also in vector form).
     #[inline(always)]
-    pub(crate) fn x_at(&self, x: usize) -> f32 {
+    pub(crate) fn x_at(&self, x: i32) -> f32 {
         self.ax * x as f32 + self.bx + self.cx
     }
 
@@ -349,7 +350,17 @@ impl<'a> Canvas<'a> {
     /// Writes `gather` of output pixels `x0..x0 + r.len()` of the row `map` (a span [`Self::spans`] gave tile
     /// `q`) into the three channel rows.
     #[inline(always)]
-    pub(crate) fn render_span(&self, q: usize, map: &RowMap, x0: usize, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn render_span(
+        &self,
+        q: usize,
+        map: &RowMap,
+        x0: usize,
+        scratch: &mut RunScratch,
+        r: &mut [u8],
+        g: &mut [u8],
+        b: &mut [u8],
+    ) {
         let Some(t) = self.tiles.get(q).and_then(Option::as_ref) else {
             return;
         };
@@ -357,17 +368,17 @@ impl<'a> Canvas<'a> {
         // so only the sign of a zero `cy` can differ from pixel to pixel, and the clamp and floor of `sy` make
         // both signs give the same source row and weight), so the two source rows are fetched once.
         if map.ay == 0.0
+            && t.sampler.max_x() < RUN_MAX_WIDTH
             && let Some(rows) = t.sampler.rows(t.sy(map.at(x0).1))
         {
-            // In chunks: the source positions first (a loop of plain float arithmetic), then the samples.
-            let mut xs = [0f32; RUN];
+            // In runs: the source positions first (a loop of plain float arithmetic), then the samples.
             let chunks = r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN));
             for (((r, g), b), x) in chunks.zip((x0..).step_by(RUN)) {
-                let xs = &mut xs[..r.len()];
-                for (s, x) in xs.iter_mut().zip(x..) {
+                // `x + RUN <= n < 2^24` (`TrainPlan` takes the row path only then).
+                for (s, x) in scratch.xs.iter_mut().zip(x as i32..).take(r.len()) {
                     *s = t.sx(map.x_at(x));
                 }
-                rows.sample_run(xs, r, g, b);
+                rows.sample_run(scratch, r.len(), r, g, b);
             }
         } else {
             for (((r, g), b), x) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(x0..) {

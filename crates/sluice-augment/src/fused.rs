@@ -26,6 +26,7 @@ use crate::error::{AugmentError, Result};
 use crate::hsv::HsvLut;
 use crate::letterbox::FILL;
 use crate::recipe::{Geometry, TrainRecipe};
+use crate::resample::RunScratch;
 
 /// One geometry ready to sample: its canvas and the output → canvas map.
 #[derive(Debug, Clone, Copy)]
@@ -159,7 +160,7 @@ impl<'a> TrainPlan<'a> {
                 reason: format!("{} bytes for a {}x{} RGB sample", out.len(), self.size, self.size),
             });
         }
-        if self.mix.is_none() && self.main.rows {
+        if self.mix.is_none() && self.main.rows && self.size < 1 << 24 {
             self.render_rows(out);
         } else {
             self.render_pixels(out);
@@ -182,6 +183,7 @@ impl<'a> TrainPlan<'a> {
         };
         let canvas = &self.main.canvas;
         let mut spans = [(0, 0, None); MAX_SPANS];
+        let mut scratch = RunScratch::new();
         for ((r_row, g_row), (b_row, y)) in
             rp.chunks_exact_mut(n).zip(gp.chunks_exact_mut(n)).zip(bp.chunks_exact_mut(n).zip(0..))
         {
@@ -196,11 +198,9 @@ impl<'a> TrainPlan<'a> {
                         b.fill(fill[2]);
                     }
                     Some(q) => {
-                        canvas.render_span(q, &map, a, r, g, b);
+                        canvas.render_span(q, &map, a, &mut scratch, r, g, b);
                         if let Some(lut) = &self.hsv {
-                            for ((r, g), b) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()) {
-                                [*r, *g, *b] = lut.apply([*r, *g, *b]);
-                            }
+                            lut.apply_planes(r, g, b);
                         }
                     }
                 }

@@ -48,17 +48,27 @@ const HDIV: [i32; 256] = {
 };
 
 /// The lookup tables of one sample: Ultralytics' three 256-entry tables, and the same tables pre-converted to what
-/// the HSV → RGB step consumes (hue sector and fraction, saturation and value as floats), so the per-pixel work is
-/// integer RGB → HSV, three table reads and a few multiplications.
+/// the HSV → RGB step consumes, so the per-pixel work is integer RGB → HSV, a few table reads, two
+/// multiplications, two roundings and a byte permutation.
+///
+/// OpenCV's HSV → RGB spreads `tab = [v, p, q, t]` (`p = v(1 - s)`, `q = v(1 - s f)`, `t = v(1 - s(1 - f))`) over
+/// (r, g, b) by sector, and every sector uses `v`, `p` and one of `q` (odd sectors) or `t` (even ones). So per
+/// hue entry the tables hold the factor of that third value (`f` or `1 - f`, the same single-precision value OpenCV
+/// computes) and the sector's permutation of `(v, p, third)` as byte shifts; `v`'s rounding is a table too. The
+/// results are those of OpenCV's formula, bit for bit (tested against [`hsv_reference`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HsvLut {
     hue: [u8; 256],
     sat: [u8; 256],
     val: [u8; 256],
-    hue_sector: [u8; 256],
-    hue_frac: [f32; 256],
+    /// Per augmented hue: `f` (odd sector) or `1 - f` (even sector).
+    hue_g: [f32; 256],
+    /// Per augmented hue: the shifts that pick r, g, b (bits 0, 8, 16) out of `v | p << 8 | third << 16`.
+    hue_shifts: [u32; 256],
     sat_f: [f32; 256],
     val_f: [f32; 256],
+    /// `saturate_cast<uchar>(255 val_f)`.
+    val_u8: [u8; 256],
 }
 
 /// NumPy's `float % 180` (result in `[0, 180)`), then `astype(uint8)` (truncation).
@@ -92,10 +102,11 @@ impl HsvLut {
             hue: [0; 256],
             sat: [0; 256],
             val: [0; 256],
-            hue_sector: [0; 256],
-            hue_frac: [0.0; 256],
+            hue_g: [0.0; 256],
+            hue_shifts: [0; 256],
             sat_f: [0.0; 256],
             val_f: [0.0; 256],
+            val_u8: [0; 256],
         };
         for i in 0..256 {
             let x = i as f64;
@@ -104,10 +115,17 @@ impl HsvLut {
             lut.val[i] = gain_entry(x, gains.v + 1.0);
         }
         lut.sat[0] = 0;
+        // The slot of each of `tab`'s entries in `v | p << 8 | third << 16`: v, p, q and t (q and t are the third).
+        const SLOT: [u32; 4] = [0, 1, 2, 2];
         for i in 0..256 {
-            (lut.hue_sector[i], lut.hue_frac[i]) = sector_of(lut.hue[i]);
+            let (sector, f) = sector_of(lut.hue[i]);
+            let sector = usize::from(sector.min(5));
+            lut.hue_g[i] = if sector % 2 == 1 { f } else { 1.0 - f };
+            let [r, g, b] = PERM[sector].map(|k| 8 * SLOT[usize::from(k & 3)]);
+            lut.hue_shifts[i] = r | g << 8 | b << 16;
             lut.sat_f[i] = f32::from(lut.sat[i]) * INV255;
             lut.val_f[i] = f32::from(lut.val[i]) * INV255;
+            lut.val_u8[i] = to_u8(lut.val_f[i]);
         }
         lut
     }
@@ -117,12 +135,49 @@ impl HsvLut {
         (&self.hue, &self.sat, &self.val)
     }
 
+    /// [`Self::apply`] to every pixel of three channel rows (`r[i], g[i], b[i]` is pixel `i`), in place.
+    ///
+    /// In runs of 64, stage by stage: RGB → HSV and the table reads per pixel, then the float products and
+    /// roundings over the run (plain arithmetic on arrays, which the compiler vectorises), then the permutation.
+    pub fn apply_planes(&self, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+        const RUN: usize = 64;
+        let (mut vf, mut sf, mut hg) = ([0f32; RUN], [0f32; RUN], [0f32; RUN]);
+        let (mut v8, mut sh) = ([0u8; RUN], [0u32; RUN]);
+        let (mut p, mut third) = ([0u8; RUN], [0u8; RUN]);
+        for ((r, g), b) in r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN)) {
+            let n = r.len().min(g.len()).min(b.len());
+            for i in 0..n {
+                let (h, s, v) = rgb_to_hsv([r[i], g[i], b[i]], &SDIV, &HDIV);
+                let (h, s, v) = (h as usize, s as usize, v as usize);
+                (vf[i], sf[i], hg[i]) = (self.val_f[v], self.sat_f[s], self.hue_g[h]);
+                (v8[i], sh[i]) = (self.val_u8[v], self.hue_shifts[h]);
+            }
+            for i in 0..n {
+                p[i] = to_u8(vf[i] * (1.0 - sf[i]));
+                third[i] = to_u8(vf[i] * (1.0 - sf[i] * hg[i]));
+            }
+            for i in 0..n {
+                let packed = u32::from(v8[i]) | u32::from(p[i]) << 8 | u32::from(third[i]) << 16;
+                let sh = sh[i];
+                r[i] = (packed >> (sh & 31)) as u8;
+                g[i] = (packed >> ((sh >> 8) & 31)) as u8;
+                b[i] = (packed >> ((sh >> 16) & 31)) as u8;
+            }
+        }
+    }
+
     /// Applies the augmentation to one RGB pixel.
     #[inline(always)]
     pub fn apply(&self, rgb: [u8; 3]) -> [u8; 3] {
         let (h, s, v) = rgb_to_hsv(rgb, &SDIV, &HDIV);
         let (h, s, v) = (h as usize, s as usize, v as usize);
-        sector_to_rgb(self.hue_sector[h], self.hue_frac[h], self.sat_f[s], self.val_f[v])
+        let (sf, vf) = (self.sat_f[s], self.val_f[v]);
+        // `sector_to_rgb`'s `p` and `q` or `t`; at s = 0 they equal v exactly, as its grey branch gives.
+        let p = to_u8(vf * (1.0 - sf));
+        let third = to_u8(vf * (1.0 - sf * self.hue_g[h]));
+        let packed = u32::from(self.val_u8[v]) | u32::from(p) << 8 | u32::from(third) << 16;
+        let sh = self.hue_shifts[h];
+        [(packed >> (sh & 31)) as u8, (packed >> ((sh >> 8) & 31)) as u8, (packed >> ((sh >> 16) & 31)) as u8]
     }
 }
 
@@ -164,14 +219,21 @@ fn sector_to_rgb(sector: u8, f: f32, s: f32, v: f32) -> [u8; 3] {
         (v, v, v)
     } else {
         // Indexed selection instead of a `match`: the sector changes from pixel to pixel and a branch on it
-        // mispredicts; OpenCV's `sector_data` permutation, as (r, g, b) indices into `tab`.
-        const PERM: [[u8; 3]; 6] = [[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]];
+        // mispredicts.
         let tab = [v, v * (1.0 - s), v * (1.0 - s * f), v * (1.0 - s * (1.0 - f))];
         let idx = PERM[usize::from(sector.min(5))];
         (tab[usize::from(idx[0] & 3)], tab[usize::from(idx[1] & 3)], tab[usize::from(idx[2] & 3)])
     };
-    let cast = |x: f32| round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8;
-    [cast(r), cast(g), cast(b)]
+    [to_u8(r), to_u8(g), to_u8(b)]
+}
+
+/// OpenCV's `sector_data` permutation, as (r, g, b) indices into `tab = [v, p, q, t]`.
+const PERM: [[u8; 3]; 6] = [[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]];
+
+/// `saturate_cast<uchar>(x * 255)` (round half to even).
+#[inline(always)]
+fn to_u8(x: f32) -> u8 {
+    round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8
 }
 
 /// OpenCV's 8-bit HSV → RGB.
