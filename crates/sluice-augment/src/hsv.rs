@@ -65,6 +65,8 @@ pub struct HsvLut {
     hue_g: [f32; 256],
     /// Per augmented hue: the shifts that pick r, g, b (bits 0, 8, 16) out of `v | p << 8 | third << 16`.
     hue_shifts: [u32; 256],
+    /// Per augmented hue: OpenCV's sector (0..6).
+    hue_sector: [u8; 256],
     sat_f: [f32; 256],
     val_f: [f32; 256],
     /// `saturate_cast<uchar>(255 val_f)`.
@@ -104,6 +106,7 @@ impl HsvLut {
             val: [0; 256],
             hue_g: [0.0; 256],
             hue_shifts: [0; 256],
+            hue_sector: [0; 256],
             sat_f: [0.0; 256],
             val_f: [0.0; 256],
             val_u8: [0; 256],
@@ -123,6 +126,7 @@ impl HsvLut {
             lut.hue_g[i] = if sector % 2 == 1 { f } else { 1.0 - f };
             let [r, g, b] = PERM[sector].map(|k| 8 * SLOT[usize::from(k & 3)]);
             lut.hue_shifts[i] = r | g << 8 | b << 16;
+            lut.hue_sector[i] = sector as u8;
             lut.sat_f[i] = f32::from(lut.sat[i]) * INV255;
             lut.val_f[i] = f32::from(lut.val[i]) * INV255;
             lut.val_u8[i] = to_u8(lut.val_f[i]);
@@ -137,31 +141,65 @@ impl HsvLut {
 
     /// [`Self::apply`] to every pixel of three channel rows (`r[i], g[i], b[i]` is pixel `i`), in place.
     ///
-    /// In runs of 64, stage by stage: RGB → HSV and the table reads per pixel, then the float products and
-    /// roundings over the run (plain arithmetic on arrays, which the compiler vectorises), then the permutation.
+    /// In runs of 64, stage by stage, so that all but the table reads are plain loops over arrays, which the
+    /// compiler vectorises: the largest channel, the spread and the hue numerator (`rgb_to_hsv`'s first half, on
+    /// bytes); the divisions by table, H, S, V and the table reads; the two roundings of `p` and the third value
+    /// (floats); the sector's choice of `(v, p, third)` per channel (byte selects). The same bytes as `apply`.
     pub fn apply_planes(&self, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
         const RUN: usize = 64;
+        let (mut vv, mut dd, mut hn) = ([0u8; RUN], [0u8; RUN], [0i16; RUN]);
         let (mut vf, mut sf, mut hg) = ([0f32; RUN], [0f32; RUN], [0f32; RUN]);
-        let (mut v8, mut sh) = ([0u8; RUN], [0u32; RUN]);
-        let (mut p, mut third) = ([0u8; RUN], [0u8; RUN]);
+        let (mut v8, mut sec) = ([0u8; RUN], [0u8; RUN]);
+        let (mut p8, mut t8) = ([0u8; RUN], [0u8; RUN]);
         for ((r, g), b) in r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN)) {
             let n = r.len().min(g.len()).min(b.len());
+            let (r, g, b) = (&mut r[..n], &mut g[..n], &mut b[..n]);
             for i in 0..n {
-                let (h, s, v) = rgb_to_hsv([r[i], g[i], b[i]], &SDIV, &HDIV);
-                let (h, s, v) = (h as usize, s as usize, v as usize);
+                let (rr, gg, bb) = (r[i], g[i], b[i]);
+                let v = rr.max(gg).max(bb);
+                let d = v - rr.min(gg).min(bb);
+                let (ri, gi, bi, di) = (i16::from(rr), i16::from(gg), i16::from(bb), i16::from(d));
+                let (for_r, for_g, for_b) = (gi - bi, bi - ri + 2 * di, ri - gi + 4 * di);
+                hn[i] = if v == rr {
+                    for_r
+                } else if v == gg {
+                    for_g
+                } else {
+                    for_b
+                };
+                (vv[i], dd[i]) = (v, d);
+            }
+            for i in 0..n {
+                let (v, d) = (usize::from(vv[i]), usize::from(dd[i]));
+                let s = (i32::from(dd[i]) * SDIV[v] + HSV_ROUND) >> HSV_SHIFT;
+                let mut h = (i32::from(hn[i]) * HDIV[d] + HSV_ROUND) >> HSV_SHIFT;
+                if h < 0 {
+                    h += HUE_RANGE;
+                }
+                let (s, h) = (usize::from(s as u8), usize::from(h as u8));
                 (vf[i], sf[i], hg[i]) = (self.val_f[v], self.sat_f[s], self.hue_g[h]);
-                (v8[i], sh[i]) = (self.val_u8[v], self.hue_shifts[h]);
+                (v8[i], sec[i]) = (self.val_u8[v], self.hue_sector[h]);
             }
             for i in 0..n {
-                p[i] = to_u8(vf[i] * (1.0 - sf[i]));
-                third[i] = to_u8(vf[i] * (1.0 - sf[i] * hg[i]));
+                p8[i] = to_u8(vf[i] * (1.0 - sf[i]));
+                t8[i] = to_u8(vf[i] * (1.0 - sf[i] * hg[i]));
             }
+            // OpenCV's `sector_data` per channel: r is v in sectors 0 and 5, p in 2 and 3, the third value in 1
+            // and 4; g is v in 1, 2, p in 4, 5; b is v in 3, 4, p in 0, 1 (`PERM`).
             for i in 0..n {
-                let packed = u32::from(v8[i]) | u32::from(p[i]) << 8 | u32::from(third[i]) << 16;
-                let sh = sh[i];
-                r[i] = (packed >> (sh & 31)) as u8;
-                g[i] = (packed >> ((sh >> 8) & 31)) as u8;
-                b[i] = (packed >> ((sh >> 16) & 31)) as u8;
+                let (k, v, p, t) = (sec[i], v8[i], p8[i], t8[i]);
+                let pick = |is_v: bool, is_p: bool| {
+                    if is_v {
+                        v
+                    } else if is_p {
+                        p
+                    } else {
+                        t
+                    }
+                };
+                r[i] = pick((k == 0) | (k == 5), (k == 2) | (k == 3));
+                g[i] = pick((k == 1) | (k == 2), (k == 4) | (k == 5));
+                b[i] = pick((k == 3) | (k == 4), (k == 0) | (k == 1));
             }
         }
     }
@@ -233,7 +271,10 @@ const PERM: [[u8; 3]; 6] = [[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0
 /// `saturate_cast<uchar>(x * 255)` (round half to even).
 #[inline(always)]
 fn to_u8(x: f32) -> u8 {
-    round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8
+    let y = round_ties_even_small(x * 255.0).clamp(0.0, 255.0);
+    // `y as u8` for an integer `y` in [0, 255] (x is finite here): its low bits once 2^23 is added (float spacing
+    // 1), a conversion that vectorises where the saturating one does not.
+    (y + 8_388_608.0).to_bits() as u8
 }
 
 /// OpenCV's 8-bit HSV → RGB.
@@ -296,6 +337,29 @@ mod tests {
             // paths are hit.
             for px in every_pixel(3) {
                 assert_eq!(lut.apply(px), hsv_reference(px, gains), "pixel {px:?} gains {gains:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn to_u8_is_saturate_cast() {
+        for i in -4096..=(1 << 20) {
+            let x = i as f32 / (1 << 19) as f32 - 0.001; // [-0.009, 2]: every rounding of [0, 1] and beyond
+            assert_eq!(to_u8(x), round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8, "{x}");
+        }
+    }
+
+    #[test]
+    fn planes_equal_per_pixel() {
+        let gains = [HsvGains { h: 0.015, s: 0.7, v: 0.4 }, HsvGains { h: -0.3, s: -0.7, v: -0.4 }];
+        for g in gains {
+            let lut = HsvLut::new(g);
+            let px: Vec<[u8; 3]> = every_pixel(7).collect();
+            let mut planes: [Vec<u8>; 3] = std::array::from_fn(|c| px.iter().map(|p| p[c]).collect());
+            let [r, gg, b] = &mut planes;
+            lut.apply_planes(r, gg, b);
+            for (i, p) in px.iter().enumerate() {
+                assert_eq!([r[i], gg[i], b[i]], lut.apply(*p), "pixel {p:?} gains {g:?}");
             }
         }
     }
