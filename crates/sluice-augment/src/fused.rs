@@ -314,7 +314,8 @@ mod tests {
                 ..Hyp::default()
             };
             let sampler = RecipeSampler::new(hyp, images.len() as u64).expect("sampler");
-            let imgsz = [1, 2, 3, 7, 32, 33, 64, 97, 160][rng.random_range(0..9)];
+            let imgsz =
+                [1, 2, 3, 7, 32, 33, 64, 97, 160, 320, 640][rng.random_range(0..if case % 10 == 0 { 11 } else { 9 })];
             let id = rng.random_range(0..images.len() as u64);
             let mut recipe = sampler.draw(id, imgsz, true, &mut rng);
             if rng.random_range(0..3) == 0 {

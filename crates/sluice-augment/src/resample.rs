@@ -63,8 +63,8 @@ fn split_run(v: f32) -> (u32, u32) {
 /// Most samples [`SampleRows::sample_run`] takes at once.
 pub(crate) const RUN: usize = 64;
 
-/// Most source columns a run interpolates vertically first (a run stepping by up to 2 source pixels).
-const RUN_COLS: usize = 2 * RUN + 2;
+/// Most source columns a run interpolates vertically first (a run stepping by up to 4 source pixels).
+const RUN_COLS: usize = 4 * RUN + 2;
 
 /// Largest source width (exclusive) [`SampleRows::sample_run`] takes: its positions stay below 2^23.
 pub(crate) const RUN_MAX_WIDTH: f32 = 8_388_608.0;
@@ -77,58 +77,68 @@ pub(crate) struct RunScratch {
     pub(crate) xs: [f32; RUN],
     col: [u32; RUN],
     wx: [u32; RUN],
-    vert: [u32; 3 * RUN_COLS],
+    /// One column more than the run may use: the right neighbour read (with weight 0) at the last column.
+    vert: [u32; 3 * (RUN_COLS + 1)],
 }
 
 impl RunScratch {
     pub(crate) fn new() -> Self {
-        Self { xs: [0.0; RUN], col: [0; RUN], wx: [0; RUN], vert: [0; 3 * RUN_COLS] }
+        Self { xs: [0.0; RUN], col: [0; RUN], wx: [0; RUN], vert: [0; 3 * (RUN_COLS + 1)] }
     }
 }
 
 impl SampleRows<'_> {
-    /// `Sampler::sample_clamped(x, y)` at this row's `y` for each of `xs` (clamped, at most [`RUN`]), written
-    /// into the channel rows `r`, `g`, `b`.
+    /// `Sampler::sample_clamped(x, y)` at this row's `y` for each of `scratch.xs[..n]` (clamped, each below
+    /// [`RUN_MAX_WIDTH`], `n` at most [`RUN`]), written into the channel rows `r`, `g`, `b`.
     ///
     /// When the run's source columns are few enough, vertically first: `ay top + wy bottom` once per source byte,
     /// then `(ax v0 + wx v1 + round) >> 22` per output channel. That is the same integer as `sample_clamped`'s
     /// `((ax t0 + wx t1) ay + (ax b0 + wx b1) wy + round) >> 22` (distributivity; every term stays below 2^31), with
-    /// half the multiplications per sample.
-    ///
-    /// `n` is the run's length (`scratch.xs[..n]` are its positions, each `< RUN_MAX_WIDTH`).
+    /// half the multiplications per sample. At the last column `wx` is 0 (the position is clamped to it), so
+    /// whatever `v1` holds there counts for nothing, as `sample_clamped`'s re-read of the same pixel does.
     #[inline(always)]
     pub(crate) fn sample_run(&self, scratch: &mut RunScratch, n: usize, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
         let RunScratch { xs, col, wx, vert } = scratch;
-        let n = n.min(RUN);
-        let (mut lo, mut hi) = (u32::MAX, 0);
-        for ((c, w), &x) in col.iter_mut().zip(wx.iter_mut()).zip(&xs[..n]) {
-            (*c, *w) = split_run(x);
-            lo = lo.min(*c);
-            hi = hi.max(*c);
-        }
-        let (col, wx) = (&col[..n], &wx[..n]);
+        let n = n.min(RUN).min(r.len()).min(g.len()).min(b.len());
+        let Some(&first) = xs[..n].first() else {
+            return;
+        };
+        let xs = &xs[..n];
         let ay = COEF_ONE - self.wy;
-        let (lo, hi) = (lo as usize, (hi as usize + 1).min(self.last_x));
-        let out = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(col).zip(wx);
+        // The run's columns lie between the floors of its extreme positions.
+        let (mut x_lo, mut x_hi) = (first, first);
+        for &x in xs {
+            x_lo = x_lo.min(x);
+            x_hi = x_hi.max(x);
+        }
+        let lo = split_run(x_lo).0 as usize;
+        let hi = (split_run(x_hi).0 as usize + 1).min(self.last_x);
         if lo <= hi && hi - lo < RUN_COLS {
+            for ((c, w), &x) in col.iter_mut().zip(wx.iter_mut()).zip(xs) {
+                let (i, v) = split_run(x);
+                // Byte offset into `vert`: `i >= lo` (floor is monotonic).
+                (*c, *w) = (i.wrapping_sub(lo as u32).wrapping_mul(3), v);
+            }
             let bytes = lo * 3..(hi + 1) * 3;
-            let vert = &mut vert[..bytes.len()];
             // Weights are at most 2^11: as u16 factors the products vectorise as 16-bit multiplications.
             let (ay, wy) = (ay as u16, self.wy as u16);
             for ((v, &t), &b) in vert.iter_mut().zip(&self.top[bytes.clone()]).zip(&self.bottom[bytes]) {
                 *v = u32::from(u16::from(t)) * u32::from(ay) + u32::from(u16::from(b)) * u32::from(wy);
             }
-            for ((((r, g), b), &c), &wx) in out {
-                let x0 = c as usize;
-                let dx = if x0 < self.last_x { 3 } else { 0 };
-                let i = (x0 - lo) * 3;
-                let v = &vert[i..i + dx + 3];
+            let out = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(col.iter()).zip(wx.iter());
+            for ((((r, g), b), &i), &wx) in out {
+                let i = i as usize;
+                let v = &vert[i..i + 6];
                 let ax = COEF_ONE - wx;
-                let px = |c: usize| ((v[c] * ax + v[dx + c] * wx + ROUND) >> (2 * COEF_BITS)) as u8;
+                let px = |c: usize| ((v[c] * ax + v[3 + c] * wx + ROUND) >> (2 * COEF_BITS)) as u8;
                 (*r, *g, *b) = (px(0), px(1), px(2));
             }
             return;
         }
+        for ((c, w), &x) in col.iter_mut().zip(wx.iter_mut()).zip(xs) {
+            (*c, *w) = split_run(x);
+        }
+        let out = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(col.iter()).zip(wx.iter());
         for ((((r, g), b), &c), &wx) in out {
             let x0 = c as usize;
             let dx = if x0 < self.last_x { 3 } else { 0 };
