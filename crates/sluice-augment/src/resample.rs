@@ -100,17 +100,14 @@ impl SampleRows<'_> {
     pub(crate) fn sample_run(&self, scratch: &mut RunScratch, n: usize, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
         let RunScratch { xs, col, wx, vert } = scratch;
         let n = n.min(RUN).min(r.len()).min(g.len()).min(b.len());
-        let Some(&first) = xs[..n].first() else {
+        let (Some(&first), Some(&last)) = (xs[..n].first(), xs[..n].last()) else {
             return;
         };
         let xs = &xs[..n];
         let ay = COEF_ONE - self.wy;
-        // The run's columns lie between the floors of its extreme positions.
-        let (mut x_lo, mut x_hi) = (first, first);
-        for &x in xs {
-            x_lo = x_lo.min(x);
-            x_hi = x_hi.max(x);
-        }
+        // A run's positions are monotonic (an affine function of the pixel index through monotonic roundings and
+        // a clamp), so its columns lie between the floors of its two ends.
+        let (x_lo, x_hi) = (first.min(last), first.max(last));
         let lo = split_run(x_lo).0 as usize;
         let hi = (split_run(x_hi).0 as usize + 1).min(self.last_x);
         if lo <= hi && hi - lo < RUN_COLS {
@@ -127,7 +124,8 @@ impl SampleRows<'_> {
             }
             let out = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(col.iter()).zip(wx.iter());
             for ((((r, g), b), &i), &wx) in out {
-                let i = i as usize;
+                // A no-op for monotonic positions; keeps the index inside `vert` whatever they are.
+                let i = (i as usize).min(3 * (RUN_COLS - 1));
                 let v = &vert[i..i + 6];
                 let ax = COEF_ONE - wx;
                 let px = |c: usize| ((v[c] * ax + v[3 + c] * wx + ROUND) >> (2 * COEF_BITS)) as u8;
