@@ -45,6 +45,16 @@ impl Tile<'_> {
         (cx * self.kx + self.ox).max(self.sx_lo).min(self.sx_hi)
     }
 
+    /// [`Self::sx`] as compare-and-select, which vectorises to one `maxps` and one `minps` (`f32::max` adds NaN
+    /// handling): the same value for a position that is not NaN (row positions never are), up to the sign of a
+    /// zero, which the source column and weight do not see.
+    #[inline(always)]
+    fn sx_select(&self, cx: f32) -> f32 {
+        let v = cx * self.kx + self.ox;
+        let v = if v < self.sx_lo { self.sx_lo } else { v };
+        if v > self.sx_hi { self.sx_hi } else { v }
+    }
+
     /// Canvas y → clamped source y.
     #[inline(always)]
     fn sy(&self, cy: f32) -> f32 {
@@ -376,7 +386,7 @@ impl<'a> Canvas<'a> {
             for (((r, g), b), x) in chunks.zip((x0..).step_by(RUN)) {
                 // `x + RUN <= n < 2^24` (`TrainPlan` takes the row path only then).
                 for (s, x) in scratch.xs.iter_mut().zip(x as i32..).take(r.len()) {
-                    *s = t.sx(map.x_at(x));
+                    *s = t.sx_select(map.x_at(x));
                 }
                 rows.sample_run(scratch, r.len(), r, g, b);
             }
