@@ -2,8 +2,9 @@
 //! `r = U(-1, 1) * (hsv_h, hsv_s, hsv_v)`, three 256-entry lookup tables (hue shifted by `r_h * 180` modulo 180,
 //! saturation and value multiplied by `1 + r`, clipped and truncated), applied in OpenCV's 8-bit HSV space
 //! (`COLOR_RGB2HSV`: H in 0..180, fixed-point divisions with 12-bit tables; `COLOR_HSV2RGB`: float sectors,
-//! rounded half to even). [`HsvLut::apply`] is the fast per-pixel path used inside the fused sampler;
-//! [`hsv_reference`] evaluates the same definitions per pixel from the gains, without any table.
+//! rounded half to even). [`HsvLut::apply`] is the fast per-pixel path, [`HsvLut::apply_planes`] the same over
+//! rows of channel planes in vectorisable stages (the fused sampler's row path); [`hsv_reference`] evaluates the
+//! same definitions per pixel from the gains, without any table.
 
 use serde::{Deserialize, Serialize};
 
