@@ -128,8 +128,14 @@ impl SampleRows<'_> {
                 let i = (i as usize).min(3 * (RUN_COLS - 1));
                 let v = &vert[i..i + 6];
                 let ax = COEF_ONE - wx;
-                let px = |c: usize| ((v[c] * ax + v[3 + c] * wx + ROUND) >> (2 * COEF_BITS)) as u8;
-                (*r, *g, *b) = (px(0), px(1), px(2));
+                // Red and green as two 32-bit lanes of one u64: each lane's sum stays below 2^31, so no carry
+                // crosses into the other lane.
+                let pair = |c: usize| u64::from(v[c]) | u64::from(v[c + 1]) << 32;
+                const ROUND2: u64 = (ROUND as u64) << 32 | ROUND as u64;
+                let rg = pair(0) * u64::from(ax) + pair(3) * u64::from(wx) + ROUND2;
+                *r = (rg >> (2 * COEF_BITS)) as u8;
+                *g = (rg >> (32 + 2 * COEF_BITS)) as u8;
+                *b = ((v[2] * ax + v[5] * wx + ROUND) >> (2 * COEF_BITS)) as u8;
             }
             return;
         }
