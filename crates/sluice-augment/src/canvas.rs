@@ -384,7 +384,7 @@ impl<'a> Canvas<'a> {
             // In runs: the source positions first (a loop of plain float arithmetic), then the samples.
             let chunks = r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN));
             for (((r, g), b), x) in chunks.zip((x0..).step_by(RUN)) {
-                // `x + RUN <= n < 2^24` (`TrainPlan` takes the row path only then).
+                // `x + r.len() <= n < 2^24` (`TrainPlan` takes the row path only then): exact as `i32`.
                 for (s, x) in scratch.xs.iter_mut().zip(x as i32..).take(r.len()) {
                     *s = t.sx_select(map.x_at(x));
                 }
