@@ -4,12 +4,13 @@
 //! with the mixup partner, passed through the HSV lookup tables and written straight into the batch's CHW u8 slot.
 //! No `2 imgsz` canvas, resized tile or intermediate image is ever allocated.
 //!
-//! Two ways through the same definition, byte for byte. Affine recipes without mixup (Ultralytics' defaults:
-//! no perspective) take the row path: along an output row the canvas position is affine in `x`, so the row splits
-//! into a few spans that each lie in one tile or in the grey (located exactly, by the same comparisons the
-//! per-pixel test makes), and a tile's span is sampled in runs — source positions, then a vertical pass over the
-//! two source rows, then the horizontal taps — with HSV applied over the span's channel rows afterwards.
-//! Perspective and mixup recipes take the generic per-pixel path, the definition the row path is tested against.
+//! Two ways through the same definition, byte for byte. Affine recipes (Ultralytics' defaults: no perspective)
+//! take the row path: along an output row the canvas position is affine in `x`, so the row splits into a few
+//! spans that each lie in one tile or in the grey (located exactly, by the same comparisons the per-pixel test
+//! makes), and a tile's span is sampled in runs — source positions, then a vertical pass over the two source rows,
+//! then the horizontal taps — with HSV applied over the span's channel rows afterwards (a mixup partner's row is
+//! rendered the same way and blended in first). Perspective recipes take the generic per-pixel path, the
+//! definition the row path is tested against.
 //!
 //! Where this differs from Ultralytics' separate passes (resize each tile → paste into the canvas → `warpAffine`
 //! → HSV → flip): the source is sampled directly (one bilinear interpolation instead of two, so slightly sharper,
@@ -34,6 +35,10 @@ use crate::hsv::HsvLut;
 use crate::letterbox::FILL;
 use crate::recipe::{Geometry, TrainRecipe};
 use crate::resample::RunScratch;
+
+/// Widest output the row path blends a mixup partner at (its row buffer lives on the stack); wider mixup samples
+/// take the per-pixel path.
+const MIX_ROW: usize = 2048;
 
 /// One geometry ready to sample: its canvas and the output → canvas map.
 #[derive(Debug, Clone, Copy)]
@@ -84,6 +89,36 @@ impl<'a> Warp<'a> {
             cy /= w;
         }
         self.canvas.gather(cx, cy)
+    }
+
+    /// Renders output row `row` (this warp's row map) into the channel rows `rgb`: tile spans sampled, then
+    /// mapped through `hsv` when given; grey spans set to `fill`.
+    fn render_row(
+        &self,
+        row: &RowMap,
+        spans: &mut [(usize, usize, Option<usize>); MAX_SPANS],
+        scratch: &mut RunScratch,
+        [r_row, g_row, b_row]: [&mut [u8]; 3],
+        fill: [u8; 3],
+        hsv: Option<&HsvLut>,
+    ) {
+        let k = self.canvas.spans(row, r_row.len(), spans);
+        for &(a, e, owner) in &spans[..k] {
+            let (r, g, b) = (&mut r_row[a..e], &mut g_row[a..e], &mut b_row[a..e]);
+            match owner {
+                None => {
+                    r.fill(fill[0]);
+                    g.fill(fill[1]);
+                    b.fill(fill[2]);
+                }
+                Some(q) => {
+                    self.canvas.render_span(q, row, a, scratch, r, g, b);
+                    if let Some(lut) = hsv {
+                        lut.apply_planes(r, g, b);
+                    }
+                }
+            }
+        }
     }
 
     /// Labels after the transform: Ultralytics' `apply_bboxes`, clip, `box_candidates`, then the flips.
@@ -167,7 +202,11 @@ impl<'a> TrainPlan<'a> {
                 reason: format!("{} bytes for a {}x{} RGB sample", out.len(), self.size, self.size),
             });
         }
-        if self.mix.is_none() && self.main.rows && self.size < 1 << 24 {
+        let mix_rows = match &self.mix {
+            None => true,
+            Some((mix, _)) => mix.rows && self.size as usize <= MIX_ROW,
+        };
+        if self.main.rows && mix_rows && self.size < 1 << 24 {
             self.render_rows(out);
         } else {
             self.render_pixels(out);
@@ -175,40 +214,48 @@ impl<'a> TrainPlan<'a> {
         Ok(())
     }
 
-    /// The row path (affine, no mixup): each output row is split into spans of one owning tile or of grey
-    /// ([`Canvas::spans`]); a tile's span is sampled in a tight loop without the per-pixel ownership test, grey
-    /// spans are filled with the (HSV-mapped) grey, then HSV runs over the span's pixels. Byte-identical to
-    /// [`Self::render_pixels`].
+    /// The row path (affine geometries): each output row is split into spans of one owning tile or of grey
+    /// ([`Canvas::spans`]); a tile's span is sampled in runs without the per-pixel ownership test and grey spans
+    /// are filled. Without mixup HSV runs over each tile span and grey spans get the HSV-mapped grey; with mixup
+    /// the partner's row is rendered the same way into a row buffer, blended in, and HSV runs over the whole row.
+    /// Byte-identical to [`Self::render_pixels`].
     fn render_rows(&self, out: &mut [u8]) {
         let n = self.size as usize;
         let plane = n * n;
         let (rp, rest) = out.split_at_mut(plane);
         let (gp, bp) = rest.split_at_mut(plane);
-        let fill = match &self.hsv {
-            Some(lut) => lut.apply([FILL; 3]),
-            None => [FILL; 3],
-        };
-        let canvas = &self.main.canvas;
         let mut spans = [(0, 0, None); MAX_SPANS];
         let mut scratch = RunScratch::new();
-        for ((r_row, g_row), (b_row, y)) in
-            rp.chunks_exact_mut(n).zip(gp.chunks_exact_mut(n)).zip(bp.chunks_exact_mut(n).zip(0..))
-        {
-            let map = RowMap::new(&self.main.inverse, y as f32);
-            let k = canvas.spans(&map, n, &mut spans);
-            for &(a, e, owner) in &spans[..k] {
-                let (r, g, b) = (&mut r_row[a..e], &mut g_row[a..e], &mut b_row[a..e]);
-                match owner {
-                    None => {
-                        r.fill(fill[0]);
-                        g.fill(fill[1]);
-                        b.fill(fill[2]);
-                    }
-                    Some(q) => {
-                        canvas.render_span(q, &map, a, &mut scratch, r, g, b);
-                        if let Some(lut) = &self.hsv {
-                            lut.apply_planes(r, g, b);
+        let rows = rp.chunks_exact_mut(n).zip(gp.chunks_exact_mut(n)).zip(bp.chunks_exact_mut(n).zip(0..));
+        match &self.mix {
+            None => {
+                let fill = match &self.hsv {
+                    Some(lut) => lut.apply([FILL; 3]),
+                    None => [FILL; 3],
+                };
+                for ((r, g), (b, y)) in rows {
+                    let row = RowMap::new(&self.main.inverse, y as f32);
+                    let rgb = [r, g, b];
+                    self.main.render_row(&row, &mut spans, &mut scratch, rgb, fill, self.hsv.as_ref());
+                }
+            }
+            Some((mix, ratio)) => {
+                let mut partner = [[0u8; MIX_ROW]; 3];
+                for ((r, g), (b, y)) in rows {
+                    let [pr, pg, pb] = &mut partner;
+                    let (pr, pg, pb) = (&mut pr[..n], &mut pg[..n], &mut pb[..n]);
+                    let row = RowMap::new(&self.main.inverse, y as f32);
+                    self.main.render_row(&row, &mut spans, &mut scratch, [&mut *r, &mut *g, &mut *b], [FILL; 3], None);
+                    let row = RowMap::new(&mix.inverse, y as f32);
+                    mix.render_row(&row, &mut spans, &mut scratch, [&mut *pr, &mut *pg, &mut *pb], [FILL; 3], None);
+                    // The per-pixel path's blend, channel by channel.
+                    for (a, b) in [(&mut *r, &*pr), (&mut *g, &*pg), (&mut *b, &*pb)] {
+                        for (a, &b) in a.iter_mut().zip(b) {
+                            *a = (f32::from(*a) * ratio + f32::from(b) * (1.0 - ratio)) as u8;
                         }
+                    }
+                    if let Some(lut) = &self.hsv {
+                        lut.apply_planes(r, g, b);
                     }
                 }
             }
@@ -299,14 +346,14 @@ mod tests {
     }
 
     /// The row path against the per-pixel path over many random affine recipes: mosaic and single layouts, flips,
-    /// multi-scale output sides, odd and tiny sizes, tiles partly or wholly outside, rotation and shear, with and
-    /// without HSV. Every byte must agree.
+    /// multi-scale output sides, odd and tiny sizes, tiles partly or wholly outside, rotation and shear, mixup,
+    /// with and without HSV. Every byte must agree.
     #[test]
     fn row_path_equals_per_pixel_path() {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let dims = [(1, 1), (2, 3), (3, 2), (1, 9), (640, 480), (37, 91), (200, 13), (5, 300), (64, 64)];
         let images: Vec<SourceImage> = dims.iter().map(|&(w, h)| noise(w, h, &mut rng)).collect();
-        let (mut rows, mut rotated, mut single, mut plain, mut varied) = (0, 0, 0, 0, 0);
+        let (mut rows, mut rotated, mut single, mut plain, mut varied, mut mixed) = (0, 0, 0, 0, 0, 0);
         for case in 0..400 {
             let hyp = Hyp {
                 degrees: if case % 3 == 0 { rng.random_range(0.0..180.0) } else { 0.0 },
@@ -315,7 +362,7 @@ mod tests {
                 scale: rng.random_range(0.0..0.99),
                 perspective: 0.0,
                 mosaic: if case % 4 == 0 { 0.0 } else { 1.0 },
-                mixup: 0.0,
+                mixup: if case % 8 == 0 { 1.0 } else { 0.0 },
                 fliplr: 0.5,
                 flipud: 0.5,
                 ..Hyp::default()
@@ -335,9 +382,12 @@ mod tests {
                 // Far outside the usual range: tiny, huge and mirrored scales.
                 recipe.geometry.perspective.scale = [0.01, 0.3, 4.0, -1.2][rng.random_range(0..4)];
             }
-            let refs: Vec<&SourceImage> = recipe.geometry.layout.ids().iter().map(|&i| &images[i as usize]).collect();
-            let plan = TrainPlan::new(&recipe, &refs, &[]).expect("plan");
-            if !plan.main.rows {
+            let ids =
+                |g: &Geometry| -> Vec<&SourceImage> { g.layout.ids().iter().map(|&i| &images[i as usize]).collect() };
+            let refs = ids(&recipe.geometry);
+            let mix_refs = recipe.mixup.as_ref().map(|m| ids(&m.geometry)).unwrap_or_default();
+            let plan = TrainPlan::new(&recipe, &refs, &mix_refs).expect("plan");
+            if !plan.main.rows || plan.mix.as_ref().is_some_and(|(m, _)| !m.rows) {
                 // Scales far from 1 can leave the inverse's last row a rounding error away from (0, 0, 1).
                 assert!(case % 7 == 0, "case {case}: an affine recipe takes the row path");
                 continue;
@@ -352,21 +402,22 @@ mod tests {
             rotated += usize::from(plan.main.inverse[1][0] != 0.0);
             single += usize::from(matches!(recipe.geometry.layout, crate::Layout::Single { .. }));
             plain += usize::from(recipe.hsv.is_none());
+            mixed += usize::from(recipe.mixup.is_some());
         }
-        assert!(rotated > 50 && single > 50 && plain > 50, "{rotated} {single} {plain}");
+        assert!(rotated > 50 && single > 50 && plain > 50 && mixed > 20, "{rotated} {single} {plain} {mixed}");
         assert!(rows > 370, "{rows} of 400 recipes took the row path");
         assert!(varied > 300, "only {varied} samples show any image content");
     }
 
     #[test]
-    fn perspective_and_mixup_keep_the_per_pixel_path() {
+    fn perspective_keeps_the_per_pixel_path() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let images: Vec<SourceImage> = (0..4).map(|i| noise(40 + i, 30, &mut rng)).collect();
         let refs: Vec<&SourceImage> = images.iter().collect();
         let hyp = Hyp { perspective: 0.001, mixup: 1.0, mosaic: 1.0, ..Hyp::default() };
         let recipe = RecipeSampler::new(hyp, 4).expect("sampler").draw(0, 32, true, &mut rng);
         let plan = TrainPlan::new(&recipe, &refs, &refs).expect("plan");
-        assert!(!plan.main.rows && plan.mix.is_some());
+        assert!(!plan.main.rows && plan.mix.as_ref().is_some_and(|(m, _)| !m.rows));
         let mut out = vec![0u8; plan.slot_len()];
         plan.render(&mut out).expect("render");
     }
