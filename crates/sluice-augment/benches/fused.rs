@@ -159,6 +159,17 @@ fn bench_fused(c: &mut Criterion) {
                 black_box(&out);
             })
         });
+        if imgsz == 640 {
+            // The same sample without HSV: splits the render's cost into sampling and colour.
+            let plain = TrainRecipe { hsv: None, ..recipe };
+            group.bench_with_input(BenchmarkId::new("fused_no_hsv_cpu", imgsz), &plain, |b, r| {
+                b.iter(|| {
+                    let plan = TrainPlan::new(r, &refs, &[]).expect("plan");
+                    plan.render(&mut out).expect("render");
+                    black_box(&out);
+                })
+            });
+        }
         let mut naive = Naive::new();
         group.bench_with_input(BenchmarkId::new("naive_separate_passes_cpu", imgsz), &recipe, |b, r| {
             b.iter(|| {

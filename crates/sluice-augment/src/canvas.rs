@@ -8,7 +8,7 @@ use sluice_core::{BoxXyxy, Label, SampleId, SourceImage};
 use crate::error::{AugmentError, Result};
 use crate::letterbox::{FILL, Letterbox, LetterboxOpts, load_size};
 use crate::recipe::Layout;
-use crate::resample::Sampler;
+use crate::resample::{RUN, RUN_MAX_WIDTH, RunScratch, Sampler};
 
 /// One source image on the canvas.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +36,112 @@ pub(crate) struct Tile<'a> {
     dx: f32,
     by: f32,
     dy: f32,
+}
+
+impl Tile<'_> {
+    /// Canvas x → clamped source x.
+    #[inline(always)]
+    fn sx(&self, cx: f32) -> f32 {
+        (cx * self.kx + self.ox).max(self.sx_lo).min(self.sx_hi)
+    }
+
+    /// [`Self::sx`] as compare-and-select, which vectorises to one `maxps` and one `minps` (`f32::max` adds NaN
+    /// handling): the same value for a position that is not NaN (row positions never are), up to the sign of a
+    /// zero, which the source column and weight do not see.
+    #[inline(always)]
+    fn sx_select(&self, cx: f32) -> f32 {
+        let v = cx * self.kx + self.ox;
+        let v = if v < self.sx_lo { self.sx_lo } else { v };
+        if v > self.sx_hi { self.sx_hi } else { v }
+    }
+
+    /// Canvas y → clamped source y.
+    #[inline(always)]
+    fn sy(&self, cy: f32) -> f32 {
+        (cy * self.ky + self.oy).max(self.sy_lo).min(self.sy_hi)
+    }
+}
+
+/// Most spans [`Canvas::spans`] returns for one row: the six comparisons of two splits and four tiles' edges
+/// change at most 18 times along a row.
+pub(crate) const MAX_SPANS: usize = 19;
+
+/// An affine output → canvas map restricted to one output row `y`: pixel `x` lands at `(ax x + bx + cx,
+/// ay x + by + cy)` with `bx = m01 y`, `by = m11 y`, the per-pixel map's operations in its order (so the same
+/// values, bit for bit).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowMap {
+    pub(crate) ax: f32,
+    pub(crate) bx: f32,
+    pub(crate) cx: f32,
+    pub(crate) ay: f32,
+    pub(crate) by: f32,
+    pub(crate) cy: f32,
+}
+
+impl RowMap {
+    /// The row `y` of the affine map `m` (output pixel → canvas position).
+    pub(crate) fn new(m: &[[f32; 3]; 3], y: f32) -> Self {
+        Self { ax: m[0][0], bx: m[0][1] * y, cx: m[0][2], ay: m[1][0], by: m[1][1] * y, cy: m[1][2] }
+    }
+
+    /// Canvas x of output pixel `x`, as [`Self::at`] gives it (a signed `x` converts exactly as a `usize` does for
+    /// `x < 2^31`, in one instruction, also in vector form).
+    #[inline(always)]
+    pub(crate) fn x_at(&self, x: i32) -> f32 {
+        self.ax * x as f32 + self.bx + self.cx
+    }
+
+    /// Canvas position of output pixel `x`.
+    #[inline(always)]
+    pub(crate) fn at(&self, x: usize) -> (f32, f32) {
+        let xf = x as f32;
+        (self.ax * xf + self.bx + self.cx, self.ay * xf + self.by + self.cy)
+    }
+}
+
+/// The first `x` in `1..n` where the monotonic predicate `p` differs from `p(0)`, given that `p(n - 1)` does;
+/// `guess` is an estimate of it (any value: a bad one only costs evaluations).
+fn first_change(p: &dyn Fn(usize) -> bool, n: usize, guess: f32) -> usize {
+    let p0 = p(0);
+    // Saturating conversion (NaN gives 0), then into 1..n.
+    let g = (guess as i64).clamp(1, n as i64 - 1) as usize;
+    // Bracket lo < hi with p(lo) == p0 and p(hi) != p0, galloping out from the guess.
+    let (mut lo, mut hi);
+    if p(g) != p0 {
+        hi = g;
+        let mut step = 1;
+        loop {
+            let c = hi.saturating_sub(step);
+            if c == 0 || p(c) == p0 {
+                lo = c;
+                break;
+            }
+            hi = c;
+            step *= 2;
+        }
+    } else {
+        lo = g;
+        let mut step = 1;
+        loop {
+            let c = (lo + step).min(n - 1);
+            if p(c) != p0 {
+                hi = c;
+                break;
+            }
+            lo = c;
+            step *= 2;
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if p(mid) == p0 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
 }
 
 /// The canvas of one [`Layout`].
@@ -177,21 +283,120 @@ impl<'a> Canvas<'a> {
         }
     }
 
+    /// The tile that owns continuous canvas position `(cx, cy)` (its index and itself), `None` for the grey.
+    #[inline(always)]
+    fn owner(&self, cx: f32, cy: f32) -> Option<(usize, &Tile<'a>)> {
+        let q = usize::from(cx >= self.split_x) + 2 * usize::from(cy >= self.split_y);
+        let t = self.tiles[q].as_ref()?;
+        (cx >= t.x_min && cx < t.x_max && cy >= t.y_min && cy < t.y_max).then_some((q, t))
+    }
+
     /// The colour at continuous canvas position `(cx, cy)`: bilinear from the tile that owns it, grey outside.
     #[inline(always)]
     pub(crate) fn gather(&self, cx: f32, cy: f32) -> [u8; 3] {
-        let q = usize::from(cx >= self.split_x) + 2 * usize::from(cy >= self.split_y);
-        if let Some(t) = &self.tiles[q]
-            && cx >= t.x_min
-            && cx < t.x_max
-            && cy >= t.y_min
-            && cy < t.y_max
-        {
-            let sx = (cx * t.kx + t.ox).max(t.sx_lo).min(t.sx_hi);
-            let sy = (cy * t.ky + t.oy).max(t.sy_lo).min(t.sy_hi);
-            return t.sampler.sample_clamped(sx, sy);
+        match self.owner(cx, cy) {
+            Some((_, t)) => t.sampler.sample_clamped(t.sx(cx), t.sy(cy)),
+            None => [FILL; 3],
         }
-        [FILL; 3]
+    }
+
+    /// Splits output row `0..n`, mapped onto the canvas by `map`, into spans `(start, end, owner)` of pixels that
+    /// [`Self::gather`] resolves to the same tile (`owner`, the index [`Self::render_span`] takes) or to the grey
+    /// (`None`); returns how many of `out` it filled, in order, covering `0..n`.
+    ///
+    /// Exact, not approximate: `gather`'s decision is a function of six comparisons (`cx` against the quadrant
+    /// split, `cy` against its split, and the owning tile's four edges), and along a row `cx` and `cy` are each
+    /// monotonic in `x` (a product and two sums of the exactly converted `x`, each rounded monotonically), so each
+    /// comparison with a fixed threshold changes at most once along the row. Each change is located by evaluating
+    /// that very comparison on the pixels (from an analytic guess, then galloping and bisecting), so the spans
+    /// pick exactly the pixels the per-pixel test would, whatever the rounding.
+    pub(crate) fn spans(&self, map: &RowMap, n: usize, out: &mut [(usize, usize, Option<usize>); MAX_SPANS]) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let mut cuts = [0usize; MAX_SPANS + 1];
+        let mut k = 1; // cuts[0] = 0
+        let mut cut = |p: &dyn Fn(usize) -> bool, guess: f32| {
+            if p(0) != p(n - 1) && k < cuts.len() {
+                cuts[k] = first_change(p, n, guess);
+                k += 1;
+            }
+        };
+        let on_x = |t: f32| move |x: usize| map.at(x).0 >= t;
+        let on_y = |t: f32| move |x: usize| map.at(x).1 >= t;
+        let guess_x = |t: f32| (t - map.bx - map.cx) / map.ax;
+        let guess_y = |t: f32| (t - map.by - map.cy) / map.ay;
+        cut(&on_x(self.split_x), guess_x(self.split_x));
+        cut(&on_y(self.split_y), guess_y(self.split_y));
+        for t in self.tiles.iter().flatten() {
+            for e in [t.x_min, t.x_max] {
+                cut(&on_x(e), guess_x(e));
+            }
+            for e in [t.y_min, t.y_max] {
+                cut(&on_y(e), guess_y(e));
+            }
+        }
+        let cuts = &mut cuts[..k];
+        cuts.sort_unstable();
+        let mut m = 0;
+        for (i, &a) in cuts.iter().enumerate() {
+            let end = cuts.get(i + 1).copied().unwrap_or(n);
+            if a == end {
+                continue;
+            }
+            let (cx, cy) = map.at(a);
+            let owner = self.owner(cx, cy).map(|(q, _)| q);
+            match out[..m].last_mut() {
+                Some(last) if last.2 == owner => last.1 = end,
+                _ => {
+                    out[m] = (a, end, owner);
+                    m += 1;
+                }
+            }
+        }
+        m
+    }
+
+    /// Writes `gather` of output pixels `x0..x0 + r.len()` of the row `map` (a span [`Self::spans`] gave tile
+    /// `q`) into the three channel rows.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn render_span(
+        &self,
+        q: usize,
+        map: &RowMap,
+        x0: usize,
+        scratch: &mut RunScratch,
+        r: &mut [u8],
+        g: &mut [u8],
+        b: &mut [u8],
+    ) {
+        let Some(t) = self.tiles.get(q).and_then(Option::as_ref) else {
+            return;
+        };
+        // No rotation or shear (Ultralytics' default): `cy` is the same value on the whole row (`0 x` is a zero,
+        // so only the sign of a zero `cy` can differ from pixel to pixel, and the clamp and floor of `sy` make
+        // both signs give the same source row and weight), so the two source rows are fetched once.
+        if map.ay == 0.0
+            && t.sampler.max_x() < RUN_MAX_WIDTH
+            && let Some(rows) = t.sampler.rows(t.sy(map.at(x0).1))
+        {
+            // In runs: the source positions first (a loop of plain float arithmetic), then the samples.
+            let chunks = r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN));
+            for (((r, g), b), x) in chunks.zip((x0..).step_by(RUN)) {
+                // `x + r.len() <= n < 2^24` (`TrainPlan` takes the row path only then): exact as `i32`.
+                for (s, x) in scratch.xs.iter_mut().zip(x as i32..).take(r.len()) {
+                    *s = t.sx_select(map.x_at(x));
+                }
+                rows.sample_run(scratch, r.len(), r, g, b);
+            }
+        } else {
+            for (((r, g), b), x) in r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(x0..) {
+                let (cx, cy) = map.at(x);
+                let [pr, pg, pb] = t.sampler.sample_clamped(t.sx(cx), t.sy(cy));
+                (*r, *g, *b) = (pr, pg, pb);
+            }
+        }
     }
 
     /// Every label on the canvas, in tile order then label order (mosaic: clipped to the canvas, zero-area

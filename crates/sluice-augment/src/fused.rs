@@ -4,6 +4,14 @@
 //! with the mixup partner, passed through the HSV lookup tables and written straight into the batch's CHW u8 slot.
 //! No `2 imgsz` canvas, resized tile or intermediate image is ever allocated.
 //!
+//! Two ways through the same definition, byte for byte. Affine recipes (Ultralytics' defaults: no perspective)
+//! take the row path: along an output row the canvas position is affine in `x`, so the row splits into a few
+//! spans that each lie in one tile or in the grey (located exactly, by the same comparisons the per-pixel test
+//! makes), and a tile's span is sampled in runs — source positions, then a vertical pass over the two source rows,
+//! then the horizontal taps — with HSV applied over the span's channel rows afterwards (a mixup partner's row is
+//! rendered the same way and blended in first). Perspective recipes take the generic per-pixel path, the
+//! definition the row path is tested against.
+//!
 //! Where this differs from Ultralytics' separate passes (resize each tile → paste into the canvas → `warpAffine`
 //! → HSV → flip): the source is sampled directly (one bilinear interpolation instead of two, so slightly sharper,
 //! and without `warpAffine`'s 1/32-pixel position quantisation), and at a tile's edge the sample does not blend
@@ -21,10 +29,16 @@
 use sluice_core::{BoxXyxy, Label, SourceImage};
 
 use crate::affine::{Mat3, box_candidate, transform_box};
-use crate::canvas::{Canvas, flip_box};
+use crate::canvas::{Canvas, MAX_SPANS, RowMap, flip_box};
 use crate::error::{AugmentError, Result};
 use crate::hsv::HsvLut;
+use crate::letterbox::FILL;
 use crate::recipe::{Geometry, TrainRecipe};
+use crate::resample::RunScratch;
+
+/// Widest output the row path blends a mixup partner at (its row buffer lives on the stack); wider mixup samples
+/// take the per-pixel path.
+const MIX_ROW: usize = 2048;
 
 /// One geometry ready to sample: its canvas and the output → canvas map.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +49,9 @@ struct Warp<'a> {
     /// Output pixel → canvas position (flips folded in), single precision for the pixel loop.
     inverse: [[f32; 3]; 3],
     affine: bool,
+    /// Affine with coefficients small enough that no row position overflows: [`TrainPlan::render`] takes the
+    /// row path.
+    rows: bool,
     /// The perspective's scale (for `box_candidates`).
     scale: f32,
 }
@@ -51,7 +68,14 @@ impl<'a> Warp<'a> {
         })?;
         let total = inv.mul(flip).mul(post);
         let inverse = total.0.map(|row| row.map(|v| v as f32));
-        Ok(Self { canvas, forward, inverse, affine: total.is_affine(), scale: geometry.perspective.scale as f32 })
+        // On the single-precision matrix: a last row that rounds to exactly (0, 0, 1) makes the perspective
+        // divisor exactly 1, so skipping the division changes no pixel (a rotation leaves it within a rounding
+        // error of (0, 0, 1) in double precision).
+        let affine = inverse[2] == [0.0, 0.0, 1.0];
+        // |m| <= 1e20 keeps every `m x + m y + m` of a pixel (x, y < 2^32) finite: no NaN breaks the monotonicity
+        // the spans rely on.
+        let rows = affine && inverse[..2].iter().flatten().all(|v| v.abs() <= 1e20);
+        Ok(Self { canvas, forward, inverse, affine, rows, scale: geometry.perspective.scale as f32 })
     }
 
     /// The colour of output pixel `(x, y)` (before HSV).
@@ -65,6 +89,36 @@ impl<'a> Warp<'a> {
             cy /= w;
         }
         self.canvas.gather(cx, cy)
+    }
+
+    /// Renders output row `row` (this warp's row map) into the channel rows `rgb`: tile spans sampled, then
+    /// mapped through `hsv` when given; grey spans set to `fill`.
+    fn render_row(
+        &self,
+        row: &RowMap,
+        spans: &mut [(usize, usize, Option<usize>); MAX_SPANS],
+        scratch: &mut RunScratch,
+        [r_row, g_row, b_row]: [&mut [u8]; 3],
+        fill: [u8; 3],
+        hsv: Option<&HsvLut>,
+    ) {
+        let k = self.canvas.spans(row, r_row.len(), spans);
+        for &(a, e, owner) in &spans[..k] {
+            let (r, g, b) = (&mut r_row[a..e], &mut g_row[a..e], &mut b_row[a..e]);
+            match owner {
+                None => {
+                    r.fill(fill[0]);
+                    g.fill(fill[1]);
+                    b.fill(fill[2]);
+                }
+                Some(q) => {
+                    self.canvas.render_span(q, row, a, scratch, r, g, b);
+                    if let Some(lut) = hsv {
+                        lut.apply_planes(r, g, b);
+                    }
+                }
+            }
+        }
     }
 
     /// Labels after the transform: Ultralytics' `apply_bboxes`, clip, `box_candidates`, then the flips.
@@ -148,6 +202,69 @@ impl<'a> TrainPlan<'a> {
                 reason: format!("{} bytes for a {}x{} RGB sample", out.len(), self.size, self.size),
             });
         }
+        let mix_rows = match &self.mix {
+            None => true,
+            Some((mix, _)) => mix.rows && self.size as usize <= MIX_ROW,
+        };
+        if self.main.rows && mix_rows && self.size < 1 << 24 {
+            self.render_rows(out);
+        } else {
+            self.render_pixels(out);
+        }
+        Ok(())
+    }
+
+    /// The row path (affine geometries): each output row is split into spans of one owning tile or of grey
+    /// ([`Canvas::spans`]); a tile's span is sampled in runs without the per-pixel ownership test and grey spans
+    /// are filled. Without mixup HSV runs over each tile span and grey spans get the HSV-mapped grey; with mixup
+    /// the partner's row is rendered the same way into a row buffer, blended in, and HSV runs over the whole row.
+    /// Byte-identical to [`Self::render_pixels`].
+    fn render_rows(&self, out: &mut [u8]) {
+        let n = self.size as usize;
+        let plane = n * n;
+        let (rp, rest) = out.split_at_mut(plane);
+        let (gp, bp) = rest.split_at_mut(plane);
+        let mut spans = [(0, 0, None); MAX_SPANS];
+        let mut scratch = RunScratch::new();
+        let rows = rp.chunks_exact_mut(n).zip(gp.chunks_exact_mut(n)).zip(bp.chunks_exact_mut(n).zip(0..));
+        match &self.mix {
+            None => {
+                let fill = match &self.hsv {
+                    Some(lut) => lut.apply([FILL; 3]),
+                    None => [FILL; 3],
+                };
+                for ((r, g), (b, y)) in rows {
+                    let row = RowMap::new(&self.main.inverse, y as f32);
+                    let rgb = [r, g, b];
+                    self.main.render_row(&row, &mut spans, &mut scratch, rgb, fill, self.hsv.as_ref());
+                }
+            }
+            Some((mix, ratio)) => {
+                let mut partner = [[0u8; MIX_ROW]; 3];
+                for ((r, g), (b, y)) in rows {
+                    let [pr, pg, pb] = &mut partner;
+                    let (pr, pg, pb) = (&mut pr[..n], &mut pg[..n], &mut pb[..n]);
+                    let row = RowMap::new(&self.main.inverse, y as f32);
+                    self.main.render_row(&row, &mut spans, &mut scratch, [&mut *r, &mut *g, &mut *b], [FILL; 3], None);
+                    let row = RowMap::new(&mix.inverse, y as f32);
+                    mix.render_row(&row, &mut spans, &mut scratch, [&mut *pr, &mut *pg, &mut *pb], [FILL; 3], None);
+                    // The per-pixel path's blend, channel by channel.
+                    for (a, b) in [(&mut *r, &*pr), (&mut *g, &*pg), (&mut *b, &*pb)] {
+                        for (a, &b) in a.iter_mut().zip(b) {
+                            *a = (f32::from(*a) * ratio + f32::from(b) * (1.0 - ratio)) as u8;
+                        }
+                    }
+                    if let Some(lut) = &self.hsv {
+                        lut.apply_planes(r, g, b);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The generic path: every output pixel through [`Warp::pixel`] (ownership test per pixel), mixup and
+    /// perspective included.
+    fn render_pixels(&self, out: &mut [u8]) {
         match (&self.mix, &self.hsv) {
             (None, None) => self.render_with(out, |x, y| self.main.pixel(x, y)),
             (None, Some(lut)) => self.render_with(out, |x, y| lut.apply(self.main.pixel(x, y))),
@@ -160,7 +277,6 @@ impl<'a> TrainPlan<'a> {
                 }
             }),
         }
-        Ok(())
     }
 
     #[inline(always)]
@@ -201,5 +317,108 @@ impl<'a> TrainPlan<'a> {
         let b = l.bbox;
         let bbox = BoxXyxy::new(b.x1 * n / s, b.y1 * n / s, b.x2 * n / s, b.y2 * n / s).clip(n, n);
         Label { bbox, ..l }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use sluice_core::{ImageLabels, ImageRgb8};
+
+    use super::*;
+    use crate::hyp::Hyp;
+    use crate::recipe::RecipeSampler;
+
+    /// Random pixels (some rows padded past `3 w`, as a decoder's stride may be), in runs so neighbours repeat.
+    fn noise(w: u32, h: u32, rng: &mut ChaCha8Rng) -> SourceImage {
+        let stride = w as usize * 3 + if rng.random::<bool>() { 5 } else { 0 };
+        let mut data = vec![0u8; stride * h as usize];
+        let mut v = [0u8; 3];
+        for (i, b) in data.iter_mut().enumerate() {
+            if i % 3 == 0 && rng.random::<u8>() < 100 {
+                v = rng.random();
+            }
+            *b = v[i % 3];
+        }
+        let image = ImageRgb8::from_raw(w, h, stride, data).expect("image");
+        SourceImage { image, labels: ImageLabels { width: w, height: h, objects: Vec::new() } }
+    }
+
+    /// The row path against the per-pixel path over many random affine recipes: mosaic and single layouts, flips,
+    /// multi-scale output sides, odd and tiny sizes, tiles partly or wholly outside, rotation and shear, mixup,
+    /// with and without HSV. Every byte must agree.
+    #[test]
+    fn row_path_equals_per_pixel_path() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let dims = [(1, 1), (2, 3), (3, 2), (1, 9), (640, 480), (37, 91), (200, 13), (5, 300), (64, 64)];
+        let images: Vec<SourceImage> = dims.iter().map(|&(w, h)| noise(w, h, &mut rng)).collect();
+        let (mut rows, mut rotated, mut single, mut plain, mut varied, mut mixed) = (0, 0, 0, 0, 0, 0);
+        for case in 0..400 {
+            let hyp = Hyp {
+                degrees: if case % 3 == 0 { rng.random_range(0.0..180.0) } else { 0.0 },
+                shear: if case % 5 == 0 { rng.random_range(0.0..30.0) } else { 0.0 },
+                translate: rng.random_range(0.0..0.5),
+                scale: rng.random_range(0.0..0.99),
+                perspective: 0.0,
+                mosaic: if case % 4 == 0 { 0.0 } else { 1.0 },
+                mixup: if case % 8 == 0 { 1.0 } else { 0.0 },
+                fliplr: 0.5,
+                flipud: 0.5,
+                ..Hyp::default()
+            };
+            let sampler = RecipeSampler::new(hyp, images.len() as u64).expect("sampler");
+            let imgsz =
+                [1, 2, 3, 7, 32, 33, 64, 97, 160, 320, 640][rng.random_range(0..if case % 10 == 0 { 11 } else { 9 })];
+            let id = rng.random_range(0..images.len() as u64);
+            let mut recipe = sampler.draw(id, imgsz, true, &mut rng);
+            if rng.random_range(0..3) == 0 {
+                recipe = recipe.with_size(rng.random_range(1..=2 * imgsz + 1));
+            }
+            if rng.random_range(0..4) == 0 {
+                recipe.hsv = None;
+            }
+            if case % 7 == 0 {
+                // Far outside the usual range: tiny, huge and mirrored scales.
+                recipe.geometry.perspective.scale = [0.01, 0.3, 4.0, -1.2][rng.random_range(0..4)];
+            }
+            let ids =
+                |g: &Geometry| -> Vec<&SourceImage> { g.layout.ids().iter().map(|&i| &images[i as usize]).collect() };
+            let refs = ids(&recipe.geometry);
+            let mix_refs = recipe.mixup.as_ref().map(|m| ids(&m.geometry)).unwrap_or_default();
+            let plan = TrainPlan::new(&recipe, &refs, &mix_refs).expect("plan");
+            if !plan.main.rows || plan.mix.as_ref().is_some_and(|(m, _)| !m.rows) {
+                // Scales far from 1 can leave the inverse's last row a rounding error away from (0, 0, 1).
+                assert!(case % 7 == 0, "case {case}: an affine recipe takes the row path");
+                continue;
+            }
+            let mut fast = vec![0u8; plan.slot_len()];
+            let mut slow = vec![1u8; plan.slot_len()];
+            plan.render(&mut fast).expect("render");
+            plan.render_pixels(&mut slow);
+            assert!(fast == slow, "case {case}: row path differs from the per-pixel path for {recipe:?}");
+            varied += usize::from(fast.iter().any(|&v| v != fast[0]));
+            rows += 1;
+            rotated += usize::from(plan.main.inverse[1][0] != 0.0);
+            single += usize::from(matches!(recipe.geometry.layout, crate::Layout::Single { .. }));
+            plain += usize::from(recipe.hsv.is_none());
+            mixed += usize::from(recipe.mixup.is_some());
+        }
+        assert!(rotated > 50 && single > 50 && plain > 50 && mixed > 20, "{rotated} {single} {plain} {mixed}");
+        assert!(rows > 370, "{rows} of 400 recipes took the row path");
+        assert!(varied > 300, "only {varied} samples show any image content");
+    }
+
+    #[test]
+    fn perspective_keeps_the_per_pixel_path() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let images: Vec<SourceImage> = (0..4).map(|i| noise(40 + i, 30, &mut rng)).collect();
+        let refs: Vec<&SourceImage> = images.iter().collect();
+        let hyp = Hyp { perspective: 0.001, mixup: 1.0, mosaic: 1.0, ..Hyp::default() };
+        let recipe = RecipeSampler::new(hyp, 4).expect("sampler").draw(0, 32, true, &mut rng);
+        let plan = TrainPlan::new(&recipe, &refs, &refs).expect("plan");
+        assert!(!plan.main.rows && plan.mix.as_ref().is_some_and(|(m, _)| !m.rows));
+        let mut out = vec![0u8; plan.slot_len()];
+        plan.render(&mut out).expect("render");
     }
 }

@@ -2,8 +2,9 @@
 //! `r = U(-1, 1) * (hsv_h, hsv_s, hsv_v)`, three 256-entry lookup tables (hue shifted by `r_h * 180` modulo 180,
 //! saturation and value multiplied by `1 + r`, clipped and truncated), applied in OpenCV's 8-bit HSV space
 //! (`COLOR_RGB2HSV`: H in 0..180, fixed-point divisions with 12-bit tables; `COLOR_HSV2RGB`: float sectors,
-//! rounded half to even). [`HsvLut::apply`] is the fast per-pixel path used inside the fused sampler;
-//! [`hsv_reference`] evaluates the same definitions per pixel from the gains, without any table.
+//! rounded half to even). [`HsvLut::apply`] is the fast per-pixel path, [`HsvLut::apply_planes`] the same over
+//! rows of channel planes in vectorisable stages (the fused sampler's row path); [`hsv_reference`] evaluates the
+//! same definitions per pixel from the gains, without any table.
 
 use serde::{Deserialize, Serialize};
 
@@ -48,17 +49,29 @@ const HDIV: [i32; 256] = {
 };
 
 /// The lookup tables of one sample: Ultralytics' three 256-entry tables, and the same tables pre-converted to what
-/// the HSV → RGB step consumes (hue sector and fraction, saturation and value as floats), so the per-pixel work is
-/// integer RGB → HSV, three table reads and a few multiplications.
+/// the HSV → RGB step consumes, so the per-pixel work is integer RGB → HSV, a few table reads, two
+/// multiplications, two roundings and a byte permutation.
+///
+/// OpenCV's HSV → RGB spreads `tab = [v, p, q, t]` (`p = v(1 - s)`, `q = v(1 - s f)`, `t = v(1 - s(1 - f))`) over
+/// (r, g, b) by sector, and every sector uses `v`, `p` and one of `q` (odd sectors) or `t` (even ones). So per
+/// hue entry the tables hold the factor of that third value (`f` or `1 - f`, the same single-precision value OpenCV
+/// computes) and the sector's permutation of `(v, p, third)` as byte shifts; `v`'s rounding is a table too. The
+/// results are those of OpenCV's formula, bit for bit (tested against [`hsv_reference`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HsvLut {
     hue: [u8; 256],
     sat: [u8; 256],
     val: [u8; 256],
+    /// Per augmented hue: `f` (odd sector) or `1 - f` (even sector).
+    hue_g: [f32; 256],
+    /// Per augmented hue: the shifts that pick r, g, b (bits 0, 8, 16) out of `v | p << 8 | third << 16`.
+    hue_shifts: [u32; 256],
+    /// Per augmented hue: OpenCV's sector (0..6).
     hue_sector: [u8; 256],
-    hue_frac: [f32; 256],
     sat_f: [f32; 256],
     val_f: [f32; 256],
+    /// `saturate_cast<uchar>(255 val_f)`.
+    val_u8: [u8; 256],
 }
 
 /// NumPy's `float % 180` (result in `[0, 180)`), then `astype(uint8)` (truncation).
@@ -92,10 +105,12 @@ impl HsvLut {
             hue: [0; 256],
             sat: [0; 256],
             val: [0; 256],
+            hue_g: [0.0; 256],
+            hue_shifts: [0; 256],
             hue_sector: [0; 256],
-            hue_frac: [0.0; 256],
             sat_f: [0.0; 256],
             val_f: [0.0; 256],
+            val_u8: [0; 256],
         };
         for i in 0..256 {
             let x = i as f64;
@@ -104,10 +119,18 @@ impl HsvLut {
             lut.val[i] = gain_entry(x, gains.v + 1.0);
         }
         lut.sat[0] = 0;
+        // The slot of each of `tab`'s entries in `v | p << 8 | third << 16`: v, p, q and t (q and t are the third).
+        const SLOT: [u32; 4] = [0, 1, 2, 2];
         for i in 0..256 {
-            (lut.hue_sector[i], lut.hue_frac[i]) = sector_of(lut.hue[i]);
+            let (sector, f) = sector_of(lut.hue[i]);
+            let sector = usize::from(sector.min(5));
+            lut.hue_g[i] = if sector % 2 == 1 { f } else { 1.0 - f };
+            let [r, g, b] = PERM[sector].map(|k| 8 * SLOT[usize::from(k & 3)]);
+            lut.hue_shifts[i] = r | g << 8 | b << 16;
+            lut.hue_sector[i] = sector as u8;
             lut.sat_f[i] = f32::from(lut.sat[i]) * INV255;
             lut.val_f[i] = f32::from(lut.val[i]) * INV255;
+            lut.val_u8[i] = to_u8(lut.val_f[i]);
         }
         lut
     }
@@ -117,12 +140,83 @@ impl HsvLut {
         (&self.hue, &self.sat, &self.val)
     }
 
+    /// [`Self::apply`] to every pixel of three channel rows (`r[i], g[i], b[i]` is pixel `i`), in place.
+    ///
+    /// In runs of 64, stage by stage, so that all but the table reads are plain loops over arrays, which the
+    /// compiler vectorises: the largest channel, the spread and the hue numerator (`rgb_to_hsv`'s first half, on
+    /// bytes); the divisions by table, H, S, V and the table reads; the two roundings of `p` and the third value
+    /// (floats); the sector's choice of `(v, p, third)` per channel (byte selects). The same bytes as `apply`.
+    pub fn apply_planes(&self, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+        const RUN: usize = 64;
+        let (mut vv, mut dd, mut hn) = ([0u8; RUN], [0u8; RUN], [0i16; RUN]);
+        let (mut vf, mut sf, mut hg) = ([0f32; RUN], [0f32; RUN], [0f32; RUN]);
+        let (mut v8, mut sec) = ([0u8; RUN], [0u8; RUN]);
+        let (mut p8, mut t8) = ([0u8; RUN], [0u8; RUN]);
+        for ((r, g), b) in r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN)) {
+            let n = r.len().min(g.len()).min(b.len());
+            let (r, g, b) = (&mut r[..n], &mut g[..n], &mut b[..n]);
+            for i in 0..n {
+                let (rr, gg, bb) = (r[i], g[i], b[i]);
+                let v = rr.max(gg).max(bb);
+                let d = v - rr.min(gg).min(bb);
+                let (ri, gi, bi, di) = (i16::from(rr), i16::from(gg), i16::from(bb), i16::from(d));
+                let (for_r, for_g, for_b) = (gi - bi, bi - ri + 2 * di, ri - gi + 4 * di);
+                hn[i] = if v == rr {
+                    for_r
+                } else if v == gg {
+                    for_g
+                } else {
+                    for_b
+                };
+                (vv[i], dd[i]) = (v, d);
+            }
+            for i in 0..n {
+                let (v, d) = (usize::from(vv[i]), usize::from(dd[i]));
+                let s = (i32::from(dd[i]) * SDIV[v] + HSV_ROUND) >> HSV_SHIFT;
+                let mut h = (i32::from(hn[i]) * HDIV[d] + HSV_ROUND) >> HSV_SHIFT;
+                if h < 0 {
+                    h += HUE_RANGE;
+                }
+                let (s, h) = (usize::from(s as u8), usize::from(h as u8));
+                (vf[i], sf[i], hg[i]) = (self.val_f[v], self.sat_f[s], self.hue_g[h]);
+                (v8[i], sec[i]) = (self.val_u8[v], self.hue_sector[h]);
+            }
+            for i in 0..n {
+                p8[i] = to_u8(vf[i] * (1.0 - sf[i]));
+                t8[i] = to_u8(vf[i] * (1.0 - sf[i] * hg[i]));
+            }
+            // OpenCV's `sector_data` per channel: r is v in sectors 0 and 5, p in 2 and 3, the third value in 1
+            // and 4; g is v in 1, 2, p in 4, 5; b is v in 3, 4, p in 0, 1 (`PERM`).
+            for i in 0..n {
+                let (k, v, p, t) = (sec[i], v8[i], p8[i], t8[i]);
+                let pick = |is_v: bool, is_p: bool| {
+                    if is_v {
+                        v
+                    } else if is_p {
+                        p
+                    } else {
+                        t
+                    }
+                };
+                r[i] = pick((k == 0) | (k == 5), (k == 2) | (k == 3));
+                g[i] = pick((k == 1) | (k == 2), (k == 4) | (k == 5));
+                b[i] = pick((k == 3) | (k == 4), (k == 0) | (k == 1));
+            }
+        }
+    }
+
     /// Applies the augmentation to one RGB pixel.
     #[inline(always)]
     pub fn apply(&self, rgb: [u8; 3]) -> [u8; 3] {
         let (h, s, v) = rgb_to_hsv(rgb, &SDIV, &HDIV);
         let (h, s, v) = (h as usize, s as usize, v as usize);
-        sector_to_rgb(self.hue_sector[h], self.hue_frac[h], self.sat_f[s], self.val_f[v])
+        let (sf, vf) = (self.sat_f[s], self.val_f[v]);
+        // `sector_to_rgb`'s `p` and `q` or `t`; at s = 0 they equal v exactly, as its grey branch gives.
+        let p = to_u8(vf * (1.0 - sf));
+        let third = to_u8(vf * (1.0 - sf * self.hue_g[h]));
+        let packed = u32::from(self.val_u8[v]) | u32::from(p) << 8 | u32::from(third) << 16;
+        let sh = self.hue_shifts[h];
+        [(packed >> (sh & 31)) as u8, (packed >> ((sh >> 8) & 31)) as u8, (packed >> ((sh >> 16) & 31)) as u8]
     }
 }
 
@@ -164,14 +258,24 @@ fn sector_to_rgb(sector: u8, f: f32, s: f32, v: f32) -> [u8; 3] {
         (v, v, v)
     } else {
         // Indexed selection instead of a `match`: the sector changes from pixel to pixel and a branch on it
-        // mispredicts; OpenCV's `sector_data` permutation, as (r, g, b) indices into `tab`.
-        const PERM: [[u8; 3]; 6] = [[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]];
+        // mispredicts.
         let tab = [v, v * (1.0 - s), v * (1.0 - s * f), v * (1.0 - s * (1.0 - f))];
         let idx = PERM[usize::from(sector.min(5))];
         (tab[usize::from(idx[0] & 3)], tab[usize::from(idx[1] & 3)], tab[usize::from(idx[2] & 3)])
     };
-    let cast = |x: f32| round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8;
-    [cast(r), cast(g), cast(b)]
+    [to_u8(r), to_u8(g), to_u8(b)]
+}
+
+/// OpenCV's `sector_data` permutation, as (r, g, b) indices into `tab = [v, p, q, t]`.
+const PERM: [[u8; 3]; 6] = [[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]];
+
+/// `saturate_cast<uchar>(x * 255)` (round half to even).
+#[inline(always)]
+fn to_u8(x: f32) -> u8 {
+    let y = round_ties_even_small(x * 255.0).clamp(0.0, 255.0);
+    // `y as u8` for an integer `y` in [0, 255] (x is finite here): its low bits once 2^23 is added (float spacing
+    // 1), a conversion that vectorises where the saturating one does not.
+    (y + 8_388_608.0).to_bits() as u8
 }
 
 /// OpenCV's 8-bit HSV → RGB.
@@ -234,6 +338,29 @@ mod tests {
             // paths are hit.
             for px in every_pixel(3) {
                 assert_eq!(lut.apply(px), hsv_reference(px, gains), "pixel {px:?} gains {gains:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn to_u8_is_saturate_cast() {
+        for i in -4096..=(1 << 20) {
+            let x = i as f32 / (1 << 19) as f32 - 0.001; // [-0.009, 2]: every rounding of [0, 1] and beyond
+            assert_eq!(to_u8(x), round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8, "{x}");
+        }
+    }
+
+    #[test]
+    fn planes_equal_per_pixel() {
+        let gains = [HsvGains { h: 0.015, s: 0.7, v: 0.4 }, HsvGains { h: -0.3, s: -0.7, v: -0.4 }];
+        for g in gains {
+            let lut = HsvLut::new(g);
+            let px: Vec<[u8; 3]> = every_pixel(7).collect();
+            let mut planes: [Vec<u8>; 3] = std::array::from_fn(|c| px.iter().map(|p| p[c]).collect());
+            let [r, gg, b] = &mut planes;
+            lut.apply_planes(r, gg, b);
+            for (i, p) in px.iter().enumerate() {
+                assert_eq!([r[i], gg[i], b[i]], lut.apply(*p), "pixel {p:?} gains {g:?}");
             }
         }
     }

@@ -20,6 +20,143 @@ pub struct Sampler<'a> {
     max_y: f32,
     last_x: usize,
     last_y: usize,
+    /// Bytes of one row's pixels (`3 width`, without the stride's padding).
+    row_len: usize,
+}
+
+/// Integer part and 11-bit weight of a clamped coordinate (`v >= 0`): how [`Sampler::sample_clamped`] splits
+/// each axis.
+#[inline(always)]
+fn split(v: f32) -> (usize, u32) {
+    // Truncation is floor for v >= 0; i32 conversions are single instructions, usize ones are not.
+    let i = v as i32;
+    // Round half up without a libm call (`f32::round` is not an instruction on baseline x86-64).
+    let w = ((v - i as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
+    (i as usize, w)
+}
+
+/// The two source rows and the vertical weight of one clamped `y`: what [`Sampler::sample_clamped`] reads at that
+/// `y` for every `x`, fetched once for a run of samples on the same source row (identical results).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SampleRows<'a> {
+    top: &'a [u8],
+    bottom: &'a [u8],
+    wy: u32,
+    last_x: usize,
+}
+
+/// [`split`] for `0 <= v < 2^23` without the saturating float → int conversion, which does not vectorise: the
+/// nearest integer by adding and removing 2^23 (where the float spacing is 1), minus one where that rounded up,
+/// read off the float's bits. The same `(index, weight)` as `split` (tested).
+#[inline(always)]
+fn split_run(v: f32) -> (u32, u32) {
+    const MAGIC: f32 = 8_388_608.0;
+    let floor = |v: f32| {
+        let r = (v + MAGIC) - MAGIC;
+        if r > v { r - 1.0 } else { r }
+    };
+    let i = floor(v);
+    let w = floor((v - i) * COEF_ONE as f32 + 0.5);
+    ((i + MAGIC).to_bits() - MAGIC.to_bits(), (w + MAGIC).to_bits() - MAGIC.to_bits())
+}
+
+/// Most samples [`SampleRows::sample_run`] takes at once.
+pub(crate) const RUN: usize = 64;
+
+/// Most source columns a run interpolates vertically first (a run stepping by up to 4 source pixels).
+const RUN_COLS: usize = 4 * RUN + 2;
+
+/// Largest source width (exclusive) [`SampleRows::sample_run`] takes: its positions stay below 2^23.
+pub(crate) const RUN_MAX_WIDTH: f32 = 8_388_608.0;
+
+/// Buffers of [`SampleRows::sample_run`], on the stack of the caller's row loop (zeroed once per sample, not per
+/// run).
+#[derive(Debug, Clone)]
+pub(crate) struct RunScratch {
+    /// The caller's source x positions of the run.
+    pub(crate) xs: [f32; RUN],
+    col: [u32; RUN],
+    wx: [u32; RUN],
+    /// One column more than the run may use: the right neighbour read (with weight 0) at the last column.
+    vert: [u32; 3 * (RUN_COLS + 1)],
+}
+
+impl RunScratch {
+    pub(crate) fn new() -> Self {
+        Self { xs: [0.0; RUN], col: [0; RUN], wx: [0; RUN], vert: [0; 3 * (RUN_COLS + 1)] }
+    }
+}
+
+impl SampleRows<'_> {
+    /// `Sampler::sample_clamped(x, y)` at this row's `y` for each of `scratch.xs[..n]` (clamped, each below
+    /// [`RUN_MAX_WIDTH`], `n` at most [`RUN`]), written into the channel rows `r`, `g`, `b`.
+    ///
+    /// When the run's source columns are few enough, vertically first: `ay top + wy bottom` once per source byte,
+    /// then `(ax v0 + wx v1 + round) >> 22` per output channel. That is the same integer as `sample_clamped`'s
+    /// `((ax t0 + wx t1) ay + (ax b0 + wx b1) wy + round) >> 22` (distributivity; every term stays below 2^31), with
+    /// half the multiplications per sample. At the last column `wx` is 0 (the position is clamped to it), so
+    /// whatever `v1` holds there counts for nothing, as `sample_clamped`'s re-read of the same pixel does.
+    #[inline(always)]
+    pub(crate) fn sample_run(&self, scratch: &mut RunScratch, n: usize, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+        let RunScratch { xs, col, wx, vert } = scratch;
+        let n = n.min(RUN).min(r.len()).min(g.len()).min(b.len());
+        let (Some(&first), Some(&last)) = (xs[..n].first(), xs[..n].last()) else {
+            return;
+        };
+        let xs = &xs[..n];
+        let ay = COEF_ONE - self.wy;
+        // A run's positions are monotonic (an affine function of the pixel index through monotonic roundings and
+        // a clamp), so its columns lie between the floors of its two ends.
+        let (x_lo, x_hi) = (first.min(last), first.max(last));
+        let lo = split_run(x_lo).0 as usize;
+        let hi = (split_run(x_hi).0 as usize + 1).min(self.last_x);
+        if lo <= hi && hi - lo < RUN_COLS {
+            for ((c, w), &x) in col.iter_mut().zip(wx.iter_mut()).zip(xs) {
+                let (i, v) = split_run(x);
+                // Byte offset into `vert`: `i >= lo` (floor is monotonic).
+                (*c, *w) = (i.wrapping_sub(lo as u32).wrapping_mul(3), v);
+            }
+            let bytes = lo * 3..(hi + 1) * 3;
+            // Weights are at most 2^11: as u16 factors the products vectorise as 16-bit multiplications.
+            let (ay, wy) = (ay as u16, self.wy as u16);
+            for ((v, &t), &b) in vert.iter_mut().zip(&self.top[bytes.clone()]).zip(&self.bottom[bytes]) {
+                *v = u32::from(u16::from(t)) * u32::from(ay) + u32::from(u16::from(b)) * u32::from(wy);
+            }
+            let out = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(col.iter()).zip(wx.iter());
+            for ((((r, g), b), &i), &wx) in out {
+                // A no-op for monotonic positions; keeps the index inside `vert` whatever they are.
+                let i = (i as usize).min(3 * (RUN_COLS - 1));
+                let v = &vert[i..i + 6];
+                let ax = COEF_ONE - wx;
+                // Red and green as two 32-bit lanes of one u64: each lane's sum stays below 2^31, so no carry
+                // crosses into the other lane.
+                let pair = |c: usize| u64::from(v[c]) | u64::from(v[c + 1]) << 32;
+                const ROUND2: u64 = (ROUND as u64) << 32 | ROUND as u64;
+                let rg = pair(0) * u64::from(ax) + pair(3) * u64::from(wx) + ROUND2;
+                *r = (rg >> (2 * COEF_BITS)) as u8;
+                *g = (rg >> (32 + 2 * COEF_BITS)) as u8;
+                *b = ((v[2] * ax + v[5] * wx + ROUND) >> (2 * COEF_BITS)) as u8;
+            }
+            return;
+        }
+        for ((c, w), &x) in col.iter_mut().zip(wx.iter_mut()).zip(xs) {
+            (*c, *w) = split_run(x);
+        }
+        let out = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut()).zip(col.iter()).zip(wx.iter());
+        for ((((r, g), b), &c), &wx) in out {
+            let x0 = c as usize;
+            let dx = if x0 < self.last_x { 3 } else { 0 };
+            let i = x0 * 3;
+            let (t, bt) = (&self.top[i..i + dx + 3], &self.bottom[i..i + dx + 3]);
+            let ax = COEF_ONE - wx;
+            let px = |c: usize| {
+                let top = u32::from(t[c]) * ax + u32::from(t[dx + c]) * wx;
+                let bottom = u32::from(bt[c]) * ax + u32::from(bt[dx + c]) * wx;
+                ((top * ay + bottom * self.wy + ROUND) >> (2 * COEF_BITS)) as u8
+            };
+            (*r, *g, *b) = (px(0), px(1), px(2));
+        }
+    }
 }
 
 impl<'a> Sampler<'a> {
@@ -35,6 +172,7 @@ impl<'a> Sampler<'a> {
             max_y: (img.height() - 1) as f32,
             last_x: img.width() as usize - 1,
             last_y: img.height() as usize - 1,
+            row_len: img.width() as usize * 3,
         })
     }
 
@@ -52,12 +190,7 @@ impl<'a> Sampler<'a> {
     #[inline(always)]
     pub fn sample_clamped(&self, x: f32, y: f32) -> [u8; 3] {
         debug_assert!((0.0..=self.max_x).contains(&x) && (0.0..=self.max_y).contains(&y), "{x} {y}");
-        // Truncation is floor for x, y >= 0; i32 conversions are single instructions, usize ones are not.
-        let (xi, yi) = (x as i32, y as i32);
-        // Round half up without a libm call (`f32::round` is not an instruction on baseline x86-64).
-        let wx = ((x - xi as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
-        let wy = ((y - yi as f32) * COEF_ONE as f32 + 0.5) as i32 as u32;
-        let (x0, y0) = (xi as usize, yi as usize);
+        let ((x0, wx), (y0, wy)) = (split(x), split(y));
         // At the last column/row the weight of the next pixel is 0 (the position is clamped), so reading the
         // same pixel twice is exact.
         let dx = if x0 < self.last_x { 3 } else { 0 };
@@ -74,6 +207,21 @@ impl<'a> Sampler<'a> {
             *o = ((t * ay + b * wy + ROUND) >> (2 * COEF_BITS)) as u8;
         }
         out
+    }
+
+    /// The source rows [`Sampler::sample_clamped`] reads at a clamped `y`; `None` only for an image whose buffer
+    /// is shorter than its size says (never for an [`ImageRgb8`]).
+    #[inline(always)]
+    pub(crate) fn rows(&self, y: f32) -> Option<SampleRows<'a>> {
+        let (y0, wy) = split(y);
+        let dy = if y0 < self.last_y { self.stride } else { 0 };
+        let i = y0 * self.stride;
+        Some(SampleRows {
+            top: self.data.get(i..i + self.row_len)?,
+            bottom: self.data.get(i + dy..i + dy + self.row_len)?,
+            wy,
+            last_x: self.last_x,
+        })
     }
 
     /// The bilinear sample at `(x, y)` after clamping it into the image (edge pixels replicate).
@@ -107,6 +255,28 @@ mod tests {
         // Clamped positions replicate the edge.
         assert_eq!(s.sample(-3.0, 7.0), [0, 40, 200]);
         assert_eq!(s.sample(3.0, 2.0), [30, 40, 200]);
+    }
+
+    #[test]
+    fn split_run_equals_split() {
+        let mut v = 0.0f32;
+        let mut cases = Vec::new();
+        while v < 4100.0 {
+            cases.extend([v, v.next_up(), v.next_down().max(0.0)]);
+            v += 1.0 / 64.0;
+        }
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            cases.push(f32::from_bits(x % 0x4b00_0000)); // every float in [0, 2^23)
+        }
+        cases.extend([-0.0, 8_388_607.5, 8_388_607.0f32.next_up(), 1.0 - f32::EPSILON / 2.0]);
+        for v in cases {
+            let (i, w) = split(v);
+            assert_eq!(split_run(v), (i as u32, w), "{v}");
+        }
     }
 
     #[test]
