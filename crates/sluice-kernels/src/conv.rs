@@ -143,9 +143,17 @@ impl CustomOp2 for Conv2dOp {
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dy = dy.contiguous()?;
-        let dx = dy.apply_op2_no_bwd(w, &BackwardInput { geom: self.geom })?;
-        let dw = x.apply_op2_no_bwd(&dy, &BackwardWeight { geom: self.geom })?;
-        Ok((Some(dx), Some(dw)))
+        // Only the gradients autograd will use: the network's input (the image batch) is neither a variable nor
+        // the result of a tracked op, so the first conv's input gradient (a full col2im pass) is skipped.
+        let dx = match x.track_op() {
+            true => Some(dy.apply_op2_no_bwd(w, &BackwardInput { geom: self.geom })?),
+            false => None,
+        };
+        let dw = match w.track_op() {
+            true => Some(x.apply_op2_no_bwd(&dy, &BackwardWeight { geom: self.geom })?),
+            false => None,
+        };
+        Ok((dx, dw))
     }
 }
 

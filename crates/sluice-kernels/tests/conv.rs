@@ -151,6 +151,18 @@ fn composes_in_an_autograd_graph_with_vars() {
 }
 
 #[test]
+fn an_untracked_input_gets_no_gradient_and_the_weights_still_match() {
+    // The network's input is a plain tensor: its gradient is never computed, the weight's equals stock's.
+    let x = tensor(&[2, 3, 9, 7], 31, DType::F64);
+    let w = Var::from_tensor(&tensor(&[4, 3, 3, 3], 32, DType::F64)).unwrap();
+    let grads = |y: Tensor| y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    let ours = grads(conv2d(&x, w.as_tensor(), 2, 1).unwrap());
+    let stock = grads(x.conv2d(w.as_tensor(), 1, 2, 1, 1).unwrap());
+    assert!(ours.get(&x).is_none());
+    assert!(rel_err(ours.get(w.as_tensor()).unwrap(), stock.get(w.as_tensor()).unwrap()) < 1e-12);
+}
+
+#[test]
 fn non_contiguous_input_still_matches() {
     // A transposed (strided) input is made contiguous first.
     let x = tensor(&[2, 3, 8, 7], 21, DType::F32).transpose(2, 3).unwrap();
