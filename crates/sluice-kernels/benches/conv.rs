@@ -2,27 +2,32 @@
 //! (`sluice_kernels::conv::conv2d`) against candle's stock conv2d in the same run. Throughput is in FLOPs, so the
 //! "elem/s" criterion prints are FLOP/s (forward `2·n·o·ho·wo·c·k²`, backward twice that).
 //!
-//! `SLUICE_CONV_BENCH_BATCH` overrides the batch (default 8).
+//! `SLUICE_CONV_BENCH_BATCH` overrides the batch (default 8), `SLUICE_CONV_BENCH_IMGSZ` the image size the layer
+//! shapes are taken at (default 320; 640 doubles every side, and the group names say the side).
 #![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]
 
 use candle_core::{Device, Tensor, Var};
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use sluice_kernels::conv::{conv2d, peak_workspace_bytes};
 
-/// (name, c_in, c_out, kernel, stride, input side) of YOLOv8n convs at imgsz 320.
+/// (name, c_in, c_out, kernel, stride, input side at imgsz 320) of YOLOv8n convs.
 const LAYERS: &[(&str, usize, usize, usize, usize, usize)] = &[
-    ("stem_3x3s2_3to16_320", 3, 16, 3, 2, 320),
-    ("down_3x3s2_16to32_160", 16, 32, 3, 2, 160),
-    ("c2f_3x3_32to32_80", 32, 32, 3, 1, 80),
-    ("c2f_3x3_64to64_40", 64, 64, 3, 1, 40),
-    ("c2f_1x1_96to64_40", 96, 64, 1, 1, 40),
-    ("sppf_1x1_256to128_10", 256, 128, 1, 1, 10),
+    ("stem_3x3s2_3to16", 3, 16, 3, 2, 320),
+    ("down_3x3s2_16to32", 16, 32, 3, 2, 160),
+    ("c2f_3x3_32to32", 32, 32, 3, 1, 80),
+    ("c2f_3x3_64to64", 64, 64, 3, 1, 40),
+    ("c2f_1x1_96to64", 96, 64, 1, 1, 40),
+    ("sppf_1x1_256to128", 256, 128, 1, 1, 10),
 ];
 
 fn bench(c: &mut Criterion) {
-    let batch = std::env::var("SLUICE_CONV_BENCH_BATCH").ok().and_then(|s| s.parse().ok()).unwrap_or(8usize);
+    let env = |key: &str, default: usize| std::env::var(key).ok().and_then(|s| s.parse().ok()).unwrap_or(default);
+    let batch = env("SLUICE_CONV_BENCH_BATCH", 8);
+    let imgsz = env("SLUICE_CONV_BENCH_IMGSZ", 320);
     let dev = Device::Cpu;
-    for &(name, ci, co, k, s, side) in LAYERS {
+    for &(layer, ci, co, k, s, side320) in LAYERS {
+        let side = side320 * imgsz / 320;
+        let name = format!("{layer}_{side}");
         let p = k / 2;
         let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, ci, side, side), &dev).unwrap()).unwrap();
         let w = Var::from_tensor(&Tensor::randn(0f32, 0.1, (co, ci, k, k), &dev).unwrap()).unwrap();
