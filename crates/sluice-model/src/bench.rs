@@ -28,7 +28,7 @@ pub struct BenchOptions {
     pub iters: usize,
 }
 
-/// Medians in milliseconds.
+/// Medians in milliseconds, and the memory the runs peaked at.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BenchReport {
     /// Eval-mode forward including the decode.
@@ -37,6 +37,19 @@ pub struct BenchReport {
     pub fused_forward_ms: f64,
     /// Train-mode forward + loss + backward + AdamW step.
     pub train_step_ms: f64,
+    /// The most bytes the convs' im2col/col2im workspaces held at once, all threads together (they are reused across
+    /// layers and steps, so this is the largest layer's need, not a sum over layers).
+    pub peak_conv_workspace_bytes: usize,
+    /// The process's peak resident memory after the runs (`VmHWM` of `/proc/self/status`; `None` elsewhere).
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// The process's resident-memory high-water mark, from Linux's `/proc/self/status`.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 fn sync(device: &Device, t: &Tensor) -> Result<()> {
@@ -85,7 +98,13 @@ pub fn bench_model(opts: &BenchOptions, device: &Device) -> Result<BenchReport> 
         opt.backward_step(&out.total)?;
         sync(device, &out.total)
     })?;
-    Ok(BenchReport { eval_forward_ms, fused_forward_ms, train_step_ms })
+    Ok(BenchReport {
+        eval_forward_ms,
+        fused_forward_ms,
+        train_step_ms,
+        peak_conv_workspace_bytes: sluice_kernels::conv::peak_workspace_bytes(),
+        peak_rss_bytes: peak_rss_bytes(),
+    })
 }
 
 #[cfg(test)]
@@ -99,6 +118,10 @@ mod tests {
         let r = bench_model(&opts, &Device::Cpu).unwrap();
         for v in [r.eval_forward_ms, r.fused_forward_ms, r.train_step_ms] {
             assert!(v.is_finite() && v > 0.0, "{r:?}");
+        }
+        assert!(r.peak_conv_workspace_bytes > 0, "the 3x3 convs use the im2col workspace: {r:?}");
+        if cfg!(target_os = "linux") {
+            assert!(r.peak_rss_bytes.is_some_and(|b| b > 1 << 20), "{r:?}");
         }
     }
 }

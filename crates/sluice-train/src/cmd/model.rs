@@ -56,6 +56,8 @@ struct BenchJson {
     eval_forward_ms: f64,
     fused_forward_ms: f64,
     train_step_ms: f64,
+    peak_conv_workspace_bytes: usize,
+    peak_rss_bytes: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,18 +124,24 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
         eval_forward_ms: r.eval_forward_ms,
         fused_forward_ms: r.fused_forward_ms,
         train_step_ms: r.train_step_ms,
+        peak_conv_workspace_bytes: r.peak_conv_workspace_bytes,
+        peak_rss_bytes: r.peak_rss_bytes,
     };
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        let rss = report.peak_rss_bytes.map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", mib(b)));
         println!(
-            "{} @{} batch {} (cpu): eval forward {:.1} ms, fused forward {:.1} ms, train step {:.1} ms",
+            "{} @{} batch {} (cpu): eval forward {:.1} ms, fused forward {:.1} ms, train step {:.1} ms; \
+             peak conv workspace {:.1} MiB, peak resident memory {rss}",
             report.model,
             report.imgsz,
             report.batch,
             report.eval_forward_ms,
             report.fused_forward_ms,
-            report.train_step_ms
+            report.train_step_ms,
+            mib(report.peak_conv_workspace_bytes as u64),
         );
     }
     Ok(())
