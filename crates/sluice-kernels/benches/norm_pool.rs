@@ -1,4 +1,5 @@
-//! Criterion benches of the fused BatchNorm(train)+SiLU, eval affine+SiLU, max-pool and upsample kernels against
+//! Criterion benches of the fused BatchNorm(train)+SiLU, eval affine+SiLU, max-pool, upsample and DFL decode
+//! kernels against
 //! the composed candle ops, on YOLOv8n's layer shapes at 320×320, batch 8 (CPU backend), forward and
 //! forward+backward, in the same run so the ratios are comparable.
 
@@ -6,7 +7,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
-use sluice_kernels::{norm, pool};
+use sluice_kernels::{dfl, norm, pool};
 
 const BN_EPS: f64 = 1e-3;
 
@@ -85,5 +86,21 @@ fn pool_upsample(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, batch_norm_silu, pool_upsample);
+fn dfl_decode(c: &mut Criterion) {
+    let dev = Device::Cpu;
+    // The head's box logits at 320 (2100 anchors) and 640 (8400), batch 8, reg_max 16.
+    for a in [2100, 8400] {
+        let x = Tensor::randn(0f32, 2.0, (8, 64, a), &dev).expect("x");
+        let wt = Tensor::randn(0f32, 1.0, (8, 4, a), &dev).expect("w");
+        let xv = Var::from_tensor(&x).expect("var");
+        let mut g = group(c, &format!("dfl_decode_cpu_f32/8x64x{a}"), x.elem_count());
+        g.bench_function("fused_fwd", |b| b.iter(|| dfl::dfl_decode(&x, 16).expect("dfl")));
+        g.bench_function("composed_fwd", |b| b.iter(|| dfl::dfl_decode_composed(&x, 16).expect("dfl")));
+        g.bench_function("fused_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| dfl::dfl_decode(t, 16))));
+        g.bench_function("composed_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| dfl::dfl_decode_composed(t, 16))));
+        g.finish();
+    }
+}
+
+criterion_group!(benches, batch_norm_silu, pool_upsample, dfl_decode);
 criterion_main!(benches);

@@ -1,6 +1,7 @@
 //! Fast CPU training kernels for the YOLO model, as candle custom ops with forward *and* backward passes:
-//! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]), and
-//! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]).
+//! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]),
+//! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]), and the head's DFL box decode
+//! ([`dfl`]).
 //!
 //! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
 //! element-wise pool tamed on small machines).
@@ -9,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod conv;
+pub mod dfl;
 pub mod norm;
 pub mod pool;
 pub mod threads;

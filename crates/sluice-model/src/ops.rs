@@ -84,15 +84,7 @@ pub fn atan(x: &Tensor) -> Result<Tensor> {
 
 /// Distribution focal loss decode: `(B, 4·reg_max, A)` bin logits → `(B, 4, A)` expected distances in bins.
 pub fn dfl_decode(raw_boxes: &Tensor, reg_max: usize) -> Result<Tensor> {
-    let (b, c, a) = raw_boxes.dims3()?;
-    if c != 4 * reg_max {
-        candle_core::bail!("dfl_decode: {c} channels, expected 4 x {reg_max}");
-    }
-    let p = softmax(&raw_boxes.reshape((b, 4, reg_max, a))?, 2)?;
-    let proj = Tensor::arange(0u32, reg_max as u32, raw_boxes.device())?
-        .to_dtype(raw_boxes.dtype())?
-        .reshape((1, 1, reg_max, 1))?;
-    p.broadcast_mul(&proj)?.sum(2)
+    sluice_kernels::dfl::dfl_decode(raw_boxes, reg_max)
 }
 
 /// Sigmoid that is differentiable (`candle_nn::ops::sigmoid` with its custom backward).
