@@ -1,4 +1,4 @@
-//! Criterion benches of the fused BatchNorm(train)+SiLU, eval affine+SiLU, max-pool, upsample and DFL decode
+//! Criterion benches of the fused BatchNorm(train)+SiLU, eval affine+SiLU, max-pool, upsample, DFL decode and BCE
 //! kernels against
 //! the composed candle ops, on YOLOv8n's layer shapes at 320×320, batch 8 (CPU backend), forward and
 //! forward+backward, in the same run so the ratios are comparable.
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
-use sluice_kernels::{dfl, norm, pool};
+use sluice_kernels::{dfl, loss, norm, pool};
 
 const BN_EPS: f64 = 1e-3;
 
@@ -102,5 +102,20 @@ fn dfl_decode(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, batch_norm_silu, pool_upsample, dfl_decode);
+fn bce(c: &mut Criterion) {
+    let dev = Device::Cpu;
+    // The class loss at 320 (2100 anchors), batch 8, 80 classes.
+    let x = Tensor::randn(0f32, 3.0, (8, 80, 2100), &dev).expect("x");
+    let z = Tensor::rand(0f32, 0.5, (8, 80, 2100), &dev).expect("z");
+    let wt = Tensor::randn(0f32, 1.0, (8, 80, 2100), &dev).expect("w");
+    let xv = Var::from_tensor(&x).expect("var");
+    let mut g = group(c, "bce_with_logits_cpu_f32/8x80x2100", x.elem_count());
+    g.bench_function("fused_fwd", |b| b.iter(|| loss::bce_with_logits(&x, &z).expect("bce")));
+    g.bench_function("composed_fwd", |b| b.iter(|| loss::bce_with_logits_composed(&x, &z).expect("bce")));
+    g.bench_function("fused_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits(t, &z))));
+    g.bench_function("composed_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits_composed(t, &z))));
+    g.finish();
+}
+
+criterion_group!(benches, batch_norm_silu, pool_upsample, dfl_decode, bce);
 criterion_main!(benches);

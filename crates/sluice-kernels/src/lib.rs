@@ -1,7 +1,7 @@
 //! Fast CPU training kernels for the YOLO model, as candle custom ops with forward *and* backward passes:
 //! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]),
 //! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]), and the head's DFL box decode
-//! ([`dfl`]).
+//! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]).
 //!
 //! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
 //! element-wise pool tamed on small machines).
@@ -11,6 +11,7 @@
 
 pub mod conv;
 pub mod dfl;
+pub mod loss;
 pub mod norm;
 pub mod pool;
 pub mod threads;

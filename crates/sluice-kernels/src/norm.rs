@@ -35,6 +35,8 @@ const MIN_TASK_ELEMS: usize = 16 * 1024;
 pub(crate) trait Elem: WithDType {
     /// `e^x`; for f32 a branch-free polynomial that vectorises (within 2 ulp of `f32::exp`).
     fn exp_fast(self) -> Self;
+    /// `ln x` for `x > 0`; for f32 a branch-free polynomial that vectorises (within 2 ulp of `f32::ln`).
+    fn ln_fast(self) -> Self;
     /// Whether the value is NaN.
     fn nan(self) -> bool;
 }
@@ -43,6 +45,11 @@ impl Elem for f32 {
     #[inline(always)]
     fn exp_fast(self) -> Self {
         exp_f32(self)
+    }
+
+    #[inline(always)]
+    fn ln_fast(self) -> Self {
+        ln_f32(self)
     }
 
     #[inline(always)]
@@ -55,6 +62,11 @@ impl Elem for f64 {
     #[inline(always)]
     fn exp_fast(self) -> Self {
         self.exp()
+    }
+
+    #[inline(always)]
+    fn ln_fast(self) -> Self {
+        self.ln()
     }
 
     #[inline(always)]
@@ -84,6 +96,36 @@ fn exp_f32(x: f32) -> f32 {
     // 2^n through the exponent bits; n + 127 ∈ [1, 255] after the clamp (n = 128 gives +∞, as it should).
     let bits = ((n as i32 + 127) as u32) << 23;
     e * f32::from_bits(bits)
+}
+
+/// Cephes' `logf` for positive normal `x`: `x = m·2^e` with `m ∈ [√½, √2)` from the bits, then
+/// `ln m = (m − 1) − (m − 1)²/2 + (m − 1)³·P(m − 1)` with a degree-8 polynomial, plus `e·ln 2`; no branches.
+#[inline(always)]
+fn ln_f32(x: f32) -> f32 {
+    const SQRT_HALF: f32 = std::f32::consts::FRAC_1_SQRT_2;
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 126;
+    // Mantissa in [0.5, 1).
+    let m = f32::from_bits((bits & 0x807f_ffff) | 0x3f00_0000);
+    let small = m < SQRT_HALF;
+    e -= i32::from(small);
+    let r = if small { m + m - 1.0 } else { m - 1.0 };
+    let ef = e as f32;
+    let z = r * r;
+    const P: [f32; 9] = [
+        7.037_683_6e-2,
+        -1.151_461e-1,
+        1.167_699_9e-1,
+        -1.242_014_1e-1,
+        1.424_932_3e-1,
+        -1.666_805_8e-1,
+        2.000_071_4e-1,
+        -2.499_999_4e-1,
+        3.333_333e-1,
+    ];
+    let p = P.iter().fold(0.0, |acc, &c| acc * r + c);
+    let y = r * z * p - 2.121_944_4e-4 * ef - 0.5 * z;
+    r + y + 0.693_359_4 * ef
 }
 
 /// `SiLU(z) = z·σ(z)`.
@@ -591,6 +633,23 @@ pub fn affine_silu_composed(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ln_f32_matches_std() {
+        let mut worst = 0f32;
+        let mut x = 1e-30f32;
+        while x < 1e30 {
+            for v in [x, x * 1.37, x * 1.9999] {
+                let (got, want) = (ln_f32(v), v.ln());
+                worst = worst.max((got - want).abs() / want.abs().max(1e-6));
+            }
+            x *= 1.01;
+        }
+        for v in [1.0f32, 2.0, 0.5, std::f32::consts::SQRT_2, 1.0 + f32::EPSILON, 1.5] {
+            assert!((ln_f32(v) - v.ln()).abs() <= 2.0 * f32::EPSILON * v.ln().abs().max(1.0), "{v}");
+        }
+        assert!(worst < 1e-6, "worst relative error {worst:e}");
+    }
 
     #[test]
     fn exp_f32_matches_std_over_its_range() {

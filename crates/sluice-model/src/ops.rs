@@ -50,10 +50,9 @@ pub fn log_softmax(x: &Tensor, dim: usize) -> Result<Tensor> {
 }
 
 /// Element-wise binary cross-entropy with logits, `max(x,0) − x·z + log(1 + e^{−|x|})` (PyTorch's
-/// `BCEWithLogitsLoss(reduction="none")`), finite for any logit.
+/// `BCEWithLogitsLoss(reduction="none")`), finite for any logit; the targets `z` get no gradient.
 pub fn bce_with_logits(x: &Tensor, z: &Tensor) -> Result<Tensor> {
-    let softplus = (x.abs()?.neg()?.exp()? + 1.0)?.log()?;
-    (x.relu()? - (x * z)?)? + softplus
+    sluice_kernels::loss::bce_with_logits(x, z)
 }
 
 /// Element-wise arctangent (Cephes `atanf`: range reduction to |t| ≤ tan(π/8) and a degree-9 odd polynomial,
