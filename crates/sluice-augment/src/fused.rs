@@ -10,7 +10,8 @@
 //! makes), and a tile's span is sampled in runs — source positions, then a vertical pass over the two source rows,
 //! then the horizontal taps — with HSV applied over the span's channel rows afterwards (a mixup partner's row is
 //! rendered the same way and blended in first). Perspective recipes take the generic per-pixel path, the
-//! definition the row path is tested against.
+//! definition the row path is tested against. On x86-64 CPUs with AVX2 the row path runs as an AVX2 build of the
+//! same code, chosen at run time (the binary itself targets baseline x86-64): the same bytes, wider vectors.
 //!
 //! Where this differs from Ultralytics' separate passes (resize each tile → paste into the canvas → `warpAffine`
 //! → HSV → flip): the source is sampled directly (one bilinear interpolation instead of two, so slightly sharper,
@@ -418,6 +419,10 @@ mod tests {
             plan.render(&mut fast).expect("render");
             plan.render_pixels(&mut slow);
             assert!(fast == slow, "case {case}: row path differs from the per-pixel path for {recipe:?}");
+            // `render` takes the AVX2 build where the CPU has it; the baseline build must give the same bytes.
+            let mut base = vec![2u8; plan.slot_len()];
+            plan.render_rows(&mut base);
+            assert!(base == slow, "case {case}: baseline row path differs from the per-pixel path for {recipe:?}");
             varied += usize::from(fast.iter().any(|&v| v != fast[0]));
             rows += 1;
             rotated += usize::from(plan.main.inverse[1][0] != 0.0);
