@@ -2,6 +2,14 @@
 //! does what Ultralytics does in separate full passes (resize each tile, paste into a `2 imgsz` canvas, warp the
 //! canvas, HSV over the output, flip, HWC → CHW), measured in the same run; plus the validation letterbox.
 //! The ratio `naive / fused` is the figure of merit.
+//!
+//! Per stage, each one sample at 640 (group `train_stage_640`), as far as the fused sampler has separable stages:
+//! `mosaic_only` (Ultralytics with `degrees = translate = scale = shear = 0`: the centred 640 crop of the mosaic
+//! canvas, sampled 1:1, no HSV), `affine_only` (no mosaic: one image letterboxed and warped by the drawn random
+//! affine, no HSV), `mosaic_affine` (both, no HSV), and `hsv_only` ([`HsvLut::apply_planes`] over a rendered
+//! sample's three planes: the colour stage the fused sampler runs on each span, here as the bench's baseline
+//! x86-64 build compiles it, while the sampler runs it inside its AVX2 row path where the CPU has AVX2). The flips
+//! have no case of their own: they are folded into the inverse map, so they cost nothing separable.
 
 use std::hint::black_box;
 
@@ -10,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sluice_augment::resample::Sampler;
 use sluice_augment::{
-    FILL, HsvLut, Hyp, Layout, Letterbox, LetterboxOpts, RecipeSampler, TrainPlan, TrainRecipe, letterbox_into,
-    load_size,
+    FILL, Geometry, HsvLut, Hyp, Layout, Letterbox, LetterboxOpts, PerspectiveParams, RecipeSampler, TrainPlan,
+    TrainRecipe, letterbox_into, load_size,
 };
 use sluice_core::{ImageLabels, ImageRgb8, SourceImage};
 
@@ -180,6 +188,8 @@ fn bench_fused(c: &mut Criterion) {
     }
     group.finish();
 
+    bench_stages(c, &refs, &sampler);
+
     let mut group = c.benchmark_group("val_letterbox");
     group.throughput(Throughput::Elements(1));
     let lb = Letterbox::new(640, 480, 672, 512, LetterboxOpts { scaleup: false, ..LetterboxOpts::default() });
@@ -195,6 +205,53 @@ fn bench_fused(c: &mut Criterion) {
     group.bench_function("letterbox_640x480_resize_to_320_cpu", |b| {
         b.iter(|| {
             letterbox_into(&images[0].image, &lb, &mut out);
+            black_box(&out);
+        })
+    });
+    group.finish();
+}
+
+/// The per-stage cases at 640 (see the header).
+fn bench_stages(c: &mut Criterion, refs: &[&SourceImage], sampler: &RecipeSampler) {
+    const S: u32 = 640;
+    let mut group = c.benchmark_group("train_stage_640");
+    group.throughput(Throughput::Elements(1));
+    let drawn = sampler.draw(0, S, true, &mut ChaCha8Rng::seed_from_u64(5));
+    let mosaic = Layout::Mosaic4 { ids: [0, 1, 2, 3], centre: (S as i32, S as i32 * 9 / 10) };
+    let plain = TrainRecipe { hsv: None, flip_lr: false, flip_ud: false, mixup: None, ..drawn };
+    let cases = [
+        ("mosaic_only_cpu", Geometry { layout: mosaic, perspective: PerspectiveParams::CENTRED }),
+        ("affine_only_cpu", Geometry { layout: Layout::Single { id: 0 }, ..drawn.geometry }),
+        ("mosaic_affine_cpu", Geometry { layout: mosaic, ..drawn.geometry }),
+    ];
+    let mut out = vec![0u8; 3 * S as usize * S as usize];
+    for (name, geometry) in cases {
+        let recipe = TrainRecipe { geometry, ..plain };
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let plan = TrainPlan::new(&recipe, &refs[..geometry.layout.ids().len()], &[]).expect("plan");
+                plan.render(&mut out).expect("render");
+                black_box(&out);
+            })
+        });
+    }
+    // HSV over the planes of the rendered mosaic + affine sample (photo colours), restored before each pass.
+    let lut = HsvLut::new(drawn.hsv.expect("default hyp draws HSV gains"));
+    let src = out.clone();
+    let plane = (S * S) as usize;
+    group.bench_function("hsv_only_cpu", |b| {
+        b.iter(|| {
+            out.copy_from_slice(&src);
+            let (r, rest) = out.split_at_mut(plane);
+            let (g, bl) = rest.split_at_mut(plane);
+            lut.apply_planes(r, g, bl);
+            black_box(&out);
+        })
+    });
+    // The copy the HSV case includes, alone, to subtract.
+    group.bench_function("hsv_only_copy_baseline_cpu", |b| {
+        b.iter(|| {
+            out.copy_from_slice(&src);
             black_box(&out);
         })
     });

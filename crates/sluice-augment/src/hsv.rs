@@ -146,6 +146,9 @@ impl HsvLut {
     /// compiler vectorises: the largest channel, the spread and the hue numerator (`rgb_to_hsv`'s first half, on
     /// bytes); the divisions by table, H, S, V and the table reads; the two roundings of `p` and the third value
     /// (floats); the sector's choice of `(v, p, third)` per channel (byte selects). The same bytes as `apply`.
+    /// Always inlined, so that a caller compiled for wider vectors (the fused sampler's AVX2 row path) gets
+    /// these loops at its width.
+    #[inline(always)]
     pub fn apply_planes(&self, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
         const RUN: usize = 64;
         let (mut vv, mut dd, mut hn) = ([0u8; RUN], [0u8; RUN], [0i16; RUN]);
