@@ -181,8 +181,76 @@ def shards():
     write("packed_reader", "bad_bytes_fixups", b"\x0c" + bytes(broken))
 
 
+# ---------------------------------------------------------------- dataset YAML, label cache, COCO JSON
+
+
+def data_yamls():
+    w = lambda name, text: write("data_yaml", name, text.encode())
+    w("coco128.yaml", "path: ../datasets/coco128\ntrain: images/train2017\nval: images/train2017\ntest:\n"
+      "names:\n  0: person\n  1: bicycle\n  2: car\n")
+    w("names_list.yaml", "train: [a/images, b.txt]\nvalidation: ../v\nnames: [cat, 1, true, null]\nnc: 4\n")
+    w("nc_only.yaml", "train: t\nval: v\nnc: 3\n")
+    w("bad_index.yaml", "train: t\nval: v\nnames: {0: a, 2: b, '1': c}\n")
+    w("huge_nc.yaml", "train: t\nval: v\nnc: 1e15\n")
+    w("anchors.yaml", "a: &x [t, t]\ntrain: *x\nval: *x\nnames: &n {0: a}\nextra: {<<: *n}\n")
+    w("not_mapping.yaml", "- train\n- val\n")
+    w("bad_syntax.yaml", "train: [a\nval: 'b\n")
+
+
+def cache_file(body):
+    h = 0xCBF29CE484222325
+    for b in body:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"sluice-label-cache 1 {h:016x} {len(body)}\n".encode() + body
+
+
+def label_caches():
+    # Byte 0 (see fuzz/src/lib.rs): bit 0 = the harness writes the header; bits 1-2 = nc index (1, 4, 80, 1000).
+    sample = (
+        '{"image":"d/images/a.jpg","format":"jpeg","label_file":"d/labels/a.txt",'
+        '"labels":{"width":640,"height":480,"objects":[{"class":3,"bbox":{"x1":1.5,"y1":2.0,"x2":100.0,"y2":50.25}}]},'
+        '"crowd":[false],"image_id":null}'
+    )
+    entry = (
+        '{"image":"d/images/a.jpg","image_stamp":{"len":1234,"mtime_ns":1700000000000000000},'
+        '"label_stamp":{"len":20,"mtime_ns":1700000000000000001},"sample":' + sample + ',"problems":[]}'
+    )
+    skipped = (
+        '{"image":"d/images/b.png","image_stamp":{"len":5,"mtime_ns":0},"label_stamp":null,"sample":null,'
+        '"problems":[{"kind":"corrupt_image","file":"d/images/b.png","line":null,"message":"too small"}]}'
+    )
+    body = ('{"version":1,"nc":4,"entries":[' + entry + "," + skipped + "]}").encode()
+    write("label_cache", "valid_nc4", b"\x02" + cache_file(body))
+    write("label_cache", "valid_nc4_fixheader", b"\x03" + body)
+    write("label_cache", "empty_nc1_fixheader", b"\x01" + b'{"version":1,"nc":1,"entries":[]}')
+    write("label_cache", "bad_class_fixheader", b"\x01" + body.replace(b'"nc":4', b'"nc":1'))
+    write("label_cache", "bad_checksum", b"\x02" + cache_file(body)[:-3] + b"]]}")
+    write("label_cache", "huge_length", b"\x02sluice-label-cache 1 0000000000000000 18446744073709551615\n{}")
+    write("label_cache", "old_version", b"\x02" + cache_file(body).replace(b"cache 1 ", b"cache 0 ", 1))
+
+
+def coco_jsons():
+    w = lambda name, text: write("coco_json", name, text.encode())
+    w("instances.json", '{"images":[{"id":42,"file_name":"a.jpg","width":640,"height":480},'
+      '{"id":7,"file_name":"b.png","width":100,"height":50}],'
+      '"annotations":[{"id":1,"image_id":42,"category_id":18,"bbox":[10,20,30,40],"area":1200,"iscrowd":0},'
+      '{"id":2,"image_id":42,"category_id":1,"bbox":[0,0,640,480],"area":307200,"iscrowd":1},'
+      '{"id":3,"image_id":7,"category_id":18,"bbox":[5,5,0,10],"area":0},'
+      '{"id":4,"image_id":99,"category_id":1,"bbox":[5,5,1,1],"area":1}],'
+      '"categories":[{"id":18,"name":"dog"},{"id":1,"name":"person"}]}')
+    w("f32_overflow.json", '{"images":[{"id":1,"file_name":"a","width":9,"height":9}],'
+      '"annotations":[{"id":1,"image_id":1,"category_id":1,"bbox":[0,0,1e39,1],"area":1},'
+      '{"id":2,"image_id":1,"category_id":1,"bbox":[3e38,0,3e38,1],"area":1e300,"iscrowd":true}],'
+      '"categories":[{"id":1,"name":"a"},{"id":1,"name":"b"}]}')
+    w("detections.json", '[{"image_id":1,"category_id":3,"bbox":[1,1,4,4],"score":0.5},'
+      '{"image_id":2,"category_id":99,"bbox":[1.5,1,4,4e2],"score":1e-3}]')
+    w("detection_bad.json", '[{"image_id":1,"category_id":1,"bbox":[1,1,-4,4],"score":0.5},{"image_id":1}]')
+    w("deep.json", "[" * 200 + "]" * 200)
+    w("truncated.json", '{"images":[{"id":1,"file_name":"a.jpg","wid')
+
+
 if __name__ == "__main__":
-    for t in ["yolo_labels", "packed_reader", "decode", "read_header"]:
+    for t in ["yolo_labels", "packed_reader", "decode", "read_header", "data_yaml", "label_cache", "coco_json"]:
         d = CORPUS / t
         if d.is_dir():
             for f in d.glob("seed_*"):
@@ -190,5 +258,8 @@ if __name__ == "__main__":
     images()
     labels()
     shards()
+    data_yamls()
+    label_caches()
+    coco_jsons()
     total = sum(f.stat().st_size for f in CORPUS.rglob("seed_*"))
     print(f"seeds: {len(list(CORPUS.rglob('seed_*')))} files, {total} bytes")

@@ -277,3 +277,143 @@ pub fn read_header(data: &[u8]) {
     let jpeg = h.format == sluice_dataset::ImageFormat::Jpeg;
     assert_eq!(h.missing_eoi, jpeg && !data.ends_with(&[0xFF, 0xD9]), "{h:?}");
 }
+
+/// `sluice_dataset::DataYaml::parse` (the pure half of `DataConfig::from_yaml_str`: YAML → paths as written and
+/// class names, no filesystem access) on arbitrary text (invalid UTF-8 replaced: `DataConfig::load` reads the
+/// file with `read_to_string`, which refuses it).
+///
+/// Checks on success: `train` and `val` name at least one source, there are at most `MAX_CLASSES` names, and
+/// parsing the same text again gives the same answer.
+pub fn data_yaml(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let yaml = Path::new("fuzz/data.yaml");
+    match sluice_dataset::DataYaml::parse(&text, yaml) {
+        Ok(d) => {
+            assert!(!d.train.is_empty() && !d.val.is_empty(), "train or val empty: {d:?}");
+            assert!(d.names.len() <= sluice_dataset::MAX_CLASSES, "{} names", d.names.len());
+            let again = sluice_dataset::DataYaml::parse(&text, yaml);
+            assert!(again.as_ref().is_ok_and(|a| *a == d), "not deterministic: {d:?} then {again:?}");
+        }
+        Err(e) => render(&e),
+    }
+}
+
+/// Byte 0 of a `label_cache` input: bit 0 set → the harness writes the header line (magic, version, checksum,
+/// length) for the rest of the input as the body, so the fuzzer reaches the JSON and the sample checks behind
+/// the checksum; bits 1-2 pick the class count the cache is loaded for (1, 4, 80, 1000).
+const CACHE_FIX_HEADER: u8 = 1;
+
+/// The cache file bytes for an input (see [`CACHE_FIX_HEADER`]) and the class count to load it for.
+pub fn cache_bytes(data: &[u8]) -> (Vec<u8>, usize) {
+    let Some((&mode, rest)) = data.split_first() else { return (Vec::new(), 1) };
+    let nc = CLASS_COUNTS_CACHE[usize::from(mode >> 1) & 3];
+    if mode & CACHE_FIX_HEADER == 0 {
+        return (rest.to_vec(), nc);
+    }
+    let sum = rest.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let version = sluice_dataset::cache::CACHE_VERSION;
+    let mut out = format!("sluice-label-cache {version} {sum:016x} {}\n", rest.len()).into_bytes();
+    out.extend_from_slice(rest);
+    (out, nc)
+}
+
+const CLASS_COUNTS_CACHE: [usize; 4] = [1, 4, 80, 1000];
+
+/// `sluice_dataset::cache::decode` (the body of `cache::load`) on arbitrary bytes, the header optionally repaired
+/// by the harness (byte 0, [`CACHE_FIX_HEADER`]).
+///
+/// Checks on success: every cached sample is one a scan could have produced (classes below `nc`, one crowd flag
+/// per object or none, finite boxes with a positive area inside the image), and the input was no shorter than
+/// what it decoded to claims (no length field conjured entries).
+pub fn label_cache(data: &[u8]) {
+    let (bytes, nc) = cache_bytes(data);
+    let path = Path::new("fuzz/labels/train.cache");
+    match sluice_dataset::cache::decode(&bytes, path, nc) {
+        Ok(entries) => {
+            // Each entry is at least `{"image":"","image_stamp":null,...}` in the body: far more than 16 bytes.
+            assert!(entries.len() * 16 <= bytes.len(), "{} entries from {} bytes", entries.len(), bytes.len());
+            for e in &entries {
+                let Some(s) = &e.sample else { continue };
+                let l = &s.labels;
+                assert!(s.crowd.is_empty() || s.crowd.len() == l.objects.len(), "crowd flags: {s:?}");
+                let (w, h) = (l.width as f32, l.height as f32);
+                for o in &l.objects {
+                    assert!((o.class as usize) < nc, "class {} with nc {nc}", o.class);
+                    let b = o.bbox;
+                    assert!(
+                        0.0 <= b.x1 && b.x1 < b.x2 && b.x2 <= w && 0.0 <= b.y1 && b.y1 < b.y2 && b.y2 <= h,
+                        "box {b:?} outside {w}x{h} or empty"
+                    );
+                }
+                for p in &e.problems {
+                    render(p);
+                }
+            }
+        }
+        Err(e) => render(&e),
+    }
+}
+
+/// The ground truth the `coco_json` target checks detections against: image ids 1 and 2, category ids 1 and 3.
+const COCO_GT: &str = r#"{"images": [{"id": 1, "width": 10, "height": 10}, {"id": 2}],
+    "categories": [{"id": 1, "name": "a"}, {"id": 3, "name": "b"}],
+    "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [1, 1, 4, 4], "area": 16}]}"#;
+
+/// COCO JSON on arbitrary bytes through all three readers: `sluice_dataset::coco::parse_coco` (the body of
+/// `load_coco`: `instances_*.json` → a sample index), and `sluice_eval`'s `CocoDataset::from_slice` (the
+/// ground truth of `sluice eval-coco`) and `Detections::from_slice` (its results list, against a fixed ground
+/// truth: the same bytes cannot be both an object and a list).
+///
+/// Checks on success: the index has one name and category id per category, ids ascending, classes below the
+/// class count, one crowd flag per object, finite boxes with a positive area; the eval side's boxes are 4 finite
+/// numbers with non-negative width and height, areas finite and non-negative, scores finite, every detection of
+/// an image and category of the ground truth.
+pub fn coco_json(data: &[u8]) {
+    let json = Path::new("fuzz/instances.json");
+    match sluice_dataset::coco::parse_coco(data, json, Path::new("/imgs")) {
+        Ok((index, problems)) => {
+            let nc = index.names.len();
+            let ids = index.category_ids.as_deref().unwrap_or_default();
+            assert_eq!(ids.len(), nc, "category ids {ids:?} for {nc} names");
+            assert!(ids.windows(2).all(|w| w[0] < w[1]), "category ids not ascending: {ids:?}");
+            for s in &index.samples {
+                assert_eq!(s.crowd.len(), s.labels.objects.len(), "crowd flags of {:?}", s.image);
+                for o in &s.labels.objects {
+                    assert!((o.class as usize) < nc, "class {} of {nc}", o.class);
+                    let b = o.bbox;
+                    assert!(
+                        [b.x1, b.y1, b.x2, b.y2].iter().all(|v| v.is_finite()) && b.x1 < b.x2 && b.y1 < b.y2,
+                        "box {b:?}"
+                    );
+                }
+            }
+            for p in &problems {
+                render(p);
+            }
+        }
+        Err(e) => render(&e),
+    }
+    let check_boxes = |dt: &sluice_eval::Detections, gt: &sluice_eval::CocoDataset| {
+        for (img, d) in &dt.dets {
+            assert!(gt.images.iter().any(|i| i.id == *img), "detection of unknown image {img}");
+            assert!(gt.categories.iter().any(|c| c.id == d.category_id), "detection of unknown category");
+            assert!(d.bbox.iter().all(|v| v.is_finite()) && d.bbox[2] >= 0.0 && d.bbox[3] >= 0.0, "{:?}", d.bbox);
+            assert!(d.score.is_finite(), "score {}", d.score);
+        }
+    };
+    let fixed = sluice_eval::CocoDataset::from_slice(COCO_GT.as_bytes(), "gt.json").expect("the fixed ground truth");
+    match sluice_eval::Detections::from_slice(data, "fuzz/dt.json", &fixed) {
+        Ok(dt) => check_boxes(&dt, &fixed),
+        Err(e) => render(&e),
+    }
+    match sluice_eval::CocoDataset::from_slice(data, "fuzz/gt.json") {
+        Ok(gt) => {
+            for (img, a) in &gt.annotations {
+                assert!(gt.images.iter().any(|i| i.id == *img), "annotation of unknown image {img}");
+                assert!(a.bbox.iter().all(|v| v.is_finite()) && a.bbox[2] >= 0.0 && a.bbox[3] >= 0.0, "{:?}", a.bbox);
+                assert!(a.area.is_finite() && a.area >= 0.0, "area {}", a.area);
+            }
+        }
+        Err(e) => render(&e),
+    }
+}

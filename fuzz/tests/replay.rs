@@ -41,6 +41,21 @@ fn read_header() {
     replay("read_header", sluice_fuzz::read_header);
 }
 
+#[test]
+fn data_yaml() {
+    replay("data_yaml", sluice_fuzz::data_yaml);
+}
+
+#[test]
+fn label_cache() {
+    replay("label_cache", sluice_fuzz::label_cache);
+}
+
+#[test]
+fn coco_json() {
+    replay("coco_json", sluice_fuzz::coco_json);
+}
+
 /// The harness's repairs really produce a shard the reader accepts, so the fuzzer gets past the checksums.
 #[test]
 fn fixups_make_valid_shards() {
@@ -52,4 +67,18 @@ fn fixups_make_valid_shards() {
     damaged[1 + 49] ^= 0xff; // index checksum
     damaged[1 + 61] ^= 0xff; // header checksum
     assert_eq!(sluice_fuzz::shard_bytes(&damaged), valid[1..]);
+}
+
+/// The valid cache seeds decode (so the fuzzer starts past the header and checksum), with and without the
+/// harness writing the header.
+#[test]
+fn cache_seeds_decode() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for seed in ["seed_valid_nc4", "seed_valid_nc4_fixheader"] {
+        let data = std::fs::read(root.join("corpus/label_cache").join(seed)).expect("seed");
+        let (bytes, nc) = sluice_fuzz::cache_bytes(&data);
+        assert_eq!(nc, 4);
+        let got = sluice_dataset::cache::decode(&bytes, Path::new("t.cache"), nc).expect(seed);
+        assert_eq!(got.len(), 2, "{seed}");
+    }
 }

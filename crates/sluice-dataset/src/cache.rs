@@ -90,6 +90,14 @@ fn fnv1a64(data: &[u8]) -> u64 {
 /// Loads a cache for a dataset of `nc` classes. `Err` says why it cannot be used.
 pub fn load(path: &Path, nc: usize) -> std::result::Result<Vec<ScanEntry>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    decode(&bytes, path, nc)
+}
+
+/// Decodes a cache file's bytes (the body of [`load`], no filesystem access); `path` names it in errors. The
+/// header's length is compared as text with the body's, never used to allocate. Cached samples are checked like
+/// a scan's output (class below `nc`, one crowd flag per object or none, finite boxes with a positive area
+/// inside the image): a cache that passes the checksum but breaks these is corrupt too.
+pub fn decode(bytes: &[u8], path: &Path, nc: usize) -> std::result::Result<Vec<ScanEntry>, String> {
     let nl = bytes.iter().position(|&b| b == b'\n').ok_or_else(|| format!("{}: no header line", path.display()))?;
     let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| format!("{}: header not text", path.display()))?;
     let body = &bytes[nl + 1..];
@@ -110,7 +118,33 @@ pub fn load(path: &Path, nc: usize) -> std::result::Result<Vec<ScanEntry>, Strin
     if b.version != CACHE_VERSION || b.nc != nc {
         return Err(format!("{}: cache made for {} classes, dataset has {nc}", path.display(), b.nc));
     }
+    for (i, e) in b.entries.iter().enumerate() {
+        if let Some(s) = &e.sample
+            && let Err(why) = check_sample(s, nc)
+        {
+            return Err(format!("{}: corrupt cache: entry {i} ({}): {why}", path.display(), e.image.display()));
+        }
+    }
     Ok(b.entries)
+}
+
+/// What a scanned sample always satisfies (see `index::scan_image` and `labels::to_pixel_labels`).
+fn check_sample(s: &Sample, nc: usize) -> std::result::Result<(), String> {
+    let l = &s.labels;
+    if !(s.crowd.is_empty() || s.crowd.len() == l.objects.len()) {
+        return Err(format!("{} crowd flags for {} objects", s.crowd.len(), l.objects.len()));
+    }
+    let (w, h) = (l.width as f32, l.height as f32);
+    for o in &l.objects {
+        if o.class as usize >= nc {
+            return Err(format!("class {} with {nc} classes", o.class));
+        }
+        let b = o.bbox;
+        if !(0.0 <= b.x1 && b.x1 < b.x2 && b.x2 <= w && 0.0 <= b.y1 && b.y1 < b.y2 && b.y2 <= h) {
+            return Err(format!("box {b:?} outside {}x{} or empty", l.width, l.height));
+        }
+    }
+    Ok(())
 }
 
 /// Writes a cache atomically (temporary file + rename).
@@ -166,7 +200,48 @@ mod tests {
         assert!(load(&p, 4).unwrap_err().contains("corrupt"));
         std::fs::write(&p, b"garbage").unwrap();
         assert!(load(&p, 4).is_err());
+        assert!(decode(b"sluice-label-cache 1 0 18446744073709551615\n{}", &p, 4).unwrap_err().contains("corrupt"));
         // No temporary file is left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// A cache whose checksum matches but whose samples no scan could produce (a class past `nc`, a box outside
+    /// the image, crowd flags not matching the objects) is corrupt, not trusted.
+    #[test]
+    fn rejects_samples_a_scan_cannot_produce() {
+        use sluice_core::{BoxXyxy, ImageLabels, Label};
+        let p = Path::new("t.cache");
+        let sample = |class: u32, x2: f32, crowd: usize| Sample {
+            image: "a.jpg".into(),
+            format: crate::header::ImageFormat::Jpeg,
+            label_file: None,
+            labels: ImageLabels {
+                width: 10,
+                height: 10,
+                objects: vec![Label { class, bbox: BoxXyxy { x1: 1.0, y1: 1.0, x2, y2: 5.0 } }],
+            },
+            crowd: vec![false; crowd],
+            image_id: None,
+        };
+        let bytes = |s: Sample| {
+            let e = ScanEntry {
+                image: "a.jpg".into(),
+                image_stamp: None,
+                label_stamp: None,
+                sample: Some(s),
+                problems: vec![],
+            };
+            let json = serde_json::to_vec(&Body { version: CACHE_VERSION, nc: 4, entries: vec![e] }).unwrap();
+            let mut out = format!("{MAGIC} {CACHE_VERSION} {:016x} {}\n", fnv1a64(&json), json.len()).into_bytes();
+            out.extend(json);
+            out
+        };
+        assert_eq!(decode(&bytes(sample(3, 5.0, 1)), p, 4).unwrap().len(), 1);
+        assert_eq!(decode(&bytes(sample(3, 5.0, 0)), p, 4).unwrap().len(), 1);
+        for (s, why) in [(sample(4, 5.0, 1), "class 4"), (sample(0, 11.0, 1), "outside"), (sample(0, 5.0, 2), "crowd")]
+        {
+            let e = decode(&bytes(s), p, 4).unwrap_err();
+            assert!(e.contains("corrupt cache: entry 0") && e.contains(why), "{e}");
+        }
     }
 }

@@ -59,7 +59,13 @@ fn format_of(name: &str) -> ImageFormat {
 /// with an unknown image or category, or a box of zero width or height, are dropped and reported.
 pub fn load_coco(json: &Path, image_dir: &Path) -> Result<(SampleIndex, Vec<Problem>)> {
     let text = std::fs::read(json).map_err(|e| DatasetError::io(json, e))?;
-    let coco: CocoIn = serde_json::from_slice(&text)
+    parse_coco(&text, json, image_dir)
+}
+
+/// The body of [`load_coco`] on the file's bytes (no filesystem access): `json` names the file in errors and
+/// problems, image paths are `image_dir/file_name`.
+pub fn parse_coco(bytes: &[u8], json: &Path, image_dir: &Path) -> Result<(SampleIndex, Vec<Problem>)> {
+    let coco: CocoIn = serde_json::from_slice(bytes)
         .map_err(|e| DatasetError::Json { path: json.to_path_buf(), reason: format!("invalid COCO JSON: {e}") })?;
     from_coco(coco, json, image_dir)
 }
@@ -98,13 +104,18 @@ fn from_coco(coco: CocoIn, json: &Path, image_dir: &Path) -> Result<(SampleIndex
             continue;
         };
         let [x, y, w, h] = a.bbox.map(|v| v as f32);
-        if !(w > 0.0 && h > 0.0 && x.is_finite() && y.is_finite()) {
+        // In f32, a huge `w` is infinite and `x + w` may round to `x` (or overflow): the box must come out
+        // finite with a positive area, else it is dropped like a zero-area one.
+        let bbox = BoxXyxy::from_xywh(x, y, w, h);
+        if !(w > 0.0 && h > 0.0 && x.is_finite() && y.is_finite())
+            || !(bbox.x2.is_finite() && bbox.y2.is_finite() && bbox.x2 > bbox.x1 && bbox.y2 > bbox.y1)
+        {
             let m = format!("{what}: bbox [{x}, {y}, {w}, {h}] has no area: dropped");
             problems.push(Problem::file(ProblemKind::ZeroArea, json, m));
             continue;
         }
         let s = &mut samples[i];
-        s.labels.objects.push(Label { class, bbox: BoxXyxy::from_xywh(x, y, w, h) });
+        s.labels.objects.push(Label { class, bbox });
         s.crowd.push(a.iscrowd != 0);
     }
     let index = SampleIndex {
@@ -275,6 +286,23 @@ mod tests {
         let kinds: Vec<ProblemKind> = probs.iter().map(|p| p.kind).collect();
         assert_eq!(kinds, vec![ProblemKind::ZeroArea, ProblemKind::BadAnnotation]);
         assert!(probs[1].to_string().starts_with("instances.json: annotation id 4"));
+    }
+
+    /// `w = 1e39` is infinite in f32, and `x + w` rounds to `x` for a tiny `w` next to a large `x`: both used to
+    /// make a box with an infinite or zero extent; both are now dropped as zero-area.
+    #[test]
+    fn boxes_that_are_not_finite_in_f32_are_dropped() {
+        let json = br#"{"images": [{"id": 1, "file_name": "a.jpg", "width": 9, "height": 9}],
+          "annotations": [{"image_id": 1, "category_id": 1, "bbox": [0, 0, 1e39, 1]},
+                          {"image_id": 1, "category_id": 1, "bbox": [1e9, 0, 1, 1]},
+                          {"image_id": 1, "category_id": 1, "bbox": [3e38, 0, 3e38, 1]},
+                          {"image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4]}],
+          "categories": [{"id": 1, "name": "a"}]}"#;
+        let (idx, probs) = parse_coco(json, Path::new("i.json"), Path::new("/imgs")).unwrap();
+        assert_eq!(idx.samples[0].labels.objects, vec![Label { class: 0, bbox: BoxXyxy::new(1.0, 2.0, 4.0, 6.0) }]);
+        assert_eq!(idx.samples[0].crowd, vec![false]);
+        assert!(probs.iter().all(|p| p.kind == ProblemKind::ZeroArea) && probs.len() == 3, "{probs:?}");
+        assert!(parse_coco(b"[]", Path::new("i.json"), Path::new("/imgs")).is_err());
     }
 
     #[test]

@@ -74,6 +74,91 @@ pub struct DataConfig {
     pub names: Vec<String>,
 }
 
+/// The most classes a dataset YAML may declare (`nc`, or the length of `names`): class ids are `u32` and each
+/// class gets a name string, so a hostile `nc: 1e15` must be an error, not an allocation.
+pub const MAX_CLASSES: usize = 1 << 20;
+
+/// One split's entry as written in the YAML, before it is joined onto the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SplitSpec {
+    /// A single path (`train: images/train`); a missing `../x` falls back to `root/x` when resolved.
+    One(String),
+    /// A list of paths (empty when the key is absent or an empty string).
+    List(Vec<String>),
+}
+
+impl SplitSpec {
+    /// Whether the split names no source.
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Self::List(v) if v.is_empty())
+    }
+}
+
+/// A dataset YAML as written: parsed and checked, no path resolved. Pure (no filesystem access), so it is what
+/// the fuzz target feeds; [`DataConfig::from_yaml_str`] resolves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataYaml {
+    /// `path`, when given.
+    pub path: Option<String>,
+    /// `train`.
+    pub train: SplitSpec,
+    /// `val` (or `validation`).
+    pub val: SplitSpec,
+    /// `test`.
+    pub test: SplitSpec,
+    /// Class names, index = class id.
+    pub names: Vec<String>,
+}
+
+impl DataYaml {
+    /// Parses a dataset YAML's text; `yaml` only names errors. Errors, in order: invalid YAML, not a mapping,
+    /// `names` / `nc`, `path` not a scalar, a split not a path or a list of paths, `train` or `val` missing.
+    pub fn parse(text: &str, yaml: &Path) -> Result<Self> {
+        let cfg = |reason: String| DatasetError::Config { path: yaml.to_path_buf(), reason };
+        let doc: Value =
+            serde_yaml_ng::from_str(text).map_err(|source| DatasetError::Yaml { path: yaml.to_path_buf(), source })?;
+        let Value::Mapping(map) = doc else {
+            return Err(cfg("a dataset YAML must be a mapping with 'train', 'val' and 'names' or 'nc'".into()));
+        };
+        let get = |k: &str| map.get(k).filter(|v| !v.is_null());
+        let names = DataConfig::names(get("names"), get("nc")).map_err(cfg)?;
+        let path = match get("path") {
+            None => None,
+            Some(v) => Some(py_str(v).ok_or_else(|| cfg(format!("'path: {v:?}' must be a string")))?),
+        };
+        let split = |key: &str| -> Result<SplitSpec> {
+            let v = match get(key) {
+                Some(v) => v,
+                None if key == "val" => match get("validation") {
+                    Some(v) => v,
+                    None => return Ok(SplitSpec::List(Vec::new())),
+                },
+                None => return Ok(SplitSpec::List(Vec::new())),
+            };
+            match v {
+                Value::String(s) if s.is_empty() => Ok(SplitSpec::List(Vec::new())),
+                Value::String(s) => Ok(SplitSpec::One(s.clone())),
+                Value::Sequence(items) => items
+                    .iter()
+                    .map(|i| match i {
+                        Value::String(s) => Ok(s.clone()),
+                        other => Err(cfg(format!("'{key}' entries must be strings, got {other:?}"))),
+                    })
+                    .collect::<Result<Vec<_>>>()
+                    .map(SplitSpec::List),
+                other => Err(cfg(format!("'{key}' must be a path or a list of paths, got {other:?}"))),
+            }
+        };
+        let (train, val, test) = (split("train")?, split("val")?, split("test")?);
+        for (k, v) in [("train", &train), ("val", &val)] {
+            if v.is_empty() {
+                return Err(cfg(format!("'{k}:' key missing. 'train' and 'val' are required in all data YAMLs.")));
+            }
+        }
+        Ok(Self { path, train, val, test, names })
+    }
+}
+
 /// Lexically normalises an absolute path (`.` and `..`), then resolves symlinks where the path exists, like
 /// Python's `Path.resolve()`.
 fn resolve(p: &Path) -> PathBuf {
@@ -119,20 +204,12 @@ impl DataConfig {
 
     /// Resolves a dataset YAML's text; `yaml` is where it lives (the root of relative paths) and names errors.
     pub fn from_yaml_str(text: &str, yaml: &Path) -> Result<Self> {
-        let cfg = |reason: String| DatasetError::Config { path: yaml.to_path_buf(), reason };
-        let doc: Value =
-            serde_yaml_ng::from_str(text).map_err(|source| DatasetError::Yaml { path: yaml.to_path_buf(), source })?;
-        let Value::Mapping(map) = doc else {
-            return Err(cfg("a dataset YAML must be a mapping with 'train', 'val' and 'names' or 'nc'".into()));
-        };
-        let get = |k: &str| map.get(k).filter(|v| !v.is_null());
-        let names = Self::names(get("names"), get("nc")).map_err(cfg)?;
-
+        let doc = DataYaml::parse(text, yaml)?;
         let yaml_dir = resolve(yaml.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")));
-        let root = match get("path") {
+        let root = match &doc.path {
             None => yaml_dir.clone(),
-            Some(v) => {
-                let p = PathBuf::from(py_str(v).ok_or_else(|| cfg(format!("'path: {v:?}' must be a string")))?);
+            Some(p) => {
+                let p = PathBuf::from(p);
                 if p.is_absolute() {
                     resolve(&p)
                 } else if yaml_dir.join(&p).exists() {
@@ -142,49 +219,32 @@ impl DataConfig {
                 }
             }
         };
-        let split = |key: &str| -> Result<Vec<PathBuf>> {
-            let v = match get(key) {
-                Some(v) => v,
-                None if key == "val" => match get("validation") {
-                    Some(v) => v,
-                    None => return Ok(Vec::new()),
-                },
-                None => return Ok(Vec::new()),
-            };
-            match v {
-                Value::String(s) if s.is_empty() => Ok(Vec::new()),
-                Value::String(s) => {
+        let split = |spec: &SplitSpec| -> Vec<PathBuf> {
+            match spec {
+                SplitSpec::One(s) => {
                     let mut x = resolve(&root.join(s));
                     if !x.exists()
                         && let Some(rest) = s.strip_prefix("../")
                     {
                         x = resolve(&root.join(rest));
                     }
-                    Ok(vec![x])
+                    vec![x]
                 }
-                Value::Sequence(items) => items
-                    .iter()
-                    .map(|i| match i {
-                        Value::String(s) => Ok(resolve(&root.join(s))),
-                        other => Err(cfg(format!("'{key}' entries must be strings, got {other:?}"))),
-                    })
-                    .collect(),
-                other => Err(cfg(format!("'{key}' must be a path or a list of paths, got {other:?}"))),
+                SplitSpec::List(items) => items.iter().map(|s| resolve(&root.join(s))).collect(),
             }
         };
-        let (train, val, test) = (split("train")?, split("val")?, split("test")?);
-        for (k, v) in [("train", &train), ("val", &val)] {
-            if v.is_empty() {
-                return Err(cfg(format!("'{k}:' key missing. 'train' and 'val' are required in all data YAMLs.")));
-            }
-        }
-        Ok(Self { yaml: yaml.to_path_buf(), root, train, val, test, names })
+        let (train, val, test) = (split(&doc.train), split(&doc.val), split(&doc.test));
+        Ok(Self { yaml: yaml.to_path_buf(), root, train, val, test, names: doc.names })
     }
 
     fn names(names: Option<&Value>, nc: Option<&Value>) -> std::result::Result<Vec<String>, String> {
         let nc = match nc {
             None => None,
             Some(v) => match v.as_f64() {
+                // Names are made for `nc` alone, so a huge `nc` would be a huge allocation: bounded.
+                Some(f) if f > MAX_CLASSES as f64 => {
+                    return Err(format!("'nc: {v:?}' is more than {MAX_CLASSES} classes"));
+                }
                 Some(f) if f >= 0.0 && f.fract() == 0.0 => Some(f as usize),
                 _ => return Err(format!("'nc: {v:?}' must be an integer")),
             },
@@ -226,6 +286,9 @@ impl DataConfig {
             }
             Some(other) => return Err(format!("'names' must be a list or a mapping, got {other:?}")),
         };
+        if names.len() > MAX_CLASSES {
+            return Err(format!("{} class names, more than {MAX_CLASSES}", names.len()));
+        }
         if let Some(n) = nc
             && n != names.len()
         {
@@ -382,6 +445,31 @@ mod tests {
         assert!(DataConfig::from_yaml_str("train: a\nval: b", y).is_err());
         let e = DataConfig::from_yaml_str("train: [a\n", y).unwrap_err();
         assert!(e.to_string().starts_with("/nonexistent/d.yaml: invalid YAML"), "{e}");
+    }
+
+    #[test]
+    fn pure_parse_keeps_the_paths_as_written() {
+        let y = Path::new("/nonexistent/d.yaml");
+        let d = DataYaml::parse("path: ../ds\ntrain: images/tr\nval: [a, b]\ntest: ''\nnames: {0: x}", y).unwrap();
+        assert_eq!(d.path.as_deref(), Some("../ds"));
+        assert_eq!(d.train, SplitSpec::One("images/tr".into()));
+        assert_eq!(d.val, SplitSpec::List(vec!["a".into(), "b".into()]));
+        assert!(d.test.is_empty());
+        assert_eq!(d.names, vec!["x"]);
+        assert!(DataYaml::parse("train: a\nval: [b, 3]\nnc: 1", y).unwrap_err().to_string().contains("entries"));
+        assert!(DataYaml::parse("- a", y).unwrap_err().to_string().contains("mapping"));
+    }
+
+    /// A huge `nc` without `names` made one name string per class: `nc: 1e15` allocated until killed.
+    #[test]
+    fn huge_nc_is_an_error_not_an_allocation() {
+        let y = Path::new("/nonexistent/d.yaml");
+        for nc in ["1e15", "1048577", "18446744073709551615", ".inf"] {
+            let e = DataYaml::parse(&format!("train: a\nval: b\nnc: {nc}"), y).unwrap_err();
+            assert!(e.to_string().contains("more than 1048576 classes"), "{nc}: {e}");
+        }
+        assert_eq!(DataYaml::parse("train: a\nval: b\nnc: 1048576", y).unwrap().names.len(), MAX_CLASSES);
+        assert!(DataYaml::parse("train: a\nval: b\nnc: .nan", y).unwrap_err().to_string().contains("integer"));
     }
 
     #[test]
