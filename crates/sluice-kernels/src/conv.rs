@@ -145,14 +145,8 @@ impl CustomOp2 for Conv2dOp {
         let dy = dy.contiguous()?;
         // Only the gradients autograd will use: the network's input (the image batch) is neither a variable nor
         // the result of a tracked op, so the first conv's input gradient (a full col2im pass) is skipped.
-        let dx = match x.track_op() {
-            true => Some(dy.apply_op2_no_bwd(w, &BackwardInput { geom: self.geom })?),
-            false => None,
-        };
-        let dw = match w.track_op() {
-            true => Some(x.apply_op2_no_bwd(&dy, &BackwardWeight { geom: self.geom })?),
-            false => None,
-        };
+        let dx = x.track_op().then(|| dy.apply_op2_no_bwd(w, &BackwardInput { geom: self.geom })).transpose()?;
+        let dw = w.track_op().then(|| x.apply_op2_no_bwd(&dy, &BackwardWeight { geom: self.geom })).transpose()?;
         Ok((dx, dw))
     }
 }
