@@ -14,7 +14,7 @@ use sluice_model::candle_core::Device;
 use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::run::load_model;
-use sluice_train::train::{BatchEvent, Observer, TrainConfig, Trainer};
+use sluice_train::train::{BatchEvent, FinalEvalEvent, Observer, TrainConfig, Trainer};
 
 #[derive(Default)]
 struct Record {
@@ -22,6 +22,8 @@ struct Record {
     losses: Vec<(u32, usize, usize, [f64; 3])>,
     stop_at: Option<(u32, usize)>,
     stop: Option<Arc<AtomicBool>>,
+    /// (epoch, mAP50, mAP50-95) of each final validation of `best`.
+    final_evals: Vec<(u32, f64, f64)>,
 }
 
 impl Observer for Record {
@@ -32,6 +34,11 @@ impl Observer for Record {
         {
             s.store(true, Ordering::SeqCst);
         }
+    }
+
+    fn final_eval(&mut self, e: &FinalEvalEvent<'_>) {
+        let r = &e.result.report;
+        self.final_evals.push((e.epoch, r.map50, r.map50_95));
     }
 }
 
@@ -85,6 +92,12 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     for f in [&summary.last, &summary.best, &t.paths().summary, &t.paths().telemetry] {
         assert!(f.exists(), "{} missing", f.display());
     }
+    // Ultralytics' final_eval: `best` validated once more after the last epoch gives the best epoch's metrics
+    // again (the same EMA weights, saved and loaded back exactly).
+    assert_eq!(full.final_evals.len(), 1, "one final validation");
+    let (epoch, map50, map50_95) = full.final_evals[0];
+    assert_eq!(epoch, summary.best_epoch);
+    assert_eq!((map50, map50_95), (summary.best_metrics.map50, summary.best_metrics.map50_95));
     for plot in ["train_batch0.jpg", "PR_curve.png", "results.png"] {
         assert!(t.paths().dir.join(plot).exists(), "{plot} missing");
     }

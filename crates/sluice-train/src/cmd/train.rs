@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_train::train::run::checkpoint_config;
 use sluice_train::train::{
-    BatchEvent, CacheMode, EpochEvent, Observer, TrainConfig, TrainSummary, Trainer, find_resume, parse_multi_scale,
+    BatchEvent, CacheMode, EpochEvent, FinalEvalEvent, Observer, TrainConfig, TrainSummary, Trainer, find_resume,
+    parse_multi_scale,
 };
 
 /// Arguments of `sluice train`.
@@ -154,6 +155,11 @@ impl Observer for Console {
         eprintln!("{}", e.telemetry.table());
     }
 
+    fn final_eval(&mut self, e: &FinalEvalEvent<'_>) {
+        eprintln!("\nvalidating {} (epoch {}):", e.weights.display(), e.epoch);
+        eprint!("{}", e.result.class_table(e.names));
+    }
+
     fn warn(&mut self, message: &str) {
         match &self.bar {
             Some(bar) => bar.suspend(|| eprintln!("warning: {message}")),
@@ -184,6 +190,14 @@ pub(crate) fn print_summary(s: &TrainSummary) {
     eprintln!("results: {}", s.run_dir.display());
     eprintln!("  weights: {} and {}", s.last.display(), s.best.display());
     eprintln!("  results.csv, telemetry.jsonl, summary.json, args.yaml");
+    let plots: Vec<&str> =
+        ["results.png", "PR_curve.png", "train_batch0.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg"]
+            .into_iter()
+            .filter(|f| s.run_dir.join(f).exists())
+            .collect();
+    if !plots.is_empty() {
+        eprintln!("  plots: {}", plots.join(", "));
+    }
     if s.interrupted {
         eprintln!("interrupted: continue with `sluice train --resume {}`", s.run_dir.display());
     }

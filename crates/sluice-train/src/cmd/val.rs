@@ -102,21 +102,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
-    let instances: u64 = out.classes.iter().map(|c| c.instances).sum();
-    println!(
-        "{:>20} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95"
-    );
-    println!(
-        "{:>20} {:>7} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-        "all", out.images, instances, out.precision, out.recall, out.map50, out.map50_95
-    );
-    for c in &out.classes {
-        println!(
-            "{:>20} {:>7} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-            c.name, "", c.instances, c.precision, c.recall, c.map50, c.map50_95
-        );
-    }
+    print!("{}", v.class_table(&names));
     eprintln!("{}", out.telemetry.line().trim_start());
     Ok(())
 }

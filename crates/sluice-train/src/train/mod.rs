@@ -8,4 +8,4 @@ pub mod telemetry;
 pub mod validate;
 
 pub use config::{CacheMode, TrainConfig, parse_multi_scale};
-pub use run::{BatchEvent, EpochEvent, Metrics, Observer, Quiet, TrainSummary, Trainer, find_resume};
+pub use run::{BatchEvent, EpochEvent, FinalEvalEvent, Metrics, Observer, Quiet, TrainSummary, Trainer, find_resume};

@@ -59,12 +59,27 @@ pub struct EpochEvent {
     pub best: bool,
 }
 
+/// The final validation of a finished run: `best` validated once more, as Ultralytics' `final_eval` does.
+#[derive(Debug, Clone, Copy)]
+pub struct FinalEvalEvent<'a> {
+    /// The weights validated (`weights/best.safetensors`).
+    pub weights: &'a Path,
+    /// The 1-based epoch they are from.
+    pub epoch: u32,
+    /// The validation, with per-class metrics in `result.report.classes`.
+    pub result: &'a ValResult,
+    /// Class names, index = class id.
+    pub names: &'a [String],
+}
+
 /// Callbacks of a run.
 pub trait Observer {
     /// After each batch.
     fn batch(&mut self, _event: &BatchEvent) {}
     /// After each epoch (validation included).
     fn epoch(&mut self, _event: &EpochEvent) {}
+    /// After the last epoch: the validation of `best` (Ultralytics' `final_eval`).
+    fn final_eval(&mut self, _event: &FinalEvalEvent<'_>) {}
     /// A warning (non-finite step, skipped samples).
     fn warn(&mut self, message: &str) {
         tracing_free_warn(message);
@@ -476,6 +491,42 @@ impl Trainer {
             .with_context(|| format!("saving {}", path.display()))
     }
 
+    /// Ultralytics' `final_eval`: validates `best` once more after the last epoch, reports it to the observer
+    /// (per class) and draws the final validation's plots from it (PR curve, the first val batch with its labels
+    /// and with its predictions). Nothing to do when no validation ever wrote `best`.
+    fn final_eval(&self, observer: &mut dyn Observer) -> Result<()> {
+        let best = &self.paths.best;
+        if !best.exists() {
+            return Ok(());
+        }
+        let model = load_model(best, None, self.loss.nc, self.model.device())?;
+        let opts = ValOptions { keep_first_batch: self.cfg.plots };
+        let v = validate(&model, &self.val, &self.loss, &self.transfer, opts)?;
+        if self.cfg.plots {
+            let out = self.paths.dir.join("PR_curve.png");
+            if let Err(e) = crate::plots::plot_pr_curve(&v.report, &self.names, &out) {
+                observer.warn(&format!("{}: {e}", out.display()));
+            }
+            if let Some(first) = &v.first_batch {
+                for (file, dets) in
+                    [("val_batch0_labels.jpg", None), ("val_batch0_pred.jpg", Some(&first.detections[..]))]
+                {
+                    let out = self.paths.dir.join(file);
+                    if let Err(e) = crate::plots::plot_batch(&first.batch, &self.names, dets, &out) {
+                        observer.warn(&format!("{}: {e}", out.display()));
+                    }
+                }
+            }
+        }
+        observer.final_eval(&FinalEvalEvent {
+            weights: best,
+            epoch: self.progress.best_epoch,
+            result: &v,
+            names: &self.names,
+        });
+        Ok(())
+    }
+
     /// Runs the remaining epochs.
     pub fn run(&mut self, observer: &mut dyn Observer) -> Result<TrainSummary> {
         let start = Instant::now();
@@ -596,29 +647,9 @@ impl Trainer {
             }
             let mut best = false;
             if self.cfg.validates(epoch) {
-                // Ultralytics plots the final validation only (PR curve, the first val batch's labels and
-                // predictions).
-                let final_plots = self.cfg.plots && epoch + 1 == epochs;
-                let opts = ValOptions { keep_first_batch: final_plots };
-                let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, opts)?;
+                let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, ValOptions::default())?;
                 tel.val_s = v.seconds;
                 tel.val = Some(ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats));
-                if final_plots {
-                    let out = self.paths.dir.join("PR_curve.png");
-                    if let Err(e) = crate::plots::plot_pr_curve(&v.report, &self.names, &out) {
-                        observer.warn(&format!("{}: {e}", out.display()));
-                    }
-                    if let Some(first) = &v.first_batch {
-                        for (file, dets) in
-                            [("val_batch0_labels.jpg", None), ("val_batch0_pred.jpg", Some(&first.detections[..]))]
-                        {
-                            let out = self.paths.dir.join(file);
-                            if let Err(e) = crate::plots::plot_batch(&first.batch, &self.names, dets, &out) {
-                                observer.warn(&format!("{}: {e}", out.display()));
-                            }
-                        }
-                    }
-                }
                 let m = Metrics::of(&v);
                 self.progress.last_metrics = m;
                 self.progress.last_val_loss = v.loss;
@@ -657,6 +688,9 @@ impl Trainer {
                 interrupted = true;
                 break;
             }
+        }
+        if !interrupted && self.progress.epoch >= epochs {
+            self.final_eval(observer)?;
         }
         let summary = TrainSummary {
             run_dir: self.paths.dir.clone(),

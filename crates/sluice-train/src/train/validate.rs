@@ -59,6 +59,40 @@ pub struct ValResult {
     pub first_batch: Option<FirstBatch>,
 }
 
+impl ValResult {
+    /// Ultralytics' validation table: a header, the `all` row (images, instances, P, R, mAP50, mAP50-95), then one
+    /// row per class with instances; `names[i]` names class `i` (its number when missing).
+    pub fn class_table(&self, names: &[String]) -> String {
+        use std::fmt::Write as _;
+        let r = &self.report;
+        let instances: u64 = r.classes.iter().map(|c| c.num_gt).sum();
+        let mut s = format!(
+            "{:>20} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95"
+        );
+        let _ = writeln!(
+            s,
+            "{:>20} {:>7} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            "all", self.images, instances, r.mp, r.mr, r.map50, r.map50_95
+        );
+        for c in &r.classes {
+            let name = names.get(c.class as usize).cloned().unwrap_or_else(|| c.class.to_string());
+            let _ = writeln!(
+                s,
+                "{:>20} {:>7} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+                name,
+                "",
+                c.num_gt,
+                c.p,
+                c.r,
+                c.ap50(),
+                c.ap50_95()
+            );
+        }
+        s
+    }
+}
+
 /// Validates `model` over one pass of `loader`: inference on this thread, NMS and matching on `workers`
 /// post-process threads fed through a bounded queue, so the two overlap.
 pub fn validate(
