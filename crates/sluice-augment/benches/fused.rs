@@ -7,9 +7,10 @@
 //! `mosaic_only` (Ultralytics with `degrees = translate = scale = shear = 0`: the centred 640 crop of the mosaic
 //! canvas, sampled 1:1, no HSV), `affine_only` (no mosaic: one image letterboxed and warped by the drawn random
 //! affine, no HSV), `mosaic_affine` (both, no HSV), and `hsv_only` ([`HsvLut::apply_planes`] over a rendered
-//! sample's three planes: the colour stage the fused sampler runs on each span, here as the bench's baseline
-//! x86-64 build compiles it, while the sampler runs it inside its AVX2 row path where the CPU has AVX2). The flips
-//! have no case of their own: they are folded into the inverse map, so they cost nothing separable.
+//! sample's three planes: the colour stage the fused sampler runs on each span, compiled as the sampler runs it,
+//! inside an AVX2 function where the CPU has AVX2 and as baseline x86-64 elsewhere; `hsv_only_baseline_x86_64`
+//! is the baseline build on any CPU, what a machine without AVX2 runs). The flips have no case of their own: they
+//! are folded into the inverse map, so they cost nothing separable.
 
 use std::hint::black_box;
 
@@ -244,6 +245,15 @@ fn bench_stages(c: &mut Criterion, refs: &[&SourceImage], sampler: &RecipeSample
             out.copy_from_slice(&src);
             let (r, rest) = out.split_at_mut(plane);
             let (g, bl) = rest.split_at_mut(plane);
+            apply_planes_as_sampler(&lut, r, g, bl);
+            black_box(&out);
+        })
+    });
+    group.bench_function("hsv_only_baseline_x86_64_cpu", |b| {
+        b.iter(|| {
+            out.copy_from_slice(&src);
+            let (r, rest) = out.split_at_mut(plane);
+            let (g, bl) = rest.split_at_mut(plane);
             lut.apply_planes(r, g, bl);
             black_box(&out);
         })
@@ -256,6 +266,28 @@ fn bench_stages(c: &mut Criterion, refs: &[&SourceImage], sampler: &RecipeSample
         })
     });
     group.finish();
+}
+
+/// [`HsvLut::apply_planes`] as the fused sampler's row path runs it: inlined into an AVX2 function where the CPU
+/// has AVX2 (the sampler's run-time dispatch), the baseline x86-64 build elsewhere.
+fn apply_planes_as_sampler(lut: &HsvLut, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { apply_planes_avx2(lut, r, g, b) };
+        return;
+    }
+    lut.apply_planes(r, g, b);
+}
+
+/// `apply_planes` (always inlined) compiled for AVX2, like `TrainPlan`'s AVX2 row path.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn apply_planes_avx2(lut: &HsvLut, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+    lut.apply_planes(r, g, b);
 }
 
 criterion_group!(benches, bench_fused);
