@@ -23,6 +23,9 @@ const HSV_SHIFT: u32 = 12;
 const HSV_ROUND: i32 = 1 << (HSV_SHIFT - 1);
 const HUE_RANGE: i32 = 180;
 
+/// Pixels per run of [`HsvLut::apply_planes`]'s stages.
+const RUN: usize = 64;
+
 /// OpenCV's `sdiv_table`: `round((255 << 12) / i)`, 0 for 0 (exact halves never occur for `i < 256`).
 const SDIV: [i32; 256] = {
     let mut t = [0i32; 256];
@@ -140,71 +143,92 @@ impl HsvLut {
         (&self.hue, &self.sat, &self.val)
     }
 
-    /// [`Self::apply`] to every pixel of three channel rows (`r[i], g[i], b[i]` is pixel `i`), in place.
+    /// [`Self::apply`] to every pixel of three channel rows (`r[i], g[i], b[i]` is pixel `i`, for `i` below the
+    /// shortest row's length), in place.
     ///
-    /// In runs of 64, stage by stage, so that all but the table reads are plain loops over arrays, which the
-    /// compiler vectorises: the largest channel, the spread and the hue numerator (`rgb_to_hsv`'s first half, on
-    /// bytes); the divisions by table, H, S, V and the table reads; the two roundings of `p` and the third value
-    /// (floats); the sector's choice of `(v, p, third)` per channel (byte selects). The same bytes as `apply`.
-    /// Always inlined, so that a caller compiled for wider vectors (the fused sampler's AVX2 row path) gets
-    /// these loops at its width.
+    /// In runs of [`RUN`] pixels, stage by stage, so that all but the table reads are plain loops over arrays,
+    /// which the compiler vectorises: the largest channel, the spread and the hue numerator (`rgb_to_hsv`'s first
+    /// half, on bytes); the divisions by table, H, S, V and the table reads; the two roundings of `p` and the
+    /// third value (floats); the sector's choice of `(v, p, third)` per channel (byte selects). The same bytes as
+    /// `apply`. Every run is a whole fixed-size array (a shorter last run is padded into one): loops of a constant
+    /// trip count vectorise without a scalar remainder. Always inlined, so that a caller compiled for wider
+    /// vectors (the fused sampler's AVX2 row path) gets these loops at its width.
     #[inline(always)]
     pub fn apply_planes(&self, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
-        const RUN: usize = 64;
+        let n = r.len().min(g.len()).min(b.len());
+        let (r, g, b) = (&mut r[..n], &mut g[..n], &mut b[..n]);
+        let (r_runs, r_tail) = r.as_chunks_mut::<RUN>();
+        let (g_runs, g_tail) = g.as_chunks_mut::<RUN>();
+        let (b_runs, b_tail) = b.as_chunks_mut::<RUN>();
+        for ((r, g), b) in r_runs.iter_mut().zip(g_runs).zip(b_runs) {
+            self.apply_run(r, g, b);
+        }
+        let k = r_tail.len();
+        if k > 0 {
+            let (mut r, mut g, mut b) = ([0u8; RUN], [0u8; RUN], [0u8; RUN]);
+            r[..k].copy_from_slice(r_tail);
+            g[..k].copy_from_slice(g_tail);
+            b[..k].copy_from_slice(b_tail);
+            self.apply_run(&mut r, &mut g, &mut b);
+            r_tail.copy_from_slice(&r[..k]);
+            g_tail.copy_from_slice(&g[..k]);
+            b_tail.copy_from_slice(&b[..k]);
+        }
+    }
+
+    /// [`Self::apply_planes`] over one run of [`RUN`] pixels.
+    #[inline(always)]
+    fn apply_run(&self, r: &mut [u8; RUN], g: &mut [u8; RUN], b: &mut [u8; RUN]) {
         let (mut vv, mut dd, mut hn) = ([0u8; RUN], [0u8; RUN], [0i16; RUN]);
         let (mut vf, mut sf, mut hg) = ([0f32; RUN], [0f32; RUN], [0f32; RUN]);
         let (mut v8, mut sec) = ([0u8; RUN], [0u8; RUN]);
         let (mut p8, mut t8) = ([0u8; RUN], [0u8; RUN]);
-        for ((r, g), b) in r.chunks_mut(RUN).zip(g.chunks_mut(RUN)).zip(b.chunks_mut(RUN)) {
-            let n = r.len().min(g.len()).min(b.len());
-            let (r, g, b) = (&mut r[..n], &mut g[..n], &mut b[..n]);
-            for i in 0..n {
-                let (rr, gg, bb) = (r[i], g[i], b[i]);
-                let v = rr.max(gg).max(bb);
-                let d = v - rr.min(gg).min(bb);
-                let (ri, gi, bi, di) = (i16::from(rr), i16::from(gg), i16::from(bb), i16::from(d));
-                let (for_r, for_g, for_b) = (gi - bi, bi - ri + 2 * di, ri - gi + 4 * di);
-                hn[i] = if v == rr {
-                    for_r
-                } else if v == gg {
-                    for_g
+        for i in 0..RUN {
+            let (rr, gg, bb) = (r[i], g[i], b[i]);
+            let v = rr.max(gg).max(bb);
+            let d = v - rr.min(gg).min(bb);
+            let (ri, gi, bi, di) = (i16::from(rr), i16::from(gg), i16::from(bb), i16::from(d));
+            let (for_r, for_g, for_b) = (gi - bi, bi - ri + 2 * di, ri - gi + 4 * di);
+            hn[i] = if v == rr {
+                for_r
+            } else if v == gg {
+                for_g
+            } else {
+                for_b
+            };
+            (vv[i], dd[i]) = (v, d);
+        }
+        for i in 0..RUN {
+            let (v, d) = (usize::from(vv[i]), usize::from(dd[i]));
+            let s = (i32::from(dd[i]) * SDIV[v] + HSV_ROUND) >> HSV_SHIFT;
+            let mut h = (i32::from(hn[i]) * HDIV[d] + HSV_ROUND) >> HSV_SHIFT;
+            if h < 0 {
+                h += HUE_RANGE;
+            }
+            let (s, h) = (usize::from(s as u8), usize::from(h as u8));
+            (vf[i], sf[i], hg[i]) = (self.val_f[v], self.sat_f[s], self.hue_g[h]);
+            (v8[i], sec[i]) = (self.val_u8[v], self.hue_sector[h]);
+        }
+        for i in 0..RUN {
+            p8[i] = to_u8(vf[i] * (1.0 - sf[i]));
+            t8[i] = to_u8(vf[i] * (1.0 - sf[i] * hg[i]));
+        }
+        // OpenCV's `sector_data` per channel: r is v in sectors 0 and 5, p in 2 and 3, the third value in 1
+        // and 4; g is v in 1, 2, p in 4, 5; b is v in 3, 4, p in 0, 1 (`PERM`).
+        for i in 0..RUN {
+            let (k, v, p, t) = (sec[i], v8[i], p8[i], t8[i]);
+            let pick = |is_v: bool, is_p: bool| {
+                if is_v {
+                    v
+                } else if is_p {
+                    p
                 } else {
-                    for_b
-                };
-                (vv[i], dd[i]) = (v, d);
-            }
-            for i in 0..n {
-                let (v, d) = (usize::from(vv[i]), usize::from(dd[i]));
-                let s = (i32::from(dd[i]) * SDIV[v] + HSV_ROUND) >> HSV_SHIFT;
-                let mut h = (i32::from(hn[i]) * HDIV[d] + HSV_ROUND) >> HSV_SHIFT;
-                if h < 0 {
-                    h += HUE_RANGE;
+                    t
                 }
-                let (s, h) = (usize::from(s as u8), usize::from(h as u8));
-                (vf[i], sf[i], hg[i]) = (self.val_f[v], self.sat_f[s], self.hue_g[h]);
-                (v8[i], sec[i]) = (self.val_u8[v], self.hue_sector[h]);
-            }
-            for i in 0..n {
-                p8[i] = to_u8(vf[i] * (1.0 - sf[i]));
-                t8[i] = to_u8(vf[i] * (1.0 - sf[i] * hg[i]));
-            }
-            // OpenCV's `sector_data` per channel: r is v in sectors 0 and 5, p in 2 and 3, the third value in 1
-            // and 4; g is v in 1, 2, p in 4, 5; b is v in 3, 4, p in 0, 1 (`PERM`).
-            for i in 0..n {
-                let (k, v, p, t) = (sec[i], v8[i], p8[i], t8[i]);
-                let pick = |is_v: bool, is_p: bool| {
-                    if is_v {
-                        v
-                    } else if is_p {
-                        p
-                    } else {
-                        t
-                    }
-                };
-                r[i] = pick((k == 0) | (k == 5), (k == 2) | (k == 3));
-                g[i] = pick((k == 1) | (k == 2), (k == 4) | (k == 5));
-                b[i] = pick((k == 3) | (k == 4), (k == 0) | (k == 1));
-            }
+            };
+            r[i] = pick((k == 0) | (k == 5), (k == 2) | (k == 3));
+            g[i] = pick((k == 1) | (k == 2), (k == 4) | (k == 5));
+            b[i] = pick((k == 3) | (k == 4), (k == 0) | (k == 1));
         }
     }
 
@@ -353,18 +377,66 @@ mod tests {
         }
     }
 
-    #[test]
-    fn planes_equal_per_pixel() {
-        let gains = [HsvGains { h: 0.015, s: 0.7, v: 0.4 }, HsvGains { h: -0.3, s: -0.7, v: -0.4 }];
+    /// Every 24-bit colour through `apply_planes` in `run`'s build (the baseline one, or the AVX2 one the fused
+    /// sampler runs), against `apply`.
+    fn check_planes_on_every_colour(run: impl Fn(&HsvLut, &mut [u8], &mut [u8], &mut [u8]), build: &str) {
+        let gains = [
+            HsvGains { h: 0.015, s: 0.7, v: 0.4 },
+            HsvGains { h: -0.3, s: -0.7, v: -0.4 },
+            HsvGains { h: 0.0, s: 0.0, v: 0.0 },
+            HsvGains { h: 0.5, s: 0.99, v: -0.99 },
+        ];
         for g in gains {
             let lut = HsvLut::new(g);
-            let px: Vec<[u8; 3]> = every_pixel(7).collect();
+            let px: Vec<[u8; 3]> = every_pixel(1).collect();
             let mut planes: [Vec<u8>; 3] = std::array::from_fn(|c| px.iter().map(|p| p[c]).collect());
             let [r, gg, b] = &mut planes;
-            lut.apply_planes(r, gg, b);
+            run(&lut, r, gg, b);
             for (i, p) in px.iter().enumerate() {
-                assert_eq!([r[i], gg[i], b[i]], lut.apply(*p), "pixel {p:?} gains {g:?}");
+                assert_eq!([r[i], gg[i], b[i]], lut.apply(*p), "pixel {p:?} gains {g:?} ({build} build)");
             }
+        }
+    }
+
+    #[test]
+    fn planes_equal_per_pixel() {
+        check_planes_on_every_colour(HsvLut::apply_planes, "baseline");
+    }
+
+    /// `apply_planes` inlined into an AVX2 function, as the fused sampler's row path runs it.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn apply_planes_avx2(lut: &HsvLut, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+        lut.apply_planes(r, g, b);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn planes_equal_per_pixel_avx2() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        // SAFETY: the CPU has AVX2 (checked just above).
+        check_planes_on_every_colour(|lut, r, g, b| unsafe { apply_planes_avx2(lut, r, g, b) }, "AVX2");
+    }
+
+    #[test]
+    fn planes_of_any_length() {
+        let lut = HsvLut::new(HsvGains { h: 0.015, s: 0.7, v: 0.4 });
+        let px: Vec<[u8; 3]> = every_pixel(1).step_by(40_009).take(300).collect();
+        for len in 0..px.len() {
+            let mut planes: [Vec<u8>; 3] = std::array::from_fn(|c| px[..len].iter().map(|p| p[c]).collect());
+            // A longer row than the others: only the common length is mapped.
+            planes[1].push(7);
+            let [r, g, b] = &mut planes;
+            lut.apply_planes(r, g, b);
+            for (i, p) in px[..len].iter().enumerate() {
+                assert_eq!([r[i], g[i], b[i]], lut.apply(*p), "pixel {i} of {len}");
+            }
+            assert_eq!(g[len], 7, "past the common length");
         }
     }
 
