@@ -58,8 +58,10 @@ const HDIV: [i32; 256] = {
 /// OpenCV's HSV → RGB spreads `tab = [v, p, q, t]` (`p = v(1 - s)`, `q = v(1 - s f)`, `t = v(1 - s(1 - f))`) over
 /// (r, g, b) by sector, and every sector uses `v`, `p` and one of `q` (odd sectors) or `t` (even ones). So per
 /// hue entry the tables hold the factor of that third value (`f` or `1 - f`, the same single-precision value OpenCV
-/// computes) and the sector's permutation of `(v, p, third)` as byte shifts; `v`'s rounding is a table too. The
-/// results are those of OpenCV's formula, bit for bit (tested against [`hsv_reference`]).
+/// computes) and the sector's permutation of `(v, p, third)` as byte shifts; `v`'s rounding,
+/// `saturate_cast<uchar>(255 * (val / 255))`, is `val` itself (tested for every byte). The results are those of
+/// OpenCV's formula, bit for bit (tested against [`hsv_reference`]). [`Self::apply_planes`] reads only `hue`,
+/// `sat_f` and `val` and computes the rest (the divisions, the sector and its factor) in vector arithmetic.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HsvLut {
     hue: [u8; 256],
@@ -69,12 +71,8 @@ pub struct HsvLut {
     hue_g: [f32; 256],
     /// Per augmented hue: the shifts that pick r, g, b (bits 0, 8, 16) out of `v | p << 8 | third << 16`.
     hue_shifts: [u32; 256],
-    /// Per augmented hue: OpenCV's sector (0..6).
-    hue_sector: [u8; 256],
     sat_f: [f32; 256],
     val_f: [f32; 256],
-    /// `saturate_cast<uchar>(255 val_f)`.
-    val_u8: [u8; 256],
 }
 
 /// NumPy's `float % 180` (result in `[0, 180)`), then `astype(uint8)` (truncation).
@@ -101,6 +99,35 @@ fn sector_of(h: u8) -> (u8, f32) {
     if sector >= 6 { (0, 0.0) } else { (sector, hf - f32::from(sector)) }
 }
 
+/// `SDIV`'s numerator, `255 << 12`, and `HDIV`'s, `(180 << 12) / 6`.
+const SDIV_NUM: f32 = 1_044_480.0;
+const HDIV_NUM: f32 = 122_880.0;
+
+/// `round(num / x)` for `num < 2^23`, 0 for `x = 0`: the single-precision quotient rounded to an integer by adding
+/// `2^23` (the sum's low mantissa bits; an infinite quotient leaves them 0). For OpenCV's two tables this is their
+/// entry for every byte (tested: the quotient's rounding error never moves it across a half), and it vectorises.
+#[inline(always)]
+fn div_round(num: f32, x: u8) -> i32 {
+    ((num / f32::from(x) + 8_388_608.0).to_bits() & 0x7f_ffff) as i32
+}
+
+/// [`HsvLut`]'s per-hue entries from the augmented hue: OpenCV's sector and the factor of the third value (`f` in
+/// odd sectors, `1 - f` in even ones), the same floats as [`sector_of`] gives, in a form that vectorises: the
+/// sector in integers (`h * 6/180` never rounds across an integer: `6/180` rounds up in single precision, and a
+/// multiple of 30 times it rounds to at most one ulp above the integer), no branches, no saturating conversion.
+/// Tested equal to `sector_of` for every byte.
+#[inline(always)]
+fn hue_factor(h: u8) -> (u8, f32) {
+    // `sector_of`'s wrap (`hf >= 6`) is `h >= 180`; its out-of-range case cannot arise for a byte.
+    let wrap = h >= 180;
+    let hf = f32::from(h) * HSCALE;
+    let hf = if wrap { hf - 6.0 } else { hf };
+    let k = h / 30;
+    let sector = if wrap { k - 6 } else { k };
+    let f = hf - f32::from(sector);
+    (sector, if sector & 1 == 1 { f } else { 1.0 - f })
+}
+
 impl HsvLut {
     /// Builds the tables for `gains` (Ultralytics' `lut_hue`, `lut_sat` with `lut_sat[0] = 0`, `lut_val`).
     pub fn new(gains: HsvGains) -> Self {
@@ -110,10 +137,8 @@ impl HsvLut {
             val: [0; 256],
             hue_g: [0.0; 256],
             hue_shifts: [0; 256],
-            hue_sector: [0; 256],
             sat_f: [0.0; 256],
             val_f: [0.0; 256],
-            val_u8: [0; 256],
         };
         for i in 0..256 {
             let x = i as f64;
@@ -130,10 +155,8 @@ impl HsvLut {
             lut.hue_g[i] = if sector % 2 == 1 { f } else { 1.0 - f };
             let [r, g, b] = PERM[sector].map(|k| 8 * SLOT[usize::from(k & 3)]);
             lut.hue_shifts[i] = r | g << 8 | b << 16;
-            lut.hue_sector[i] = sector as u8;
             lut.sat_f[i] = f32::from(lut.sat[i]) * INV255;
             lut.val_f[i] = f32::from(lut.val[i]) * INV255;
-            lut.val_u8[i] = to_u8(lut.val_f[i]);
         }
         lut
     }
@@ -148,11 +171,14 @@ impl HsvLut {
     ///
     /// In runs of [`RUN`] pixels, stage by stage, so that all but the table reads are plain loops over arrays,
     /// which the compiler vectorises: the largest channel, the spread and the hue numerator (`rgb_to_hsv`'s first
-    /// half, on bytes); the divisions by table, H, S, V and the table reads; the two roundings of `p` and the
-    /// third value (floats); the sector's choice of `(v, p, third)` per channel (byte selects). The same bytes as
-    /// `apply`. Every run is a whole fixed-size array (a shorter last run is padded into one): loops of a constant
-    /// trip count vectorise without a scalar remainder. Always inlined, so that a caller compiled for wider
-    /// vectors (the fused sampler's AVX2 row path) gets these loops at its width.
+    /// half, on bytes); OpenCV's two fixed-point divisions, with the table entries computed as rounded
+    /// single-precision quotients ([`div_round`]), giving H and S; three table reads per pixel (`hue`, `sat_f`,
+    /// `val`, the only ones: the compiler emits them as scalar loads); the sector and its factor from the
+    /// augmented hue ([`hue_factor`]); the two roundings of `p` and the third value (floats); the sector's choice
+    /// of `(v, p, third)` per channel (byte selects). The same bytes as `apply` (tested on every 24-bit colour,
+    /// in the baseline and the AVX2 build). Every run is a whole fixed-size array (a shorter last run is padded
+    /// into one): loops of a constant trip count vectorise without a scalar remainder. Always inlined, so that a
+    /// caller compiled for wider vectors (the fused sampler's AVX2 row path) gets these loops at its width.
     #[inline(always)]
     pub fn apply_planes(&self, r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
         let n = r.len().min(g.len()).min(b.len());
@@ -181,7 +207,7 @@ impl HsvLut {
     fn apply_run(&self, r: &mut [u8; RUN], g: &mut [u8; RUN], b: &mut [u8; RUN]) {
         let (mut vv, mut dd, mut hn) = ([0u8; RUN], [0u8; RUN], [0i16; RUN]);
         let (mut vf, mut sf, mut hg) = ([0f32; RUN], [0f32; RUN], [0f32; RUN]);
-        let (mut v8, mut sec) = ([0u8; RUN], [0u8; RUN]);
+        let mut sec = [0u8; RUN];
         let (mut p8, mut t8) = ([0u8; RUN], [0u8; RUN]);
         for i in 0..RUN {
             let (rr, gg, bb) = (r[i], g[i], b[i]);
@@ -198,16 +224,28 @@ impl HsvLut {
             };
             (vv[i], dd[i]) = (v, d);
         }
+        // The two divisions (rounded single-precision quotients: the tables' entries, tested for every byte),
+        // then the table reads, three per pixel, each by a byte. (Computing `val` or `sat_f` in arithmetic
+        // instead, or merging the next two loops, measured slower.)
+        let (mut ss, mut hh) = ([0u8; RUN], [0u8; RUN]);
         for i in 0..RUN {
-            let (v, d) = (usize::from(vv[i]), usize::from(dd[i]));
-            let s = (i32::from(dd[i]) * SDIV[v] + HSV_ROUND) >> HSV_SHIFT;
-            let mut h = (i32::from(hn[i]) * HDIV[d] + HSV_ROUND) >> HSV_SHIFT;
+            let sdiv = div_round(SDIV_NUM, vv[i]);
+            let hdiv = div_round(HDIV_NUM, dd[i]);
+            let s = (i32::from(dd[i]) * sdiv + HSV_ROUND) >> HSV_SHIFT;
+            let mut h = (i32::from(hn[i]) * hdiv + HSV_ROUND) >> HSV_SHIFT;
             if h < 0 {
                 h += HUE_RANGE;
             }
-            let (s, h) = (usize::from(s as u8), usize::from(h as u8));
-            (vf[i], sf[i], hg[i]) = (self.val_f[v], self.sat_f[s], self.hue_g[h]);
-            (v8[i], sec[i]) = (self.val_u8[v], self.hue_sector[h]);
+            (ss[i], hh[i]) = (s as u8, h as u8);
+        }
+        let (mut val, mut hue) = ([0u8; RUN], [0u8; RUN]);
+        for i in 0..RUN {
+            let (v, s, h) = (usize::from(vv[i]), usize::from(ss[i]), usize::from(hh[i]));
+            (val[i], sf[i], hue[i]) = (self.val[v], self.sat_f[s], self.hue[h]);
+        }
+        for i in 0..RUN {
+            vf[i] = f32::from(val[i]) * INV255;
+            (sec[i], hg[i]) = hue_factor(hue[i]);
         }
         for i in 0..RUN {
             p8[i] = to_u8(vf[i] * (1.0 - sf[i]));
@@ -216,7 +254,8 @@ impl HsvLut {
         // OpenCV's `sector_data` per channel: r is v in sectors 0 and 5, p in 2 and 3, the third value in 1
         // and 4; g is v in 1, 2, p in 4, 5; b is v in 3, 4, p in 0, 1 (`PERM`).
         for i in 0..RUN {
-            let (k, v, p, t) = (sec[i], v8[i], p8[i], t8[i]);
+            // `v`'s rounding `to_u8(val / 255)` is `val` itself (tested).
+            let (k, v, p, t) = (sec[i], val[i], p8[i], t8[i]);
             let pick = |is_v: bool, is_p: bool| {
                 if is_v {
                     v
@@ -241,7 +280,7 @@ impl HsvLut {
         // `sector_to_rgb`'s `p` and `q` or `t`; at s = 0 they equal v exactly, as its grey branch gives.
         let p = to_u8(vf * (1.0 - sf));
         let third = to_u8(vf * (1.0 - sf * self.hue_g[h]));
-        let packed = u32::from(self.val_u8[v]) | u32::from(p) << 8 | u32::from(third) << 16;
+        let packed = u32::from(self.val[v]) | u32::from(p) << 8 | u32::from(third) << 16;
         let sh = self.hue_shifts[h];
         [(packed >> (sh & 31)) as u8, (packed >> ((sh >> 8) & 31)) as u8, (packed >> ((sh >> 16) & 31)) as u8]
     }
@@ -369,11 +408,46 @@ mod tests {
         }
     }
 
+    /// `saturate_cast<uchar>(x * 255)` by its definition.
+    fn saturate_cast(x: f32) -> u8 {
+        (x * 255.0).round_ties_even().clamp(0.0, 255.0) as u8
+    }
+
     #[test]
     fn to_u8_is_saturate_cast() {
         for i in -4096..=(1 << 20) {
             let x = i as f32 / (1 << 19) as f32 - 0.001; // [-0.009, 2]: every rounding of [0, 1] and beyond
-            assert_eq!(to_u8(x), round_ties_even_small(x * 255.0).clamp(0.0, 255.0) as u8, "{x}");
+            assert_eq!(to_u8(x), saturate_cast(x), "{x}");
+        }
+        // Every float within 64 ulps of each rounding boundary `(k + 1/2) / 255` and of each `k / 255`.
+        for k in 0..=256 {
+            for c in [(k as f32 - 0.5) / 255.0, k as f32 / 255.0] {
+                for d in -64..=64 {
+                    // (Stepping below 0.0's bits wraps to NaNs: not inputs, skipped.)
+                    let x = f32::from_bits(c.to_bits().wrapping_add_signed(d));
+                    if x.is_finite() {
+                        assert_eq!(to_u8(x), saturate_cast(x), "{x}");
+                    }
+                }
+            }
+        }
+        for x in [0.0, -0.0, -1.0, 1.0, 3.0, 1e30, -1e30, f32::MIN_POSITIVE, -f32::MIN_POSITIVE] {
+            assert_eq!(to_u8(x), saturate_cast(x), "{x}");
+        }
+    }
+
+    #[test]
+    fn magic_rounding_is_round_ties_even() {
+        for i in 0..=(256 * 64) {
+            let x = i as f32 / 64.0 - 2.0;
+            assert_eq!(round_ties_even_small(x), x.round_ties_even(), "{x}");
+        }
+    }
+
+    #[test]
+    fn value_rounding_is_the_value() {
+        for v in 0..=255u8 {
+            assert_eq!(to_u8(f32::from(v) * INV255), v);
         }
     }
 
@@ -441,10 +515,21 @@ mod tests {
     }
 
     #[test]
-    fn magic_rounding_is_round_ties_even() {
-        for i in 0..=(256 * 64) {
-            let x = i as f32 / 64.0 - 2.0;
-            assert_eq!(round_ties_even_small(x), x.round_ties_even(), "{x}");
+    fn hue_factor_is_sector_of() {
+        for h in 0..=255u8 {
+            let (sector, f) = sector_of(h);
+            let sector = sector.min(5);
+            let g = if sector % 2 == 1 { f } else { 1.0 - f };
+            let (k, gk) = hue_factor(h);
+            assert_eq!((k, gk.to_bits()), (sector, g.to_bits()), "hue {h}");
+        }
+    }
+
+    #[test]
+    fn divisions_equal_tables() {
+        for x in 0..=255u8 {
+            assert_eq!(div_round(SDIV_NUM, x), SDIV[usize::from(x)], "sdiv {x}");
+            assert_eq!(div_round(HDIV_NUM, x), HDIV[usize::from(x)], "hdiv {x}");
         }
     }
 
