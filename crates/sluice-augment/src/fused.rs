@@ -8,10 +8,11 @@
 //! take the row path: along an output row the canvas position is affine in `x`, so the row splits into a few
 //! spans that each lie in one tile or in the grey (located exactly, by the same comparisons the per-pixel test
 //! makes), and a tile's span is sampled in runs — source positions, then a vertical pass over the two source rows,
-//! then the horizontal taps — with HSV applied over the span's channel rows afterwards (a mixup partner's row is
-//! rendered the same way and blended in first). Perspective recipes take the generic per-pixel path, the
-//! definition the row path is tested against. On x86-64 CPUs with AVX2 the row path runs as an AVX2 build of the
-//! same code, chosen at run time (the binary itself targets baseline x86-64): the same bytes, wider vectors.
+//! then the horizontal taps — with HSV applied afterwards over the channel rows of each stretch of adjacent tile
+//! spans (a mixup partner's row is rendered the same way and blended in first). Perspective recipes take the
+//! generic per-pixel path, the definition the row path is tested against. On x86-64 CPUs with AVX2 the row path
+//! runs as an AVX2 build of the same code, chosen at run time (the binary itself targets baseline x86-64): the
+//! same bytes, wider vectors.
 //!
 //! Where this differs from Ultralytics' separate passes (resize each tile → paste into the canvas → `warpAffine`
 //! → HSV → flip): the source is sampled directly (one bilinear interpolation instead of two, so slightly sharper,
@@ -93,7 +94,7 @@ impl<'a> Warp<'a> {
     }
 
     /// Renders output row `row` (this warp's row map) into the channel rows `rgb`: tile spans sampled, then
-    /// mapped through `hsv` when given; grey spans set to `fill`.
+    /// mapped through `hsv` when given (once per stretch of adjacent tile spans); grey spans set to `fill`.
     #[inline(always)]
     fn render_row(
         &self,
@@ -105,21 +106,29 @@ impl<'a> Warp<'a> {
         hsv: Option<&HsvLut>,
     ) {
         let k = self.canvas.spans(row, r_row.len(), spans);
+        // HSV runs once over each stretch of adjacent tile spans (the spans cover the row in order), not span by
+        // span: `apply_planes` pads its last partial run, so fewer calls waste less.
+        let mut tiles_from = None;
         for &(a, e, owner) in &spans[..k] {
-            let (r, g, b) = (&mut r_row[a..e], &mut g_row[a..e], &mut b_row[a..e]);
             match owner {
                 None => {
-                    r.fill(fill[0]);
-                    g.fill(fill[1]);
-                    b.fill(fill[2]);
+                    if let (Some(lut), Some(t)) = (hsv, tiles_from.take()) {
+                        lut.apply_planes(&mut r_row[t..a], &mut g_row[t..a], &mut b_row[t..a]);
+                    }
+                    r_row[a..e].fill(fill[0]);
+                    g_row[a..e].fill(fill[1]);
+                    b_row[a..e].fill(fill[2]);
                 }
                 Some(q) => {
+                    let (r, g, b) = (&mut r_row[a..e], &mut g_row[a..e], &mut b_row[a..e]);
                     self.canvas.render_span(q, row, a, scratch, r, g, b);
-                    if let Some(lut) = hsv {
-                        lut.apply_planes(r, g, b);
-                    }
+                    tiles_from.get_or_insert(a);
                 }
             }
+        }
+        if let (Some(lut), Some(t)) = (hsv, tiles_from) {
+            let e = spans[..k].last().map_or(t, |s| s.1);
+            lut.apply_planes(&mut r_row[t..e], &mut g_row[t..e], &mut b_row[t..e]);
         }
     }
 
@@ -224,9 +233,9 @@ impl<'a> TrainPlan<'a> {
 
     /// The row path (affine geometries): each output row is split into spans of one owning tile or of grey
     /// ([`Canvas::spans`]); a tile's span is sampled in runs without the per-pixel ownership test and grey spans
-    /// are filled. Without mixup HSV runs over each tile span and grey spans get the HSV-mapped grey; with mixup
-    /// the partner's row is rendered the same way into a row buffer, blended in, and HSV runs over the whole row.
-    /// Byte-identical to [`Self::render_pixels`].
+    /// are filled. Without mixup HSV runs over each stretch of adjacent tile spans and grey spans get the
+    /// HSV-mapped grey; with mixup the partner's row is rendered the same way into a row buffer, blended in, and
+    /// HSV runs over the whole row. Byte-identical to [`Self::render_pixels`].
     #[inline(always)]
     fn render_rows(&self, out: &mut [u8]) {
         let n = self.size as usize;
