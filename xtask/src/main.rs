@@ -18,6 +18,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod gpu;
+
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Sluice developer tasks")]
 struct Cli {
@@ -61,6 +63,21 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
+    /// Build the release `sluice` with CUDA on a machine without a GPU: installs NVIDIA's CUDA 13.0 wheels into a
+    /// cache folder (`SLUICE_CUDA_SDK`, default ~/.cache/sluice/cuda-13.0), generates a link-time driver stub and
+    /// builds into `<target>/cuda/release/sluice` (stripped, at most 64 MiB).
+    GpuBuild {
+        /// Cargo features of the build (`cuda`, or `cuda,cudnn` with the cuDNN wheel installed by hand).
+        #[arg(long, default_value = "cuda")]
+        features: String,
+    },
+    /// Prepare the device check: `gpu-build`, then the binary, the script and a slice of coco128 under
+    /// `<target>/gpu-check/`, and print the device-tool command that runs it.
+    GpuCheck {
+        /// Use this CUDA `sluice` instead of building one.
+        #[arg(long)]
+        sluice: Option<PathBuf>,
+    },
     /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed:
     /// runs `sluice data gen` with these flags (see `sluice data gen --help`; default: the embedded default set
     /// in datasets/synthetic).
@@ -78,6 +95,8 @@ fn main() -> Result<()> {
         Task::Ci { tests_only } => ci(&root, tests_only),
         Task::Train { config, rest } => train(&root, &config, &rest),
         Task::Bench { case, features, sluice, rest } => bench(&root, case, features.as_deref(), sluice, &rest),
+        Task::GpuBuild { features } => gpu::gpu_build(&root, &features).map(|_| ()),
+        Task::GpuCheck { sluice } => gpu::gpu_check(&root, sluice),
         Task::GenData { args } => {
             let mut cmd =
                 vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "data", "gen"];

@@ -1,6 +1,7 @@
 //! Sluice's foundation: the domain types every stage shares (images, boxes, labels, batches), the small
 //! object-safe stage traits that let each pipeline stage be swapped and benchmarked alone, the bounded
-//! multi-threaded pipeline runner with its buffer pool and telemetry, and the deterministic sampler.
+//! multi-threaded pipeline runner with its buffer pool and telemetry, the deterministic sampler, and the counters of
+//! host-blocking device reads ([`syncs`]).
 //!
 //! Nothing here touches candle or the GPU: stages before the transfer work on plain byte buffers.
 #![warn(missing_docs)]
@@ -14,6 +15,7 @@ pub mod pool;
 pub mod runner;
 pub mod sampler;
 pub mod stage;
+pub mod syncs;
 pub mod telemetry;
 
 pub use batch::{Batch, BatchShape, Target, TargetTable};

@@ -25,6 +25,9 @@ use crate::nms::Layout;
 use crate::stream::{StreamingValidator, ValBatch};
 use sluice_core::{SampleId, Target};
 
+/// The most columns candle's CUDA `arg_sort_last_dim` handles.
+pub const MAX_DEVICE_SORT: usize = 8192;
+
 /// Settings of [`shrink`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ShrinkParams {
@@ -82,7 +85,11 @@ fn shrink_ops(y: &Tensor, p: &ShrinkParams, b: usize, rows: usize, a: usize) -> 
     #[allow(clippy::eq_op)]
     let finite_check = (&y - &y)?.sum((1, 2))?;
     let cap = p.top_k.min(a);
+    // candle's CUDA argsort is a one-block bitonic sort that fails beyond 8192 columns (8400 anchors at 640):
+    // there the whole output is kept, which is exact, only a larger copy.
+    let cap = if a > MAX_DEVICE_SORT && !y.device().is_cpu() { a } else { cap };
     let k = if p.fit {
+        sluice_core::syncs::record_if(!y.device().is_cpu(), sluice_core::syncs::Site::ShrinkFit);
         let most = above_conf.max(0)?.to_scalar::<u32>()? as usize;
         most.div_ceil(32).saturating_mul(32).clamp(1, cap)
     } else {
@@ -103,6 +110,7 @@ fn shrink_ops(y: &Tensor, p: &ShrinkParams, b: usize, rows: usize, a: usize) -> 
 /// Calls `f` with the contiguous values of `t` on the host. On the CPU this reads the tensor's storage in place
 /// (the caller copies into its pooled buffer, no allocation); other devices copy to the host first.
 fn with_host_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    sluice_core::syncs::record_if(!t.device().is_cpu(), sluice_core::syncs::Site::ShrinkCopy);
     let host =
         if t.device().is_cpu() { t.contiguous() } else { t.to_device(&Device::Cpu).and_then(|h| h.contiguous()) };
     let host = host.map_err(Error::Candle)?;

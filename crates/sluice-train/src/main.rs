@@ -58,6 +58,9 @@ enum Command {
     Pack(cmd::pack::Args),
     /// Detect objects in images (`--weights W --source img|dir [--save] [--coco-json out.json]`).
     Predict(cmd::predict::Args),
+    /// GPU checks (builds with `cuda`): `gpu smoke` (GPU vs CPU results of the model's ops), `gpu h2d`
+    /// (host→device bandwidth, plain and through the training transfer).
+    Gpu(cmd::gpu::Args),
 }
 
 fn main() -> Result<()> {
@@ -75,5 +78,6 @@ fn main() -> Result<()> {
         Command::EvalCoco(args) => cmd::eval_coco::run(args),
         Command::Pack(args) => cmd::pack::run(args),
         Command::Predict(args) => cmd::predict::run(args),
+        Command::Gpu(args) => cmd::gpu::run(args),
     }
 }

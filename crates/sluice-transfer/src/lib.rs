@@ -4,8 +4,17 @@
 //! model and the loss read: images as `f32`/`bf16` in `[0, 1]`, and the targets as a padded per-image table
 //! (`(B, M)` classes, `(B, M, 4)` pixel `xyxy` boxes, `(B, M)` mask), built on the host once per batch so the loss
 //! never needs a per-image device→host round trip. The u8 → float conversion and the /255 happen in one pass.
-//! The CUDA path (pinned ring, copy stream, conversion on the device) comes behind the `cuda` feature.
+//! The CUDA path ([`CudaTransfer`], feature `cuda`) stages batches through a [`ring::Ring`] of pinned host and
+//! device buffers, copies them on a dedicated copy stream, and converts on the device; [`DeviceTransfer`] picks
+//! the path for a device.
 #![warn(missing_docs)]
+
+#[cfg(feature = "cuda")]
+mod cuda;
+pub mod ring;
+
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaTransfer, CudaTransferStats};
 
 use candle_core::{DType, Device, Tensor};
 use sluice_core::{Batch, Error, Result, Transfer};
@@ -109,6 +118,49 @@ impl Transfer for CpuTransfer {
         let gt_boxes = Tensor::from_vec(boxes, (n, m, 4), &self.device).map_err(candle_err("target boxes"))?;
         let gt_mask = Tensor::from_vec(mask, (n, m), &self.device).map_err(candle_err("target mask"))?;
         Ok(DeviceBatch { images, gt_classes, gt_boxes, gt_mask, len: n, max_boxes: m, index: batch.index })
+    }
+}
+
+/// The transfer for a device: [`CpuTransfer`] on the CPU (and on a CUDA device in a build without `cuda`, where
+/// candle cannot make one anyway), [`CudaTransfer`] on a CUDA device.
+#[derive(Debug)]
+pub enum DeviceTransfer {
+    /// The host path.
+    Cpu(CpuTransfer),
+    /// The pinned ring + copy stream.
+    #[cfg(feature = "cuda")]
+    Cuda(CudaTransfer),
+}
+
+impl DeviceTransfer {
+    /// The transfer for `device`, producing `dtype` images.
+    pub fn new(device: &Device, dtype: DType) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            return Ok(Self::Cuda(CudaTransfer::new(device, dtype)?));
+        }
+        Ok(Self::Cpu(CpuTransfer::new(device.clone(), dtype)))
+    }
+
+    /// The target device.
+    pub fn device(&self) -> &Device {
+        match self {
+            Self::Cpu(t) => t.device(),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(t) => t.device(),
+        }
+    }
+}
+
+impl Transfer for DeviceTransfer {
+    type Output = DeviceBatch;
+
+    fn transfer(&self, batch: &Batch) -> Result<DeviceBatch> {
+        match self {
+            Self::Cpu(t) => t.transfer(batch),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(t) => t.transfer(batch),
+        }
     }
 }
 

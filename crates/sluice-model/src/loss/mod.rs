@@ -96,7 +96,9 @@ impl DetectionLoss {
         let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?; // (B, 4, A) grid units
         let pred_xyxy = dist2bbox_xyxy(&dist, &anchors)?; // (B, 4, A) grid units
 
-        // Host side: one copy of the detached predictions for the assigner.
+        // Host side: one copy of the detached predictions for the assigner (on a GPU, a blocking read: counted).
+        let on_device = !raw.scores.device().is_cpu();
+        sluice_core::syncs::record_if(on_device, sluice_core::syncs::Site::Assigner);
         let stride_row = strides.t()?.unsqueeze(0)?; // (1, 1, A)
         let pred_px = pred_xyxy.detach().broadcast_mul(&stride_row)?;
         let scores_host: Vec<f32> =
@@ -170,6 +172,7 @@ impl DetectionLoss {
         let box_loss = (box_loss * self.gains.box_gain)?;
         let cls = (cls * self.gains.cls)?;
         let dfl_loss = (dfl_loss * self.gains.dfl)?;
+        sluice_core::syncs::record_if(on_device, sluice_core::syncs::Site::LossItems);
         let items = [
             box_loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
             cls.to_dtype(DType::F64)?.to_scalar::<f64>()?,

@@ -209,6 +209,7 @@ impl Optimization {
             Ok(BatchOutcome { stepped: false, skipped_nonfinite: true, grad_norm, accumulate })
         };
 
+        sluice_core::syncs::record_if(!loss.device().is_cpu(), sluice_core::syncs::Site::NonFiniteCheck);
         let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         if !value.is_finite() {
             return skip(self, None);

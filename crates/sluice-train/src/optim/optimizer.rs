@@ -161,6 +161,7 @@ pub fn total_grad_norm(grads: &[Option<Tensor>]) -> Result<f64> {
         return Ok(0.0);
     }
     let total = Tensor::stack(&norms, 0)?.sqr()?.sum_all()?.sqrt()?;
+    sluice_core::syncs::record_if(!total.device().is_cpu(), sluice_core::syncs::Site::NonFiniteCheck);
     Ok(f64::from(total.to_scalar::<f32>()?))
 }
 

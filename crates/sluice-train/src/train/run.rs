@@ -14,11 +14,11 @@ use sluice_core::{Transfer, sample_rng};
 use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};
 use sluice_model::candle_core::{DType, Device};
 use sluice_model::{DetectionLoss, LoadMode, Mode, YoloConfig, YoloV8};
-use sluice_transfer::CpuTransfer;
+use sluice_transfer::DeviceTransfer;
 
 use super::config::{CacheMode, TrainConfig};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
-use super::telemetry::{EpochTelemetry, LoopTimes, ValTelemetry};
+use super::telemetry::{EpochTelemetry, LoopTimes, SyncTelemetry, ValTelemetry};
 use super::validate::{ValOptions, ValResult, validate};
 use crate::loader::{DecodedSource, LoaderConfig, STRIDE, TrainLoader, ValLoader, default_workers};
 use crate::optim::{Optimization, RunShape, read_user_metadata};
@@ -319,7 +319,7 @@ pub fn validate_weights(
     let lcfg = LoaderConfig { workers, ..LoaderConfig::new(imgsz, batch, 0) };
     let val = ValLoader::new(source(index, imgsz, false, CacheMode::None)?, lcfg);
     let loss = DetectionLoss::new(cfg.nc());
-    let v = validate(&m, &val, &loss, &CpuTransfer::new(device, DType::F32), ValOptions::default())?;
+    let v = validate(&m, &val, &loss, &DeviceTransfer::new(&device, DType::F32)?, ValOptions::default())?;
     Ok((v, cfg.names))
 }
 
@@ -352,7 +352,7 @@ pub struct Trainer {
     model: YoloV8,
     opt: Optimization,
     loss: DetectionLoss,
-    transfer: CpuTransfer,
+    transfer: DeviceTransfer,
     train: TrainLoader,
     val: ValLoader,
     progress: Progress,
@@ -442,7 +442,7 @@ impl Trainer {
         loss.gains = cfg.loss_gains();
         Ok(Self {
             names: data.names.clone(),
-            transfer: CpuTransfer::new(device, DType::F32),
+            transfer: DeviceTransfer::new(&device, DType::F32).context("transfer to the device")?,
             cfg,
             paths,
             model,
@@ -547,6 +547,7 @@ impl Trainer {
             let mut nonfinite_epoch = 0u64;
             let mut done_in_epoch = first;
             let t_epoch = Instant::now();
+            let syncs0 = sluice_core::syncs::snapshot();
             let mut iter = self.train.epoch_from(epoch, epochs, first);
             let mut t_wait = Instant::now();
             for batch in iter.by_ref() {
@@ -634,6 +635,7 @@ impl Trainer {
                 src1.read_s - src0.read_s,
                 src1.decode_s - src0.decode_s,
             );
+            tel.blocking_syncs = SyncTelemetry::since(&syncs0, times.batches);
             tel.nonfinite_steps = nonfinite_epoch;
             tel.skipped_samples = self.train.skips().skipped - skipped_before;
             if tel.skipped_samples > 0 {
@@ -647,9 +649,12 @@ impl Trainer {
             }
             let mut best = false;
             if self.cfg.validates(epoch) {
+                let syncs0 = sluice_core::syncs::snapshot();
                 let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, ValOptions::default())?;
                 tel.val_s = v.seconds;
-                tel.val = Some(ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats));
+                let mut vt = ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats);
+                vt.blocking_syncs = SyncTelemetry::since(&syncs0, v.batches);
+                tel.val = Some(vt);
                 let m = Metrics::of(&v);
                 self.progress.last_metrics = m;
                 self.progress.last_val_loss = v.loss;

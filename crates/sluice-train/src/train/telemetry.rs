@@ -63,6 +63,31 @@ pub struct ValTelemetry {
     pub truncated_images: u64,
     /// What bounded the pass: `post-process`, `data` or `inference`.
     pub bound: String,
+    /// Host-blocking device reads during the pass (all zero on the CPU, where nothing waits).
+    pub blocking_syncs: SyncTelemetry,
+}
+
+/// Host-blocking device reads over a span of batches ([`sluice_core::syncs`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SyncTelemetry {
+    /// All sites together.
+    pub total: u64,
+    /// `total` per batch.
+    pub per_batch: f64,
+    /// Per site (only sites with a count).
+    pub by_site: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl SyncTelemetry {
+    /// The reads between `before` and now, over `batches` batches.
+    pub fn since(before: &sluice_core::syncs::Counts, batches: u64) -> Self {
+        let d = sluice_core::syncs::snapshot().since(before);
+        Self {
+            total: d.total(),
+            per_batch: d.total() as f64 / batches.max(1) as f64,
+            by_site: d.nonzero().into_iter().collect(),
+        }
+    }
 }
 
 impl ValTelemetry {
@@ -96,6 +121,7 @@ impl ValTelemetry {
             post_process_drain_s: stats.finish_wait.as_secs_f64(),
             truncated_images: stats.truncated_images,
             bound: bound.to_string(),
+            blocking_syncs: SyncTelemetry::default(),
         }
     }
 
@@ -151,6 +177,8 @@ pub struct EpochTelemetry {
     pub collate: &'static str,
     /// The validation pass of this epoch (`None` when not validated).
     pub val: Option<ValTelemetry>,
+    /// Host-blocking device reads during the training loop (all zero on the CPU, where nothing waits).
+    pub blocking_syncs: SyncTelemetry,
     /// The limiting stage.
     pub bottleneck: String,
     /// What to do about it.
@@ -224,6 +252,7 @@ impl EpochTelemetry {
             stages,
             collate: COLLATE,
             val: None,
+            blocking_syncs: SyncTelemetry::default(),
             bottleneck,
             hint,
         }
@@ -254,6 +283,17 @@ impl EpochTelemetry {
         }
         if let Some(v) = &self.val {
             let _ = write!(s, "\n{}", v.line());
+        }
+        let syncs = |t: &SyncTelemetry| {
+            t.by_site.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+        };
+        if self.blocking_syncs.total > 0 {
+            let b = &self.blocking_syncs;
+            let _ = write!(s, "\n  blocking device reads: {:.1}/batch in training ({})", b.per_batch, syncs(b));
+        }
+        if let Some(v) = self.val.as_ref().filter(|v| v.blocking_syncs.total > 0) {
+            let b = &v.blocking_syncs;
+            let _ = write!(s, "\n  blocking device reads: {:.1}/batch in validation ({})", b.per_batch, syncs(b));
         }
         if self.nonfinite_steps > 0 || self.skipped_samples > 0 {
             let _ = write!(

@@ -17,7 +17,7 @@ use anyhow::{Context, Result, ensure};
 use sluice_core::{Batch, Detection, Transfer};
 use sluice_eval::{ApReport, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
 use sluice_model::{DetectionLoss, YoloV8};
-use sluice_transfer::CpuTransfer;
+use sluice_transfer::DeviceTransfer;
 
 use crate::loader::ValLoader;
 
@@ -47,6 +47,8 @@ pub struct ValResult {
     pub loss: [f64; 3],
     /// Images validated.
     pub images: u64,
+    /// Batches validated.
+    pub batches: u64,
     /// Wall seconds.
     pub seconds: f64,
     /// Seconds the loop waited for the val loader's next batch.
@@ -99,7 +101,7 @@ pub fn validate(
     model: &YoloV8,
     loader: &ValLoader,
     loss: &DetectionLoss,
-    transfer: &CpuTransfer,
+    transfer: &DeviceTransfer,
     opts: ValOptions,
 ) -> Result<ValResult> {
     let start = Instant::now();
@@ -150,6 +152,7 @@ pub fn validate(
         report: report.metrics,
         loss: loss_sum.map(|s| s / n),
         images,
+        batches,
         seconds: start.elapsed().as_secs_f64(),
         data_wait_s,
         model_s,

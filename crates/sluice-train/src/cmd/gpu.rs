@@ -1,0 +1,365 @@
+//! `sluice gpu smoke|h2d`: the device checks that `cargo xtask gpu-check`'s script runs first (feature `cuda`).
+//!
+//! - `smoke`: every op the model and the validation use, run on the GPU and on the CPU from the same inputs —
+//!   convolution forward and backward, training BatchNorm + SiLU, max-pool, nearest upsample, DFL decode, BCE,
+//!   argsort / the validation shrink at 8400 anchors, the CUDA transfer (bit-identical to the CPU one) and one
+//!   YOLOv8n training loss — with the largest difference relative to the CPU result's magnitude.
+//! - `h2d`: host→device bandwidth of a plain 256 MiB copy from pinned and from pageable memory, and of the
+//!   training transfer (pinned ring + copy stream + device conversion) on 640 × 640 batches of 32.
+//!
+//! In a build without `cuda` both say so and fail.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+#[cfg(not(feature = "cuda"))]
+use anyhow::bail;
+
+/// Arguments of `sluice gpu`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum What {
+    /// GPU vs CPU results of the model's ops.
+    Smoke {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Host→device bandwidth: plain pinned / pageable copies and the training transfer.
+    H2d {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn run(args: Args) -> Result<()> {
+    let _ = args.what;
+    bail!("this sluice was built without the `cuda` feature (build one with `cargo xtask gpu-build`)")
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn run(args: Args) -> Result<()> {
+    match args.what {
+        What::Smoke { device, json } => imp::smoke(device, json.as_deref()),
+        What::H2d { device, json } => imp::h2d(device, json.as_deref()),
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use std::path::Path;
+    use std::time::Instant;
+
+    use anyhow::{Context, Result, bail};
+    use candle_core::{D, DType, Device, Tensor, Var};
+    use rand::Rng;
+    use serde::Serialize;
+    use sluice_core::{Batch, BatchShape, BoxXyxy, RngStream, Target, Transfer, sample_rng};
+    use sluice_eval::{ShrinkParams, shrink};
+    use sluice_kernels::{conv, dfl, loss, norm, pool};
+    use sluice_transfer::{CpuTransfer, CudaTransfer};
+
+    #[derive(Debug, Serialize)]
+    struct Check {
+        name: String,
+        /// Largest |gpu − cpu| over the largest |cpu|, per output.
+        rel_diff: Vec<f64>,
+        tolerance: f64,
+        ok: bool,
+        error: Option<String>,
+        note: Option<String>,
+    }
+
+    fn rand_tensor(rng: &mut RngStream, shape: &[usize], lo: f32, hi: f32) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(lo..hi)).collect();
+        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+    }
+
+    fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
+        let a = a.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+        let b = b.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+        let d = (&a - &b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()?;
+        let m = b.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()?;
+        Ok(d / m.max(1e-12))
+    }
+
+    /// Outputs and the gradients of `sum(y · r)` for each `Var`.
+    fn with_grads(ys: &[Tensor], r: &[Tensor], vars: &[&Var]) -> Result<Vec<Tensor>> {
+        let mut l = Tensor::zeros((), DType::F32, ys[0].device())?;
+        for (y, r) in ys.iter().zip(r) {
+            l = (l + (y * r.to_device(y.device())?)?.sum_all()?)?;
+        }
+        let g = l.backward()?;
+        let mut out = ys.to_vec();
+        for v in vars {
+            out.push(g.get(v.as_tensor()).cloned().context("missing gradient")?);
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` on both devices (inputs built on the CPU and moved) and compares every output.
+    fn compare(
+        name: &str,
+        tolerance: f64,
+        gpu: &Device,
+        f: impl Fn(&Device) -> Result<Vec<Tensor>>,
+    ) -> Check {
+        let run = || -> Result<Vec<f64>> {
+            let c = f(&Device::Cpu)?;
+            let g = f(gpu)?;
+            c.iter().zip(&g).map(|(c, g)| rel(g, c)).collect()
+        };
+        match run() {
+            Ok(rel_diff) => {
+                let ok = rel_diff.iter().all(|d| *d <= tolerance);
+                Check { name: name.into(), rel_diff, tolerance, ok, error: None, note: None }
+            }
+            Err(e) => Check {
+                name: name.into(),
+                rel_diff: vec![],
+                tolerance,
+                ok: false,
+                error: Some(format!("{e:#}")),
+                note: None,
+            },
+        }
+    }
+
+    fn var_on(t: &Tensor, d: &Device) -> Result<Var> {
+        Ok(Var::from_tensor(&t.to_device(d)?)?)
+    }
+
+    fn random_batch(rng: &mut RngStream, n: usize, side: usize) -> Result<Batch> {
+        let mut b = Batch::new(BatchShape::rgb(n, side, side), 8 * n);
+        for i in 0..n {
+            let (_, slot) = b.push_slot(i as u64)?;
+            slot.iter_mut().for_each(|p| *p = rng.random());
+            for _ in 0..rng.random_range(0..6) {
+                let x = rng.random_range(0.0..side as f32 / 2.0);
+                let y = rng.random_range(0.0..side as f32 / 2.0);
+                b.targets.push(Target {
+                    image: i as u32,
+                    class: rng.random_range(0..80),
+                    bbox: BoxXyxy::new(x, y, x + 20.0, y + 30.0),
+                });
+            }
+        }
+        Ok(b)
+    }
+
+    pub(super) fn smoke(ordinal: usize, json: Option<&Path>) -> Result<()> {
+        let gpu = Device::new_cuda(ordinal).context("opening the CUDA device")?;
+        let mut rng = sample_rng(0, 0, 0);
+        let mut checks = Vec::new();
+
+        let x = rand_tensor(&mut rng, &[4, 32, 40, 40], -1.0, 1.0)?;
+        let w = rand_tensor(&mut rng, &[64, 32, 3, 3], -0.2, 0.2)?;
+        let r = rand_tensor(&mut rng, &[4, 64, 20, 20], -1.0, 1.0)?;
+        checks.push(compare("conv3x3 s2 fwd+bwd", 1e-4, &gpu, |d| {
+            let (xv, wv) = (var_on(&x, d)?, var_on(&w, d)?);
+            let y = conv::conv2d(xv.as_tensor(), wv.as_tensor(), 2, 1)?;
+            with_grads(&[y], std::slice::from_ref(&r), &[&xv, &wv])
+        }));
+
+        let g = rand_tensor(&mut rng, &[32], 0.5, 1.5)?;
+        let bta = rand_tensor(&mut rng, &[32], -0.5, 0.5)?;
+        let r2 = rand_tensor(&mut rng, &[4, 32, 40, 40], -1.0, 1.0)?;
+        checks.push(compare("batchnorm+silu train fwd+bwd", 1e-4, &gpu, |d| {
+            let (xv, gv, bv) = (var_on(&x, d)?, var_on(&g, d)?, var_on(&bta, d)?);
+            let (y, mean, var) = norm::batch_norm_silu_train(xv.as_tensor(), gv.as_tensor(), bv.as_tensor(), 1e-3)?;
+            let mut out = with_grads(&[y], std::slice::from_ref(&r2), &[&xv, &gv, &bv])?;
+            out.extend([mean, var]);
+            Ok(out)
+        }));
+        checks.push(compare("maxpool5 fwd+bwd", 1e-5, &gpu, |d| {
+            let xv = var_on(&x, d)?;
+            let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;
+            with_grads(&[y], std::slice::from_ref(&r2), &[&xv])
+        }));
+        let r3 = rand_tensor(&mut rng, &[4, 32, 80, 80], -1.0, 1.0)?;
+        checks.push(compare("upsample2x fwd+bwd", 1e-5, &gpu, |d| {
+            let xv = var_on(&x, d)?;
+            let y = pool::upsample_nearest2x(xv.as_tensor())?;
+            with_grads(&[y], std::slice::from_ref(&r3), &[&xv])
+        }));
+        let bins = rand_tensor(&mut rng, &[2, 64, 8400], -4.0, 4.0)?;
+        let r4 = rand_tensor(&mut rng, &[2, 4, 8400], -1.0, 1.0)?;
+        checks.push(compare("dfl decode fwd+bwd", 1e-4, &gpu, |d| {
+            let xv = var_on(&bins, d)?;
+            let y = dfl::dfl_decode(xv.as_tensor(), 16)?;
+            with_grads(&[y], std::slice::from_ref(&r4), &[&xv])
+        }));
+        let logits = rand_tensor(&mut rng, &[2, 80, 8400], -6.0, 6.0)?;
+        let z = rand_tensor(&mut rng, &[2, 80, 8400], 0.0, 1.0)?;
+        checks.push(compare("bce with logits fwd+bwd", 1e-4, &gpu, |d| {
+            let xv = var_on(&logits, d)?;
+            let y = loss::bce_with_logits(xv.as_tensor(), &z.to_device(d)?)?;
+            with_grads(&[y], std::slice::from_ref(&z), &[&xv])
+        }));
+
+        // argsort under candle's one-block limit, then the validation shrink at 8400 anchors.
+        let scores = rand_tensor(&mut rng, &[4, 8000], 0.0, 1.0)?;
+        checks.push(compare("argsort 8000 columns", 0.0, &gpu, |d| {
+            Ok(vec![scores.to_device(d)?.arg_sort_last_dim(false)?.to_dtype(DType::F32)?])
+        }));
+        let mut c = compare("argsort 8400 columns (candle's limit is 8192)", 0.0, &gpu, |d| {
+            let s = rand_tensor(&mut sample_rng(1, 0, 0), &[2, 8400], 0.0, 1.0)?;
+            Ok(vec![s.to_device(d)?.arg_sort_last_dim(false)?.to_dtype(DType::F32)?])
+        });
+        c.note = Some("informational: the shrink avoids sorting beyond 8192 columns on the GPU".into());
+        checks.push(c);
+        let head = Tensor::cat(&[rand_tensor(&mut rng, &[2, 4, 8400], 0.0, 640.0)?, logits.narrow(1, 0, 80)?], 1)?;
+        let head = (head.narrow(1, 0, 4)?.clone(), sluice_model::ops::sigmoid(&head.narrow(1, 4, 80)?)?);
+        let head = Tensor::cat(&[head.0, (head.1 * 0.01)?], 1)?;
+        checks.push(compare("validation shrink (8400 anchors, conf 0.001)", 0.0, &gpu, |d| {
+            let s = shrink(&head.to_device(d)?, &ShrinkParams::default())?;
+            Ok(vec![s.above_conf.to_dtype(DType::F32)?, s.finite_check])
+        }));
+
+        // The CUDA transfer must equal the CPU one bit for bit, in f32 and bf16, over more batches than slots.
+        for dtype in [DType::F32, DType::BF16] {
+            let name = format!("transfer {dtype:?} (5 batches through 3 slots)");
+            let result = (|| -> Result<Vec<f64>> {
+                let cuda = CudaTransfer::new(&gpu, dtype)?;
+                let cpu = CpuTransfer::new(Device::Cpu, dtype);
+                let mut diffs = Vec::new();
+                for _ in 0..5 {
+                    let b = random_batch(&mut rng, 4, 64)?;
+                    let (g, c) = (cuda.transfer(&b)?, cpu.transfer(&b)?);
+                    for (g, c) in [(&g.images, &c.images), (&g.gt_boxes, &c.gt_boxes), (&g.gt_mask, &c.gt_mask)] {
+                        diffs.push(rel(g, c)?);
+                    }
+                    let cls = (g.gt_classes.to_device(&Device::Cpu)? - &c.gt_classes)?.abs()?.sum_all()?;
+                    diffs.push(f64::from(cls.to_scalar::<f32>()?));
+                }
+                let st = cuda.stats();
+                if st.staging_allocs != 4 * CudaTransfer::SLOTS as u64 {
+                    bail!("{} staging allocations for one batch size (want {})", st.staging_allocs, 4 * CudaTransfer::SLOTS);
+                }
+                Ok(diffs)
+            })();
+            checks.push(match result {
+                Ok(rel_diff) => {
+                    let ok = rel_diff.iter().all(|d| *d == 0.0);
+                    Check { name, rel_diff, tolerance: 0.0, ok, error: None, note: None }
+                }
+                Err(e) => Check {
+                    name,
+                    rel_diff: vec![],
+                    tolerance: 0.0,
+                    ok: false,
+                    error: Some(format!("{e:#}")),
+                    note: None,
+                },
+            });
+        }
+
+        // One YOLOv8n training loss at 320 on both devices from the same weights and batch.
+        let batch = random_batch(&mut rng, 2, 320)?;
+        checks.push(compare("yolov8n loss at 320 (forward + assigner + loss)", 1e-3, &gpu, |d| {
+            let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
+            let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
+            let x = CpuTransfer::new(d.clone(), DType::F32).transfer(&batch)?;
+            let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
+            let out = sluice_model::DetectionLoss::new(80).compute(&raw, &batch.targets)?;
+            Ok(vec![out.total.unsqueeze(0)?, raw.scores.mean_keepdim(D::Minus1)?])
+        }));
+
+        let failed = checks.iter().filter(|c| !c.ok && c.note.is_none()).count();
+        for c in &checks {
+            println!(
+                "{:<52} {:<5} rel {:?} (tol {:e}){}{}",
+                c.name,
+                if c.ok { "ok" } else { "FAIL" },
+                c.rel_diff.iter().map(|d| format!("{d:.2e}")).collect::<Vec<_>>(),
+                c.tolerance,
+                c.error.as_deref().map(|e| format!(" error: {e}")).unwrap_or_default(),
+                c.note.as_deref().map(|n| format!(" [{n}]")).unwrap_or_default(),
+            );
+        }
+        if let Some(p) = json {
+            let v = serde_json::json!({ "checks": checks, "failed": failed });
+            std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
+        }
+        if failed > 0 {
+            bail!("{failed} smoke checks failed");
+        }
+        Ok(())
+    }
+
+    pub(super) fn h2d(ordinal: usize, json: Option<&Path>) -> Result<()> {
+        let gpu = Device::new_cuda(ordinal).context("opening the CUDA device")?;
+        let Device::Cuda(cd) = &gpu else { bail!("not a CUDA device") };
+        let stream = cd.cuda_stream();
+        let ctx = stream.context().clone();
+        let copy = ctx.new_stream()?;
+        const BIG: usize = 256 << 20;
+        let reps = 10;
+        let mut dev = copy.alloc_zeros::<u8>(BIG)?;
+        // SAFETY: filled below before any copy reads it.
+        let mut pinned = unsafe { ctx.alloc_pinned_with_flags::<u8>(BIG, 0) }?;
+        pinned.as_mut_slice()?.fill(1);
+        let pageable = vec![1u8; BIG];
+        let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            f()?; // warm-up
+            copy.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                f()?;
+            }
+            copy.synchronize()?;
+            Ok((BIG * reps) as f64 / t.elapsed().as_secs_f64() / 1e9)
+        };
+        let pinned_gbs = time(&mut || Ok(copy.memcpy_htod(&pinned, &mut dev)?))?;
+        let pageable_gbs = time(&mut || Ok(copy.memcpy_htod(&pageable, &mut dev)?))?;
+        drop((dev, pinned, pageable));
+
+        let mut rng = sample_rng(0, 0, 0);
+        let batch = random_batch(&mut rng, 32, 640)?;
+        let t = CudaTransfer::new(&gpu, DType::F32)?;
+        for _ in 0..3 {
+            t.transfer(&batch)?;
+        }
+        stream.synchronize()?;
+        let n = 30;
+        let start = Instant::now();
+        for _ in 0..n {
+            let x = t.transfer(&batch)?;
+            drop(x);
+        }
+        stream.synchronize()?;
+        let secs = start.elapsed().as_secs_f64();
+        let bytes = batch.pixels().len() as f64 * n as f64;
+        let transfer_gbs = bytes / secs / 1e9;
+        let stats = t.stats();
+        let v = serde_json::json!({
+            "plain_pinned_gbs": pinned_gbs,
+            "plain_pageable_gbs": pageable_gbs,
+            "transfer_u8_gbs": transfer_gbs,
+            "transfer_batches_per_s": n as f64 / secs,
+            "transfer_vs_plain_pinned": transfer_gbs / pinned_gbs,
+            "transfer_slot_waits": stats.slot_waits,
+            "transfer_staging_allocs": stats.staging_allocs,
+            "batch": "32 x 3 x 640 x 640 u8 -> f32",
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        if let Some(p) = json {
+            std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
+        }
+        Ok(())
+    }
+}

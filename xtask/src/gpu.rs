@@ -1,0 +1,330 @@
+//! `gpu-build` and `gpu-check`: the CUDA build on a machine without a GPU, and the one prepared script that runs the
+//! device checks on a machine with one.
+//!
+//! `gpu-build` installs NVIDIA's CUDA 13.0 PyPI wheels (compiler, runtime, cuBLAS, cuRAND, NVRTC, nvJPEG) in one pip
+//! call into a cache folder, adds the unversioned `lib*.so` links the linker wants, generates a link-time stub
+//! `libcuda.so` (SONAME `libcuda.so.1`) from cudarc's list of driver functions (the real driver comes with the
+//! device), and builds `sluice` with `--features cuda` for compute capability 9.0 (H100/H200) into
+//! `<target>/cuda`, then strips it. The toolkit is pinned to 13.0: the device's driver (580) is CUDA 13.0, and a
+//! newer nvcc emits PTX it rejects.
+//!
+//! `gpu-check` prepares `<target>/gpu-check/` (binary, script, a small slice of coco128) and prints the device
+//! tool command that runs it; see `gpu-check.sh` next to this file for what the script measures.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// The wheels, pinned to the CUDA 13.0 toolkit.
+const WHEELS: &[&str] = &[
+    "nvidia-cuda-nvcc==13.0.*",
+    "nvidia-cuda-runtime==13.0.*",
+    "nvidia-cuda-crt==13.0.*",
+    "nvidia-nvvm==13.0.*",
+    "nvidia-cuda-cccl==13.0.*",
+    "nvidia-cuda-nvrtc==13.0.*",
+    "nvidia-cublas==13.0.*",
+    "nvidia-curand==10.4.0.*",
+    "nvidia-nvjpeg==13.0.*",
+];
+
+/// The binary must stay under this to travel to the device with its dataset.
+const MAX_BINARY: u64 = 64 << 20;
+
+/// Where the toolkit is cached: `SLUICE_CUDA_SDK`, else `~/.cache/sluice/cuda-13.0`.
+fn sdk_root() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_CUDA_SDK").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache/sluice/cuda-13.0")
+}
+
+/// The toolkit folder inside the wheels' install (`nvidia/cu13`).
+fn cuda_home(sdk: &Path) -> PathBuf {
+    sdk.join("py/nvidia/cu13")
+}
+
+/// Installs the wheels (once), the `.so` links and the driver stub; returns `CUDA_HOME`.
+fn ensure_sdk(root: &Path) -> Result<PathBuf> {
+    let sdk = sdk_root();
+    let home = cuda_home(&sdk);
+    let marker = sdk.join(".installed");
+    if !marker.exists() || !home.join("bin/nvcc").exists() {
+        eprintln!("xtask: installing the CUDA 13.0 wheels into {}", sdk.display());
+        std::fs::create_dir_all(&sdk).with_context(|| format!("creating {}", sdk.display()))?;
+        let target = sdk.join("py");
+        let mut pip = Command::new("python3");
+        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"]).arg(&target).args(WHEELS);
+        crate::run(&mut pip)?;
+        std::fs::write(&marker, WHEELS.join("\n")).context("writing the install marker")?;
+    }
+    let lib = home.join("lib");
+    link_unversioned(&lib)?;
+    driver_stub(root, &lib.join("stubs"))?;
+    Ok(home)
+}
+
+/// `libX.so` → `libX.so.N` for every versioned library in `lib` (the linker looks for the unversioned name).
+fn link_unversioned(lib: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(lib).with_context(|| format!("reading {}", lib.display()))? {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some((stem, _)) = name.split_once(".so.") else { continue };
+        let link = lib.join(format!("{stem}.so"));
+        if !link.exists() {
+            std::os::unix::fs::symlink(name, &link).with_context(|| format!("linking {}", link.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The cudarc version in Cargo.lock.
+fn cudarc_version(root: &Path) -> Result<String> {
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).context("reading Cargo.lock")?;
+    let mut lines = lock.lines();
+    while let Some(l) = lines.next() {
+        if l.trim() == "name = \"cudarc\"" {
+            if let Some(v) = lines.next().and_then(|v| v.trim().strip_prefix("version = \"")) {
+                return Ok(v.trim_end_matches('"').to_string());
+            }
+        }
+    }
+    bail!("cudarc is not in Cargo.lock")
+}
+
+/// Writes `stubs/libcuda.so`: every driver function cudarc declares, as an empty symbol, so the binary links
+/// without a driver; at run time the device's real `libcuda.so.1` is loaded instead.
+fn driver_stub(root: &Path, stubs: &Path) -> Result<()> {
+    let out = stubs.join("libcuda.so");
+    if out.exists() {
+        return Ok(());
+    }
+    let version = cudarc_version(root)?;
+    // Make sure the crate's source is downloaded, then find it in cargo's registry.
+    crate::cargo(root, &["fetch", "--locked"])?;
+    let cargo_home = std::env::var_os("CARGO_HOME").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from).join(".cargo")
+    });
+    let registry = cargo_home.join("registry/src");
+    let sys = std::fs::read_dir(&registry)
+        .with_context(|| format!("reading {}", registry.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join(format!("cudarc-{version}/src/driver/sys/mod.rs")))
+        .find(|p| p.exists())
+        .with_context(|| format!("cudarc {version}'s driver bindings not found under {}", registry.display()))?;
+    let src = std::fs::read_to_string(&sys).with_context(|| format!("reading {}", sys.display()))?;
+    let names = driver_functions(&src);
+    if names.len() < 100 {
+        bail!("only {} driver functions found in {}; cudarc's layout changed?", names.len(), sys.display());
+    }
+    std::fs::create_dir_all(stubs).with_context(|| format!("creating {}", stubs.display()))?;
+    let c = stubs.join("cuda_stub.c");
+    let body: String = names.iter().map(|n| format!("void {n}(void) {{}}\n")).collect();
+    std::fs::write(&c, body).with_context(|| format!("writing {}", c.display()))?;
+    crate::run(Command::new("gcc").args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"]).arg(&out).arg(&c))?;
+    eprintln!("xtask: wrote the driver stub {} ({} functions)", out.display(), names.len());
+    Ok(())
+}
+
+/// The driver functions (`pub unsafe fn cuXxx(`) of cudarc's bindings, sorted and unique.
+fn driver_functions(src: &str) -> Vec<String> {
+    let mut names: Vec<String> = src
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub unsafe fn "))
+        .filter_map(|l| l.split_once('(').map(|(n, _)| n.trim().to_string()))
+        .filter(|n| n.starts_with("cu") && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// The environment of the CUDA build.
+fn cuda_env(cmd: &mut Command, home: &Path) {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![home.join("bin")];
+    paths.extend(std::env::split_paths(&path));
+    let joined = std::env::join_paths(paths).unwrap_or(path);
+    cmd.env("CUDA_HOME", home)
+        .env("NVCC", home.join("bin/nvcc"))
+        .env("CUDA_COMPUTE_CAP", "90")
+        .env("CUDARC_CUDA_VERSION", "13000")
+        .env("PATH", joined);
+}
+
+/// The CUDA build's target folder.
+pub(crate) fn cuda_target(root: &Path) -> PathBuf {
+    crate::target_dir(root).join("cuda")
+}
+
+/// `cargo xtask gpu-build`: the toolkit (cached), then the release `sluice` with `features`; returns the binary.
+pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
+    let home = ensure_sdk(root)?;
+    let target = cuda_target(root);
+    let mut cmd = Command::new("cargo");
+    cmd.args(["build", "--release", "--locked", "-p", "sluice-train", "--bin", "sluice", "--features", features])
+        .arg("--target-dir")
+        .arg(&target)
+        .current_dir(root);
+    cuda_env(&mut cmd, &home);
+    eprintln!("xtask: cargo build --release -p sluice-train --features {features} (CUDA 13.0, sm_90)");
+    crate::run(&mut cmd)?;
+    let bin = target.join("release/sluice");
+    crate::run(Command::new("strip").arg(&bin))?;
+    let size = std::fs::metadata(&bin).with_context(|| format!("reading {}", bin.display()))?.len();
+    eprintln!("xtask: {} ({:.1} MiB stripped)", bin.display(), size as f64 / (1 << 20) as f64);
+    if size > MAX_BINARY {
+        bail!("{} is {:.1} MiB, over the 64 MiB the device check can carry", bin.display(), size as f64 / 1048576.0);
+    }
+    Ok(bin)
+}
+
+/// The device check's script and its Ultralytics driver, copied into the prepared folder.
+const SCRIPT: &str = include_str!("../gpu-check.sh");
+const UL_SCRIPT: &str = include_str!("../gpu-check-ultralytics.py");
+/// Images of coco128 carried to the device (about 11 MB of JPEGs).
+const CHECK_IMAGES: usize = 64;
+/// The Ultralytics release the peers' figures were made with.
+const ULTRALYTICS: &str = "ultralytics==8.4.190";
+/// What `run`'s carry may hold in all.
+const MAX_CARRY: u64 = 64 << 20;
+
+/// coco128: `SLUICE_COCO128`, else `../shared/datasets/coco128` beside the workspace.
+fn coco128(root: &Path) -> PathBuf {
+    match std::env::var_os("SLUICE_COCO128").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => root.join("../shared/datasets/coco128"),
+    }
+}
+
+fn copy(from: &Path, to: &Path) -> Result<u64> {
+    std::fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))
+}
+
+/// The first `n` images of coco128's train split (sorted by name) with their labels, and a `data.yaml` that uses
+/// them as train and val (as coco128's own does).
+fn dataset_slice(src: &Path, dst: &Path, n: usize) -> Result<u64> {
+    let images = src.join("images/train2017");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&images)
+        .with_context(|| format!("reading {} (set SLUICE_COCO128)", images.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .collect();
+    names.sort();
+    names.truncate(n);
+    let (di, dl) = (dst.join("images/train2017"), dst.join("labels/train2017"));
+    std::fs::create_dir_all(&di).and_then(|()| std::fs::create_dir_all(&dl)).context("creating the dataset")?;
+    let mut bytes = 0;
+    for img in &names {
+        let Some(file) = img.file_name() else { continue };
+        bytes += copy(img, &di.join(file))?;
+        let label = src.join("labels/train2017").join(Path::new(file).with_extension("txt"));
+        if label.exists() {
+            bytes += copy(&label, &dl.join(Path::new(file).with_extension("txt")))?;
+        }
+    }
+    let yaml = std::fs::read_to_string(src.join("data.yaml")).context("reading coco128's data.yaml")?;
+    let names_block = yaml.find("names:").map_or("", |i| &yaml[i..]);
+    let text = format!(
+        "# The first {n} images of coco128 (train and val, as coco128 itself), for Sluice's device check.\n\
+         train: images/train2017\nval: images/train2017\n\n{names_block}"
+    );
+    std::fs::write(dst.join("data.yaml"), text).context("writing data.yaml")?;
+    Ok(bytes)
+}
+
+fn folder_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |rd| {
+        rd.filter_map(|e| e.ok())
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => folder_bytes(&e.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            })
+            .sum()
+    })
+}
+
+/// `cargo xtask gpu-check`: prepares `<target>/gpu-check/` and prints the device-tool command.
+pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>) -> Result<()> {
+    let bin = match sluice {
+        Some(b) => b,
+        None => gpu_build(root, "cuda")?,
+    };
+    let dir = crate::target_dir(root).join("gpu-check");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir.join("lib")).with_context(|| format!("creating {}", dir.display()))?;
+    copy(&bin, &dir.join("sluice"))?;
+    // nvJPEG and the CUDA runtime travel with the binary (small); cuBLAS, cuRAND and NVRTC (hundreds of MB) are
+    // taken from the device's own Python wheels by the script.
+    let lib = cuda_home(&sdk_root()).join("lib");
+    for name in ["libnvjpeg.so.13", "libcudart.so.13"] {
+        let from = lib.join(name);
+        if from.exists() {
+            copy(&from, &dir.join("lib").join(name))?;
+        } else {
+            eprintln!("xtask: {} not found; run `cargo xtask gpu-build` first", from.display());
+        }
+    }
+    let data = dataset_slice(&coco128(root), &dir.join("data"), CHECK_IMAGES)?;
+    std::fs::write(dir.join("run.sh"), SCRIPT).context("writing run.sh")?;
+    std::fs::write(dir.join("ul_train.py"), UL_SCRIPT).context("writing ul_train.py")?;
+    let wheels = dir.join("wheels");
+    let mut pip = Command::new("python3");
+    pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"]).arg(&wheels).arg(ULTRALYTICS);
+    if let Err(e) = crate::run(&mut pip) {
+        eprintln!("xtask: could not fetch the Ultralytics wheel ({e:#}); the side-by-side step will be skipped");
+    }
+    let total = folder_bytes(&dir);
+    eprintln!(
+        "xtask: prepared {} ({:.1} MiB in all, dataset {:.1} MiB)",
+        dir.display(),
+        total as f64 / 1048576.0,
+        data as f64 / 1048576.0
+    );
+    if total > MAX_CARRY {
+        bail!("{} holds {:.1} MiB, over the 64 MiB a device run can carry", dir.display(), total as f64 / 1048576.0);
+    }
+    let rel = dir.strip_prefix(root).unwrap_or(&dir);
+    println!("Run it on the device machine with the device tool:");
+    println!(
+        "  run(command=\"bash {}/run.sh && cp -r {}/out/. \\$OUT/ 2>/dev/null; true\", carry=[\"{}\"], timeout_s=480)",
+        rel.display(),
+        rel.display(),
+        rel.display()
+    );
+    println!("Results come back under the run's files (smoke.json, h2d.json, train/telemetry.jsonl, ...).");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_functions_are_read_from_bindings() {
+        let src = "pub unsafe fn cuInit(Flags: u32) -> CUresult {\n    x\n}\n\
+                   pub unsafe fn cuMemAlloc_v2(p: *mut u64) -> CUresult {}\n\
+                   pub unsafe fn cuInit(Flags: u32) -> CUresult {}\n\
+                   pub fn helper() {}\n    pub unsafe fn cuNested() {}\n";
+        assert_eq!(driver_functions(src), vec!["cuInit".to_string(), "cuMemAlloc_v2".to_string()]);
+    }
+
+    #[test]
+    fn unversioned_links_point_at_the_versioned_files() {
+        let dir = std::env::temp_dir().join(format!("sluice-xtask-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("libcublas.so.13"), b"x").expect("file");
+        std::fs::write(dir.join("libnvrtc-builtins.so.13.0"), b"x").expect("file");
+        link_unversioned(&dir).expect("links");
+        link_unversioned(&dir).expect("idempotent");
+        assert_eq!(std::fs::read_link(dir.join("libcublas.so")).expect("link"), PathBuf::from("libcublas.so.13"));
+        assert!(dir.join("libnvrtc-builtins.so").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
