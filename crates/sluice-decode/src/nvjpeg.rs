@@ -12,8 +12,8 @@
 //!   or CUDA error) when a library is missing, no CUDA device is visible, or nvJPEG cannot create its handle; it
 //!   never panics. [`crate::Backend::preferred`] skips the backend then, so a CPU-only machine built with this
 //!   feature still decodes with the CPU backends.
-//! - The decoded pixels go to one device buffer per decoder that grows to the largest image seen and is never
-//!   reallocated while images fit. Grayscale JPEGs decode as luma (`NVJPEG_OUTPUT_Y`) and are expanded to RGB on the
+//! - The decoded pixels go to a device buffer that grows to the largest image seen and is never reallocated while
+//!   images fit. Grayscale JPEGs decode as luma (`NVJPEG_OUTPUT_Y`) and are expanded to RGB on the
 //!   host; colour JPEGs decode as interleaved RGB (`NVJPEG_OUTPUT_RGBI`). EXIF orientation is applied on the host
 //!   while copying, as the other backends do.
 //! - JPEGs nvJPEG does not decode (4-component CMYK/YCCK, lossless, anything it answers
@@ -26,9 +26,13 @@
 //!   (`scale` 1); [`crate::decode_to_target`] then does the whole reduction in its resize step.
 //! - One image at a time, each followed by a synchronous device-to-host copy (to pageable memory): no batched
 //!   decode, no pinned staging, and the pixels do not stay on the GPU.
-//! - Not concurrent: an nvJPEG handle and its decode state must not be used by two threads at once, so both (with
-//!   the stream and the device buffer) sit behind a [`Mutex`]. The decoder is `Send + Sync` and can be shared, but
-//!   threads sharing one decoder decode one after the other; create one decoder per thread for parallel decoding.
+//! - Thread safety: an nvJPEG handle and its decode state must not be used by two threads at once. A decoder keeps
+//!   its GPU contexts (handle, state, stream, device buffer, host staging buffer) in a pool behind a [`Mutex`]:
+//!   each decode takes one out for its duration (creating one when all are in use) and puts it back, so a decoder
+//!   shared by several threads (`Send + Sync`, as [`Decoder`] requires) decodes on as many contexts as threads
+//!   decode at once. The pool never shrinks; each context holds its own device buffer.
+//! - After a GPU fault (a sticky CUDA error) the context is unusable and later decodes fail with
+//!   [`DecodeError::Device`]; nothing recreates it.
 //! - It uses the current CUDA device of the calling thread (device 0 unless the process chose another).
 //! - It needs a CUDA GPU and driver at run time. The crate's tests on a CPU-only machine cover only the
 //!   "unavailable" path; run the conformance suite with `SLUICE_REQUIRE_NVJPEG=1` on a GPU machine to cover the
@@ -240,8 +244,8 @@ fn device_failure(status: NvjpegStatus) -> bool {
     matches!(status, NVJPEG_STATUS_NOT_INITIALIZED | NVJPEG_STATUS_ALLOCATOR_FAILURE | NVJPEG_STATUS_ARCH_MISMATCH)
 }
 
-/// The GPU side of one decoder: nvJPEG handle and state, a stream, the device output buffer and a host staging
-/// buffer for the paths that convert or rotate. Not thread-safe; [`NvJpegDecoder`] keeps it behind a mutex.
+/// One GPU decode context: nvJPEG handle and state, a stream, the device output buffer and a host staging buffer
+/// for the paths that convert or rotate. Used by one thread at a time ([`NvJpegDecoder`] pools them behind a mutex).
 struct Gpu {
     api: Arc<Api>,
     handle: NvjpegHandle,
@@ -254,7 +258,8 @@ struct Gpu {
 }
 
 // SAFETY: nvJPEG handles/states, CUDA streams and device pointers are not tied to the thread that created them;
-// they only must not be used by two threads at once, which the `Mutex` around every `Gpu` guarantees.
+// they only must not be used by two threads at once: a `Gpu` is owned by the pool (behind a `Mutex`) or by the one
+// decode that took it out.
 unsafe impl Send for Gpu {}
 
 impl Gpu {
@@ -359,19 +364,23 @@ enum Attempt {
 }
 
 /// The nvJPEG backend: JPEG decoding on the GPU, CPU fallback for what nvJPEG does not decode. Share one across
-/// threads (decodes then run one at a time: the nvJPEG handle and state are behind a mutex), or create one per
-/// thread. See the module docs for what it does not do (no DCT scaling: `scale` is always 1).
+/// threads: each concurrent decode uses its own pooled GPU context. See the module docs for what it does not do
+/// (no DCT scaling: `scale` is always 1).
 pub struct NvJpegDecoder {
-    gpu: Mutex<Gpu>,
+    api: Arc<Api>,
+    /// Idle GPU contexts (at least one after [`NvJpegDecoder::new`]).
+    idle: Mutex<Vec<Gpu>>,
     max_pixels: u64,
 }
 
 impl std::fmt::Debug for NvJpegDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let [nvjpeg, cudart] = self.libraries();
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).len();
         f.debug_struct("NvJpegDecoder")
             .field("nvjpeg", &nvjpeg)
             .field("cudart", &cudart)
+            .field("idle_contexts", &idle)
             .field("max_pixels", &self.max_pixels)
             .finish_non_exhaustive()
     }
@@ -379,13 +388,13 @@ impl std::fmt::Debug for NvJpegDecoder {
 
 impl NvJpegDecoder {
     /// Loads libnvjpeg and libcudart (once per process), checks that a CUDA device is visible, and creates the
-    /// nvJPEG handle, decode state and a CUDA stream. Fails with [`DecodeError::Unavailable`], naming the library
+    /// nvJPEG handle, decode state and a CUDA stream of the first pooled context. Fails with [`DecodeError::Unavailable`], naming the library
     /// and the dlopen or CUDA error, when any of that is not possible on this machine.
     pub fn new() -> Result<Self> {
         let unavailable = |reason: String| DecodeError::Unavailable { backend: NAME, reason };
         let api = Api::get().map_err(unavailable)?;
-        let gpu = Gpu::new(api).map_err(unavailable)?;
-        Ok(Self { gpu: Mutex::new(gpu), max_pixels: DEFAULT_MAX_PIXELS })
+        let gpu = Gpu::new(Arc::clone(&api)).map_err(unavailable)?;
+        Ok(Self { api, idle: Mutex::new(vec![gpu]), max_pixels: DEFAULT_MAX_PIXELS })
     }
 
     /// Refuses images with more than `max_pixels` pixels (default [`DEFAULT_MAX_PIXELS`]).
@@ -397,8 +406,7 @@ impl NvJpegDecoder {
     /// The names of the nvJPEG and CUDA runtime libraries that were loaded (e.g. `["libnvjpeg.so.13",
     /// "libcudart.so.13"]`).
     pub fn libraries(&self) -> [&'static str; 2] {
-        let gpu = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
-        [gpu.api.nvjpeg_lib, gpu.api.cudart_lib]
+        [self.api.nvjpeg_lib, self.api.cudart_lib]
     }
 
     /// Decodes `bytes` into `out` at full size; the hint is ignored (nvJPEG has no DCT-domain scaling), so
@@ -423,11 +431,17 @@ impl NvJpegDecoder {
                 });
             }
         }
-        let attempt = {
-            let mut gpu = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
-            self.decode_on_gpu(&mut gpu, bytes, out)?
+        let taken = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut gpu = match taken {
+            Some(gpu) => gpu,
+            None => Gpu::new(Arc::clone(&self.api)).map_err(|reason| DecodeError::Device {
+                backend: NAME,
+                reason: format!("another context: {reason}"),
+            })?,
         };
-        match attempt {
+        let attempt = self.decode_on_gpu(&mut gpu, bytes, out);
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner).push(gpu);
+        match attempt? {
             Attempt::Done(info) => Ok(info),
             Attempt::Cpu => self.decode_on_cpu(bytes, out),
         }
