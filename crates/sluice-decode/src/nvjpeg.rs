@@ -13,18 +13,19 @@
 //!   never panics. [`crate::Backend::preferred`] skips the backend then, so a CPU-only machine built with this
 //!   feature still decodes with the CPU backends.
 //! - The decoded pixels go to a device buffer that grows to the largest image seen and is never reallocated while
-//!   images fit. Grayscale JPEGs decode as luma (`NVJPEG_OUTPUT_Y`) and are expanded to RGB on the
-//!   host; colour JPEGs decode as interleaved RGB (`NVJPEG_OUTPUT_RGBI`). EXIF orientation is applied on the host
-//!   while copying, as the other backends do.
-//! - JPEGs nvJPEG does not decode (4-component CMYK/YCCK, lossless, anything it answers
-//!   `NVJPEG_STATUS_JPEG_NOT_SUPPORTED` for) are decoded on the CPU by the `turbojpeg` backend when compiled in,
-//!   else by `image`; errors of that path name the backend `nvjpeg (CPU fallback: ...)`. Non-JPEG input (PNG, BMP,
-//!   WebP) goes to the `image` backend when that is compiled in and is refused otherwise.
+//!   images fit. Grayscale JPEGs decode as luma (`NVJPEG_OUTPUT_Y`) and are expanded to RGB on the host; colour
+//!   JPEGs decode as interleaved RGB (`NVJPEG_OUTPUT_RGBI`). EXIF orientation is applied on the host while
+//!   copying, as the other backends do.
+//! - JPEGs nvJPEG does not decode (4-component CMYK/YCCK, and whatever it answers
+//!   `NVJPEG_STATUS_JPEG_NOT_SUPPORTED` or `NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED` for, e.g. lossless JPEG)
+//!   are decoded on the CPU by the `turbojpeg` backend when compiled in, else by `image`, at full size; errors of
+//!   that path name the backend `nvjpeg (CPU fallback: ...)`. Non-JPEG input (PNG, BMP, WebP) goes to the `image`
+//!   backend when that is compiled in and is refused otherwise.
 //!
 //! What it does not do:
 //! - No DCT-domain scaling: nvJPEG has none, so the hint's reduced scale is ignored and every decode is full size
 //!   (`scale` 1); [`crate::decode_to_target`] then does the whole reduction in its resize step.
-//! - One image at a time, each followed by a synchronous device-to-host copy (to pageable memory): no batched
+//! - Single-image decodes only, each followed by a synchronous device-to-host copy (to pageable memory): no batched
 //!   decode, no pinned staging, and the pixels do not stay on the GPU.
 //! - Thread safety: an nvJPEG handle and its decode state must not be used by two threads at once. A decoder keeps
 //!   its GPU contexts (handle, state, stream, device buffer, host staging buffer) in a pool behind a [`Mutex`]:
@@ -388,8 +389,9 @@ impl std::fmt::Debug for NvJpegDecoder {
 
 impl NvJpegDecoder {
     /// Loads libnvjpeg and libcudart (once per process), checks that a CUDA device is visible, and creates the
-    /// nvJPEG handle, decode state and a CUDA stream of the first pooled context. Fails with [`DecodeError::Unavailable`], naming the library
-    /// and the dlopen or CUDA error, when any of that is not possible on this machine.
+    /// first pooled GPU context (nvJPEG handle, decode state, CUDA stream). Fails with
+    /// [`DecodeError::Unavailable`], naming the library and the dlopen or CUDA error, when any of that is not
+    /// possible on this machine.
     pub fn new() -> Result<Self> {
         let unavailable = |reason: String| DecodeError::Unavailable { backend: NAME, reason };
         let api = Api::get().map_err(unavailable)?;
