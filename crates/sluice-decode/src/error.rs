@@ -15,6 +15,24 @@ pub enum DecodeError {
         /// Extra explanation (empty, or starting with "; ").
         note: &'static str,
     },
+    /// The backend is compiled in but cannot run on this machine (a shared library that does not load, no GPU,
+    /// a device that refuses to initialise).
+    #[error("decode backend `{backend}` is unavailable on this machine: {reason}")]
+    Unavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// What was tried and what failed (library name and dlopen error, or the CUDA / nvJPEG error).
+        reason: String,
+    },
+    /// The GPU or its runtime failed while decoding (out of device memory, a failed copy or kernel); the input may be
+    /// fine.
+    #[error("{backend}: GPU error: {reason}")]
+    Device {
+        /// The backend's name.
+        backend: &'static str,
+        /// The CUDA / nvJPEG call and its error.
+        reason: String,
+    },
     /// The backend name is not one Sluice knows.
     #[error("unknown decode backend `{0}` (known: image, turbojpeg, nvjpeg)")]
     UnknownBackend(String),
@@ -89,12 +107,15 @@ impl DecodeError {
 impl From<DecodeError> for sluice_core::Error {
     fn from(err: DecodeError) -> Self {
         let what = match &err {
-            DecodeError::NotCompiled { backend, .. } => format!("backend {backend}"),
+            DecodeError::NotCompiled { backend, .. } | DecodeError::Unavailable { backend, .. } => {
+                format!("backend {backend}")
+            }
             DecodeError::UnknownBackend(name) => format!("backend {name}"),
             DecodeError::Empty { backend }
             | DecodeError::Unsupported { backend, .. }
             | DecodeError::TooLarge { backend, .. }
-            | DecodeError::Corrupt { backend, .. } => format!("{backend} decoder"),
+            | DecodeError::Corrupt { backend, .. }
+            | DecodeError::Device { backend, .. } => format!("{backend} decoder"),
             DecodeError::Resize { .. } => "resize".to_owned(),
         };
         sluice_core::Error::Decode { what, reason: err.to_string() }

@@ -23,11 +23,37 @@ pub fn reference(name: &str) -> ImageRgb8 {
     ImageRgb8::from_raw(w, h, w as usize * 3, rgb.into_raw()).expect("packed")
 }
 
-/// Every decoder compiled into this build.
-pub fn decoders() -> Vec<Box<dyn Decoder>> {
-    let all: Vec<_> = Backend::compiled().into_iter().map(|b| b.decoder().expect("compiled backend")).collect();
-    assert!(!all.is_empty(), "no backend compiled in");
+/// The backends the suite runs against: every compiled-in backend that can run on this machine
+/// ([`Backend::available`]; nvjpeg only where its libraries load and a GPU is present). Prints the list. With
+/// `SLUICE_REQUIRE_NVJPEG=1`, fails unless nvjpeg is among them, so a GPU run cannot pass without testing it.
+pub fn backends() -> Vec<Backend> {
+    let all = Backend::available();
+    let skipped: Vec<String> = Backend::compiled()
+        .into_iter()
+        .filter(|b| !all.contains(b))
+        .map(|b| format!("{b} ({})", b.probe().err().map_or_else(String::new, |e| e.to_string())))
+        .collect();
+    // Once per test binary (tests run in parallel threads and all ask).
+    static PRINTED: std::sync::Once = std::sync::Once::new();
+    PRINTED.call_once(|| {
+        eprintln!(
+            "decode backends under test: {}{}",
+            all.iter().map(|b| b.name()).collect::<Vec<_>>().join(", "),
+            if skipped.is_empty() { String::new() } else { format!("; skipped: {}", skipped.join("; ")) }
+        );
+    });
+    if std::env::var("SLUICE_REQUIRE_NVJPEG").is_ok_and(|v| v == "1")
+        && let Err(e) = Backend::NvJpeg.probe()
+    {
+        panic!("SLUICE_REQUIRE_NVJPEG=1 but the nvjpeg backend cannot run: {e}");
+    }
+    assert!(!all.is_empty(), "no backend compiled in and available");
     all
+}
+
+/// A decoder of every backend of [`backends`].
+pub fn decoders() -> Vec<Box<dyn Decoder>> {
+    backends().into_iter().map(|b| b.decoder().unwrap_or_else(|e| panic!("available backend {b}: {e}"))).collect()
 }
 
 /// Pixel difference statistics between two images of the same size.
