@@ -66,8 +66,11 @@ except Exception as e:  # noqa: BLE001
     info["torch_error"] = repr(e)
 ldd = open(f"{out}/ldd.txt").read().splitlines()
 info["missing_libraries"] = [l.split()[0] for l in ldd if "not found" in l]
-info["smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
+try:
+    info["smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout.strip()
+except OSError as e:
+    info["smi_error"] = repr(e)
 json.dump(info, open(f"{out}/device.json", "w"), indent=1)
 print(json.dumps(info))
 PY

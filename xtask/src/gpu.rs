@@ -85,10 +85,10 @@ fn cudarc_version(root: &Path) -> Result<String> {
     let lock = std::fs::read_to_string(root.join("Cargo.lock")).context("reading Cargo.lock")?;
     let mut lines = lock.lines();
     while let Some(l) = lines.next() {
-        if l.trim() == "name = \"cudarc\"" {
-            if let Some(v) = lines.next().and_then(|v| v.trim().strip_prefix("version = \"")) {
-                return Ok(v.trim_end_matches('"').to_string());
-            }
+        if l.trim() == "name = \"cudarc\""
+            && let Some(v) = lines.next().and_then(|v| v.trim().strip_prefix("version = \""))
+        {
+            return Ok(v.trim_end_matches('"').to_string());
         }
     }
     bail!("cudarc is not in Cargo.lock")
@@ -104,9 +104,9 @@ fn driver_stub(root: &Path, stubs: &Path) -> Result<()> {
     let version = cudarc_version(root)?;
     // Make sure the crate's source is downloaded, then find it in cargo's registry.
     crate::cargo(root, &["fetch", "--locked"])?;
-    let cargo_home = std::env::var_os("CARGO_HOME").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from).join(".cargo")
-    });
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from).join(".cargo"));
     let registry = cargo_home.join("registry/src");
     let sys = std::fs::read_dir(&registry)
         .with_context(|| format!("reading {}", registry.display()))?
@@ -291,12 +291,7 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>) -> Result<()> {
     }
     let rel = dir.strip_prefix(root).unwrap_or(&dir);
     println!("Run it on the device machine with the device tool:");
-    println!(
-        "  run(command=\"bash {}/run.sh && cp -r {}/out/. \\$OUT/ 2>/dev/null; true\", carry=[\"{}\"], timeout_s=480)",
-        rel.display(),
-        rel.display(),
-        rel.display()
-    );
+    println!("  run(command=\"bash {}/run.sh\", carry=[\"{}\"], timeout_s=480)", rel.display(), rel.display());
     println!("Results come back under the run's files (smoke.json, h2d.json, train/telemetry.jsonl, ...).");
     Ok(())
 }

@@ -263,8 +263,7 @@ impl Predictor {
             mode: NmsMode::ClassOffset { max_wh: 7680.0 },
             ..NmsParams::default()
         });
-        let decoder =
-            Backend::preferred().and_then(Backend::decoder).map_err(|e| invalid(format!("no image decoder: {e}")))?;
+        let decoder = Backend::preferred_decoder().map_err(|e| invalid(format!("no image decoder: {e}")))?;
         Ok(Self { model, nc, opts, nms, scratch: NmsScratch::default(), decoder })
     }
 

@@ -272,7 +272,11 @@ impl Transfer for CudaTransfer {
         let len = pixels.len();
         let nn = len as u64;
         let scale = 1.0f32 / 255.0;
-        let cfg = LaunchConfig { grid_dim: (len.div_ceil(256).clamp(1, 65_535) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (len.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let dims = [n, shape.channels, shape.height, shape.width];
         let src = pd.slice(..len);
         let images = if self.dtype == DType::F32 {

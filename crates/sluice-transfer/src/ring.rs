@@ -44,7 +44,10 @@ impl<S: Slot> Ring<S> {
         if slots.len() < MIN_SLOTS {
             return Err(Error::Invalid {
                 what: "transfer ring",
-                reason: format!("{} slots; at least {MIN_SLOTS} are needed to overlap fill, copy and compute", slots.len()),
+                reason: format!(
+                    "{} slots; at least {MIN_SLOTS} are needed to overlap fill, copy and compute",
+                    slots.len()
+                ),
             });
         }
         Ok(Self { slots, next: 0, blocking_waits: 0, acquired: 0 })

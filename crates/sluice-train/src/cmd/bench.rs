@@ -71,7 +71,7 @@ struct DecodeArgs {
     /// train, val or test.
     #[arg(long, default_value = "train")]
     split: Split,
-    /// image or turbojpeg (a backend not compiled in says which feature it needs).
+    /// image, turbojpeg or nvjpeg (a backend not compiled in says which feature it needs; nvjpeg needs a GPU).
     #[arg(long, default_value = "image")]
     backend: Backend,
     /// Decoding threads.

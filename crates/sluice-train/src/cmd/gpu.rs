@@ -112,12 +112,7 @@ mod imp {
     }
 
     /// Runs `f` on both devices (inputs built on the CPU and moved) and compares every output.
-    fn compare(
-        name: &str,
-        tolerance: f64,
-        gpu: &Device,
-        f: impl Fn(&Device) -> Result<Vec<Tensor>>,
-    ) -> Check {
+    fn compare(name: &str, tolerance: f64, gpu: &Device, f: impl Fn(&Device) -> Result<Vec<Tensor>>) -> Check {
         let run = || -> Result<Vec<f64>> {
             let c = f(&Device::Cpu)?;
             let g = f(gpu)?;
@@ -248,7 +243,11 @@ mod imp {
                 }
                 let st = cuda.stats();
                 if st.staging_allocs != 4 * CudaTransfer::SLOTS as u64 {
-                    bail!("{} staging allocations for one batch size (want {})", st.staging_allocs, 4 * CudaTransfer::SLOTS);
+                    bail!(
+                        "{} staging allocations for one batch size (want {})",
+                        st.staging_allocs,
+                        4 * CudaTransfer::SLOTS
+                    );
                 }
                 Ok(diffs)
             })();

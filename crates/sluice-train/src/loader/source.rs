@@ -90,7 +90,7 @@ impl DecodedSource {
     pub fn from_files(index: SampleIndex, imgsz: u32, augment: bool, budget_bytes: usize) -> Result<Self> {
         let reader: Arc<dyn Reader> =
             Arc::new(FileReader::new(index.samples.iter().map(|s| s.image.clone()).collect()));
-        let inner = Backend::preferred()?.decoder()?;
+        let inner = Backend::preferred_decoder()?;
         let decoder: Arc<dyn Decoder> =
             Arc::new(TargetDecoder::new(inner, TargetOptions { imgsz, augment, dct_scaling: true }));
         Ok(Self::new(Arc::new(index), reader, decoder, budget_bytes))

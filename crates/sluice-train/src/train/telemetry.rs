@@ -284,9 +284,8 @@ impl EpochTelemetry {
         if let Some(v) = &self.val {
             let _ = write!(s, "\n{}", v.line());
         }
-        let syncs = |t: &SyncTelemetry| {
-            t.by_site.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
-        };
+        let syncs =
+            |t: &SyncTelemetry| t.by_site.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
         if self.blocking_syncs.total > 0 {
             let b = &self.blocking_syncs;
             let _ = write!(s, "\n  blocking device reads: {:.1}/batch in training ({})", b.per_batch, syncs(b));
