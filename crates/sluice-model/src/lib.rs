@@ -32,7 +32,7 @@ pub use config::{REG_MAX, STRIDES, Scale, YoloConfig};
 pub use error::{ModelError, Result};
 pub use head::RawHead;
 pub use layers::Mode;
-pub use loss::{DetectionLoss, LossGains, LossOutput};
+pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
 pub use model::{Detections, YoloV8};
 pub use run::{RunOptions, RunSummary, run_npy};
 pub use weights::LoadMode;

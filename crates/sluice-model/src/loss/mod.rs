@@ -1,10 +1,12 @@
 //! Ultralytics' `v8DetectionLoss`: BCE-with-logits class loss normalised by the target-score sum, CIoU box loss
 //! and DFL loss weighted by the target scores, gains box 7.5 / cls 0.5 / dfl 1.5, times the batch size.
-//! The targets are sluice-core's per-batch [`Target`] table, read as it is on the host; the assigner runs on the
-//! host from one copy of the detached predictions per batch.
+//! [`DetectionLoss::compute`] reads sluice-core's per-batch [`Target`] table on the host and runs the assigner
+//! there, from one copy of the detached predictions per batch (the CPU path). [`DetectionLoss::compute_dense`]
+//! does the same in tensor ops on the padded targets table ([`dense`]), so on a GPU nothing leaves the device.
 
 pub mod assigner;
 pub mod bbox;
+pub mod dense;
 
 use candle_core::{DType, Tensor};
 use sluice_core::Target;
@@ -14,6 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::head::{RawHead, dist2bbox_xyxy, make_anchors};
 use crate::ops;
 pub use assigner::{AssignerConfig, Assignment, GtBox};
+pub use dense::{DenseAssignment, DenseLoss, DenseTargets};
 
 /// Loss gains (Ultralytics hyper-parameters `box`, `cls`, `dfl`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,6 +78,36 @@ impl DetectionLoss {
             gts[img].push(GtBox { class: t.class as usize, xyxy: [t.bbox.x1, t.bbox.y1, t.bbox.x2, t.bbox.y2] });
         }
         Ok(gts)
+    }
+
+    /// The same loss from the padded targets table, every step a tensor op on the head's device ([`dense`]);
+    /// the loss items stay on the device.
+    pub fn compute_dense(&self, raw: &RawHead, gt: DenseTargets<'_>) -> Result<DenseLoss> {
+        let (_, c, a) = raw.boxes.dims3()?;
+        let (_, nc, a2) = raw.scores.dims3()?;
+        if c != 4 * REG_MAX || nc != self.nc || a2 != a {
+            return Err(ModelError::BadInput(format!(
+                "head outputs {:?} / {:?} do not fit a loss with {} classes",
+                raw.boxes.dims(),
+                raw.scores.dims(),
+                self.nc
+            )));
+        }
+        let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
+        let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?;
+        let pred_xyxy = dist2bbox_xyxy(&dist, &anchors)?;
+        let levels = raw.grids.map(|(h, w)| h * w);
+        dense::dense_loss(
+            &self.assigner,
+            &self.gains,
+            &raw.boxes,
+            &raw.scores,
+            &pred_xyxy,
+            &anchors,
+            &strides,
+            &levels,
+            gt,
+        )
     }
 
     /// Computes the loss of the train-mode head outputs against the batch's targets (boxes in input pixels).

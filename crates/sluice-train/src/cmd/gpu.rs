@@ -70,6 +70,7 @@ mod imp {
     use sluice_core::{Batch, BatchShape, BoxXyxy, RngStream, Target, Transfer, sample_rng};
     use sluice_eval::{ShrinkParams, shrink};
     use sluice_kernels::{conv, dfl, loss, norm, pool};
+    use sluice_train::train::loss_path::{dense_on, step_loss};
     use sluice_transfer::{CpuTransfer, CudaTransfer};
 
     #[derive(Debug, Serialize)]
@@ -269,13 +270,17 @@ mod imp {
 
         // One YOLOv8n training loss at 320 on both devices from the same weights and batch.
         let batch = random_batch(&mut rng, 2, 320)?;
-        checks.push(compare("yolov8n loss at 320 (forward + assigner + loss)", 1e-3, &gpu, |d| {
+        checks.push(compare("yolov8n loss at 320 (forward, host vs dense assigner, loss)", 1e-3, &gpu, |d| {
             let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
             let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
-            let x = CpuTransfer::new(d.clone(), DType::F32).transfer(&batch)?;
+            let x = sluice_transfer::DeviceTransfer::new(d, DType::F32)?.transfer(&batch)?;
             let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
-            let out = sluice_model::DetectionLoss::new(80).compute(&raw, &batch.targets)?;
-            Ok(vec![out.total.unsqueeze(0)?, raw.scores.mean_keepdim(D::Minus1)?])
+            // The CPU takes the host assigner, the GPU the dense (tensor-op) one: the check covers both.
+            let loss = sluice_model::DetectionLoss::new(80);
+            let out = step_loss(&loss, &raw, &batch, &x, dense_on(d))?;
+            let items = out.items.read()?;
+            let items = Tensor::new(&items, &Device::Cpu)?;
+            Ok(vec![out.total.unsqueeze(0)?, items, raw.scores.mean_keepdim(D::Minus1)?])
         }));
 
         let failed = checks.iter().filter(|c| !c.ok && c.note.is_none()).count();

@@ -189,6 +189,30 @@ impl Optimization {
     /// accumulated ones; when `ni − last_step ≥ accumulate`: clipping to total norm 10 (a non-finite norm skips
     /// the step), the optimizer step, zeroed gradients and the EMA update.
     pub fn batch(&mut self, model: &YoloV8, loss: &Tensor, ni: usize, epoch: usize) -> Result<BatchOutcome> {
+        self.batch_inner(model, loss, None, ni, epoch)
+    }
+
+    /// [`Optimization::batch`] when the caller already knows whether the loss is finite (it read the loss items
+    /// anyway), so the check costs no second device read.
+    pub fn batch_known_finite(
+        &mut self,
+        model: &YoloV8,
+        loss: &Tensor,
+        finite: bool,
+        ni: usize,
+        epoch: usize,
+    ) -> Result<BatchOutcome> {
+        self.batch_inner(model, loss, Some(finite), ni, epoch)
+    }
+
+    fn batch_inner(
+        &mut self,
+        model: &YoloV8,
+        loss: &Tensor,
+        finite: Option<bool>,
+        ni: usize,
+        epoch: usize,
+    ) -> Result<BatchOutcome> {
         self.check_model(model)?;
         if let Some(last) = self.last_ni
             && ni <= last
@@ -209,9 +233,14 @@ impl Optimization {
             Ok(BatchOutcome { stepped: false, skipped_nonfinite: true, grad_norm, accumulate })
         };
 
-        sluice_core::syncs::record_if(!loss.device().is_cpu(), sluice_core::syncs::Site::NonFiniteCheck);
-        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        if !value.is_finite() {
+        let finite = match finite {
+            Some(f) => f,
+            None => {
+                sluice_core::syncs::record_if(!loss.device().is_cpu(), sluice_core::syncs::Site::NonFiniteCheck);
+                loss.to_dtype(DType::F64)?.to_scalar::<f64>()?.is_finite()
+            }
+        };
+        if !finite {
             return skip(self, None);
         }
         let grads = loss.backward()?;

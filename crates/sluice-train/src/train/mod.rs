@@ -2,6 +2,7 @@
 //! per-epoch records ([`results`]), where the time went ([`telemetry`]) and the validation pass ([`validate`]).
 
 pub mod config;
+pub mod loss_path;
 pub mod results;
 pub mod run;
 pub mod telemetry;

@@ -17,6 +17,7 @@ use sluice_model::{DetectionLoss, LoadMode, Mode, YoloConfig, YoloV8};
 use sluice_transfer::DeviceTransfer;
 
 use super::config::{CacheMode, TrainConfig};
+use super::loss_path::{dense_on, step_loss};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::telemetry::{EpochTelemetry, LoopTimes, SyncTelemetry, ValTelemetry};
 use super::validate::{ValOptions, ValResult, validate};
@@ -353,6 +354,8 @@ pub struct Trainer {
     opt: Optimization,
     loss: DetectionLoss,
     transfer: DeviceTransfer,
+    /// Steps take the dense (device) loss path ([`super::loss_path`]).
+    dense_loss: bool,
     train: TrainLoader,
     val: ValLoader,
     progress: Progress,
@@ -442,6 +445,7 @@ impl Trainer {
         loss.gains = cfg.loss_gains();
         Ok(Self {
             names: data.names.clone(),
+            dense_loss: dense_on(&device),
             transfer: DeviceTransfer::new(&device, DType::F32).context("transfer to the device")?,
             cfg,
             paths,
@@ -564,8 +568,12 @@ impl Trainer {
                 times.transfer_s += t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 let (raw, _) = self.model.forward_raw(&x.images, Mode::Train)?;
-                let out = self.loss.compute(&raw, &batch.targets)?;
-                let step = self.opt.batch(&self.model, &out.total, self.progress.iteration as usize, epoch as usize)?;
+                let out = step_loss(&self.loss, &raw, &batch, &x, self.dense_loss)?;
+                // One read of the three items per batch: they are logged, and they tell a non-finite loss.
+                let items = out.items.read()?;
+                let finite = items.iter().all(|v| v.is_finite());
+                let (ni, ep) = (self.progress.iteration as usize, epoch as usize);
+                let step = self.opt.batch_known_finite(&self.model, &out.total, finite, ni, ep)?;
                 times.model_s += t.elapsed().as_secs_f64();
                 times.images += batch.len() as u64;
                 times.batches += 1;
@@ -580,7 +588,7 @@ impl Trainer {
                     observer.warn(&format!(
                         "epoch {} batch {k}: non-finite loss or gradient ({:?}); step skipped",
                         epoch + 1,
-                        out.items
+                        items
                     ));
                     if consecutive_nonfinite >= self.cfg.max_nonfinite {
                         bail!(
@@ -593,7 +601,7 @@ impl Trainer {
                     }
                 } else {
                     consecutive_nonfinite = 0;
-                    for (s, v) in self.progress.epoch_loss_sum.iter_mut().zip(out.items) {
+                    for (s, v) in self.progress.epoch_loss_sum.iter_mut().zip(items) {
                         *s += v;
                     }
                 }
@@ -605,7 +613,7 @@ impl Trainer {
                     batches,
                     side: batch.shape().width,
                     iteration: self.progress.iteration,
-                    loss: out.items,
+                    loss: items,
                     mean_loss: self.progress.epoch_loss_sum.map(|s| s / counted),
                     images_per_s: times.images as f64 / wall.max(1e-9),
                     data_wait_fraction: times.data_wait_s / wall.max(1e-9),

@@ -346,6 +346,28 @@ mod tests {
     }
 
     #[test]
+    fn blocking_device_reads_are_reported_per_batch_only_when_there_are_any() {
+        let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 0.2, transfer_s: 0.1, model_s: 9.5 };
+        let mut e = EpochTelemetry::new(1, t, &report("consumer"), 1.0, 1.0);
+        assert!(!e.table().contains("blocking"));
+        let before = sluice_core::syncs::snapshot();
+        e.blocking_syncs = SyncTelemetry::since(&before, 10);
+        assert_eq!(e.blocking_syncs.total, 0);
+        e.blocking_syncs = SyncTelemetry {
+            total: 15,
+            per_batch: 1.5,
+            by_site: [("loss_items", 10), ("nonfinite_check", 5)].into_iter().collect(),
+        };
+        let table = e.table();
+        assert!(
+            table.contains("blocking device reads: 1.5/batch in training (loss_items 10, nonfinite_check 5)"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&e).expect("json");
+        assert_eq!(json["blocking_syncs"]["by_site"]["loss_items"], 10);
+    }
+
+    #[test]
     fn the_table_names_collate_and_the_validation_pass() {
         let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 0.2, transfer_s: 0.1, model_s: 9.5 };
         let mut e = EpochTelemetry::new(1, t, &report("consumer"), 1.0, 1.0);

@@ -19,6 +19,8 @@ use sluice_eval::{ApReport, ShrinkParams, StreamConfig, StreamStats, StreamingVa
 use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::DeviceTransfer;
 
+use super::loss_path::{Items, dense_on, step_loss};
+
 use crate::loader::ValLoader;
 
 /// What a validation pass should keep besides the metrics.
@@ -109,6 +111,8 @@ pub fn validate(
     let keep_batches = usize::from(opts.keep_first_batch);
     let mut validator = StreamingValidator::new(StreamConfig { workers: 2, keep_batches, ..StreamConfig::new(nc) })?;
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
+    let dense = dense_on(transfer.device());
+    let mut device_sum: Option<candle_core::Tensor> = None;
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
     let mut t_wait = Instant::now();
@@ -122,17 +126,28 @@ pub fn validate(
         let t = Instant::now();
         let x = transfer.transfer(&batch).context("validation transfer")?;
         let out = model.forward(&x.images)?;
-        let l = loss.compute(&out.raw, &batch.targets)?;
+        let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
         // Only the anchors above the validation conf cross to the host (the whole head output stays put).
         let shrunk = shrink(&out.y, &ShrinkParams::default())?;
         model_s += t.elapsed().as_secs_f64();
         validator.submit_shrunk(&shrunk, &batch.sample_ids, &batch.targets)?;
-        for (s, v) in loss_sum.iter_mut().zip(l.items) {
-            *s += v;
+        // Host items are summed here; device items are summed on the device and read once after the pass.
+        match l.items {
+            Items::Host(v) => loss_sum.iter_mut().zip(v).for_each(|(s, v)| *s += v),
+            Items::Device(t) => {
+                device_sum = Some(match device_sum.take() {
+                    None => t,
+                    Some(s) => (s + t)?,
+                })
+            }
         }
         batches += 1;
         images += batch.len() as u64;
         t_wait = Instant::now();
+    }
+    if let Some(t) = device_sum {
+        let v = Items::Device(t).read()?;
+        loss_sum.iter_mut().zip(v).for_each(|(s, v)| *s += v);
     }
     let report = validator.finish()?;
     let first_batch = match (first, report.kept.into_iter().next()) {
