@@ -1,10 +1,12 @@
 //! Developer tasks for the Sluice workspace, run as `cargo xtask <task>`.
 //!
-//! `ci` runs the checks CI runs, cheapest first: formatting, clippy with warnings denied, then the tests; then the
+//! `ci` runs the checks CI runs, cheapest first: formatting, clippy with warnings denied, then the tests; then
+//! clippy and the tests of `sluice-decode`'s `nvjpeg` backend (no GPU or CUDA needed to build it); then the
 //! same for `sluice-decode`'s `turbojpeg` backend when CMake and NASM are installed (`SLUICE_REQUIRE_TURBOJPEG=1`
 //! makes their absence an error, as `.ci/run` does).
 //! `train` trains the embedded default: it generates the synthetic shapes dataset when it is absent, builds the
 //! `sluice` binary in release mode and runs `sluice train --config configs/quick.yaml`.
+//! `gpu-build` / `gpu-check`: the CUDA build on a machine without a GPU, and the device check ([`gpu`]).
 //! `bench` builds the release `sluice` once and runs the peer-comparison scripts of `benches/` with it (`SLUICE`
 //! set, so they do not build it again), writing their combined output to stdout and to a results file under the
 //! target directory's `bench/`.
@@ -119,6 +121,13 @@ fn ci(root: &Path, tests_only: bool) -> Result<()> {
         cargo(root, &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
     }
     cargo(root, &["test", "--workspace", "--locked"])?;
+    // The nvJPEG backend loads its libraries at run time, so it builds and its no-GPU paths (a clear error,
+    // the CPU fallback) are tested everywhere.
+    let nvjpeg = ["-p", "sluice-decode", "--features", "nvjpeg", "--locked"];
+    if !tests_only {
+        cargo(root, &[&["clippy"][..], &nvjpeg, &["--all-targets", "--", "-D", "warnings"]].concat())?;
+    }
+    cargo(root, &[&["test"][..], &nvjpeg].concat())?;
     // The libjpeg-turbo backend builds its bundled library with CMake and NASM: checked and tested (the decode
     // conformance suite against both backends) wherever those tools are, required where CI says so.
     let missing: Vec<&str> = ["cmake", "nasm"].into_iter().filter(|t| !tool_found(t)).collect();
