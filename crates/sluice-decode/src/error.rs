@@ -93,6 +93,14 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
+    /// `Err(TooLarge)` when a `w × h` image is over `limit` pixels (checked before any pixel buffer exists).
+    pub fn check_pixels(backend: &'static str, w: u32, h: u32, limit: u64) -> Result<(), DecodeError> {
+        if u64::from(w) * u64::from(h) > limit {
+            return Err(DecodeError::TooLarge { backend, width: w.into(), height: h.into(), limit });
+        }
+        Ok(())
+    }
+
     /// Hex of the first (at most 8) bytes of `bytes`, for messages about unrecognised input.
     pub(crate) fn head(bytes: &[u8]) -> String {
         let n = bytes.len().min(8);

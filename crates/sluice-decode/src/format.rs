@@ -121,6 +121,30 @@ pub fn dct_denominator(long_side: u32, min_long_side: Option<u32>) -> u32 {
     [8u32, 4, 2].into_iter().find(|&d| long_side.div_ceil(d) >= min).unwrap_or(1)
 }
 
+/// For a JPEG-only backend: `None` when `bytes` are a JPEG (the backend decodes them), else the decode by the
+/// `image` backend when it is compiled in, or an "unsupported" error naming `backend`.
+#[cfg(any(feature = "turbojpeg", feature = "nvjpeg"))]
+pub(crate) fn non_jpeg(
+    backend: &'static str,
+    bytes: &[u8],
+    max_pixels: u64,
+    out: &mut sluice_core::ImageRgb8,
+) -> Option<crate::Result<sluice_core::DecodeInfo>> {
+    match Format::sniff(bytes) {
+        Some(Format::Jpeg) => None,
+        #[cfg(feature = "image")]
+        Some(_) => Some(crate::image_backend::ImageDecoder::new().with_max_pixels(max_pixels).decode_rgb(bytes, out)),
+        _ => {
+            let _ = (max_pixels, &out);
+            Some(Err(crate::DecodeError::Unsupported {
+                backend,
+                len: bytes.len(),
+                head: crate::DecodeError::head(bytes),
+            }))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,14 +71,7 @@ impl ImageDecoder {
         reader.limits(limits);
         let mut decoder = reader.into_decoder().map_err(corrupt)?;
         let (w, h) = decoder.dimensions();
-        if u64::from(w) * u64::from(h) > self.max_pixels {
-            return Err(DecodeError::TooLarge {
-                backend: NAME,
-                width: w.into(),
-                height: h.into(),
-                limit: self.max_pixels,
-            });
-        }
+        DecodeError::check_pixels(NAME, w, h, self.max_pixels)?;
         if w == 0 || h == 0 {
             return Err(DecodeError::Corrupt {
                 backend: NAME,

@@ -48,7 +48,7 @@ use sluice_core::{DecodeHint, DecodeInfo, Decoder, ImageRgb8};
 
 use crate::DEFAULT_MAX_PIXELS;
 use crate::error::{DecodeError, Result};
-use crate::format::{Format, jpeg_orientation};
+use crate::format::jpeg_orientation;
 use crate::orient::{Orientation, convert_into};
 
 const NAME: &str = "nvjpeg";
@@ -417,21 +417,8 @@ impl NvJpegDecoder {
         if bytes.is_empty() {
             return Err(DecodeError::Empty { backend: NAME });
         }
-        match Format::sniff(bytes) {
-            Some(Format::Jpeg) => {}
-            #[cfg(feature = "image")]
-            Some(_) => {
-                return crate::image_backend::ImageDecoder::new()
-                    .with_max_pixels(self.max_pixels)
-                    .decode_rgb(bytes, out);
-            }
-            _ => {
-                return Err(DecodeError::Unsupported {
-                    backend: NAME,
-                    len: bytes.len(),
-                    head: DecodeError::head(bytes),
-                });
-            }
+        if let Some(other) = crate::format::non_jpeg(NAME, bytes, self.max_pixels, out) {
+            return other;
         }
         let taken = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut gpu = match taken {
@@ -490,14 +477,7 @@ impl NvJpegDecoder {
             });
         }
         let (w, h) = (w as u32, h as u32);
-        if u64::from(w) * u64::from(h) > self.max_pixels {
-            return Err(DecodeError::TooLarge {
-                backend: NAME,
-                width: w.into(),
-                height: h.into(),
-                limit: self.max_pixels,
-            });
-        }
+        DecodeError::check_pixels(NAME, w, h, self.max_pixels)?;
         let orientation = jpeg_orientation(bytes);
         let (ow, oh) = orientation.apply_to_size(w, h);
         let channels: usize = if gray { 1 } else { 3 };

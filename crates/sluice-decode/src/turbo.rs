@@ -9,7 +9,7 @@ use turbojpeg::{Colorspace, Decompressor, PixelFormat, ScalingFactor};
 
 use crate::DEFAULT_MAX_PIXELS;
 use crate::error::{DecodeError, Result};
-use crate::format::{Format, dct_denominator, jpeg_orientation};
+use crate::format::{dct_denominator, jpeg_orientation};
 use crate::orient::{Orientation, convert_into};
 
 const NAME: &str = "turbojpeg";
@@ -48,21 +48,8 @@ impl TurboJpegDecoder {
         if bytes.is_empty() {
             return Err(DecodeError::Empty { backend: NAME });
         }
-        match Format::sniff(bytes) {
-            Some(Format::Jpeg) => {}
-            #[cfg(feature = "image")]
-            Some(_) => {
-                return crate::image_backend::ImageDecoder::new()
-                    .with_max_pixels(self.max_pixels)
-                    .decode_rgb(bytes, out);
-            }
-            _ => {
-                return Err(DecodeError::Unsupported {
-                    backend: NAME,
-                    len: bytes.len(),
-                    head: DecodeError::head(bytes),
-                });
-            }
+        if let Some(other) = crate::format::non_jpeg(NAME, bytes, self.max_pixels, out) {
+            return other;
         }
         let corrupt = |e: turbojpeg::Error| DecodeError::Corrupt {
             backend: NAME,

@@ -224,12 +224,7 @@ impl Transfer for CudaTransfer {
     fn transfer(&self, batch: &Batch) -> Result<DeviceBatch> {
         let shape = batch.shape();
         let n = batch.len();
-        if let Some(t) = batch.targets.iter().find(|t| t.image as usize >= n) {
-            return Err(Error::Invalid {
-                what: "batch targets",
-                reason: format!("batch {}: target for image {} but only {n} images", batch.index, t.image),
-            });
-        }
+        crate::check_targets(batch)?;
         let pixels = batch.pixels();
         let (classes, boxes, mask, m) = padded_targets(batch);
         let tlen = classes.len() + boxes.len() + mask.len();

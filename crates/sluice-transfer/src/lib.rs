@@ -92,6 +92,18 @@ pub fn padded_targets(batch: &Batch) -> (Vec<f32>, Vec<f32>, Vec<f32>, usize) {
     (classes, boxes, mask, m)
 }
 
+/// An error naming the first target whose image index is outside the batch.
+pub(crate) fn check_targets(batch: &Batch) -> Result<()> {
+    let n = batch.len();
+    if let Some(t) = batch.targets.iter().find(|t| t.image as usize >= n) {
+        return Err(Error::Invalid {
+            what: "batch targets",
+            reason: format!("batch {}: target for image {} but only {n} images", batch.index, t.image),
+        });
+    }
+    Ok(())
+}
+
 fn candle_err(what: &'static str) -> impl Fn(candle_core::Error) -> Error {
     move |e| Error::Invalid { what, reason: e.to_string() }
 }
@@ -102,12 +114,7 @@ impl Transfer for CpuTransfer {
     fn transfer(&self, batch: &Batch) -> Result<DeviceBatch> {
         let shape = batch.shape();
         let n = batch.len();
-        if let Some(t) = batch.targets.iter().find(|t| t.image as usize >= n) {
-            return Err(Error::Invalid {
-                what: "batch targets",
-                reason: format!("batch {}: target for image {} but only {n} images", batch.index, t.image),
-            });
-        }
+        check_targets(batch)?;
         let mut pixels = Vec::with_capacity(batch.pixels().len());
         u8_to_unit_f32(batch.pixels(), &mut pixels);
         let images = Tensor::from_vec(pixels, (n, shape.channels, shape.height, shape.width), &self.device)

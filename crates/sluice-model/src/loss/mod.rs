@@ -80,10 +80,9 @@ impl DetectionLoss {
         Ok(gts)
     }
 
-    /// The same loss from the padded targets table, every step a tensor op on the head's device ([`dense`]);
-    /// the loss items stay on the device.
-    pub fn compute_dense(&self, raw: &RawHead, gt: DenseTargets<'_>) -> Result<DenseLoss> {
-        let (_, c, a) = raw.boxes.dims3()?;
+    /// `(B, nc, A)` of a train-mode head output that fits this loss, or an error naming both shapes.
+    fn check_head(&self, raw: &RawHead) -> Result<(usize, usize, usize)> {
+        let (b, c, a) = raw.boxes.dims3()?;
         let (_, nc, a2) = raw.scores.dims3()?;
         if c != 4 * REG_MAX || nc != self.nc || a2 != a {
             return Err(ModelError::BadInput(format!(
@@ -93,6 +92,13 @@ impl DetectionLoss {
                 self.nc
             )));
         }
+        Ok((b, nc, a))
+    }
+
+    /// The same loss from the padded targets table, every step a tensor op on the head's device ([`dense`]);
+    /// the loss items stay on the device.
+    pub fn compute_dense(&self, raw: &RawHead, gt: DenseTargets<'_>) -> Result<DenseLoss> {
+        self.check_head(raw)?;
         let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
         let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?;
         let pred_xyxy = dist2bbox_xyxy(&dist, &anchors)?;
@@ -112,16 +118,7 @@ impl DetectionLoss {
 
     /// Computes the loss of the train-mode head outputs against the batch's targets (boxes in input pixels).
     pub fn compute(&self, raw: &RawHead, targets: &[Target]) -> Result<LossOutput> {
-        let (b, c, a) = raw.boxes.dims3()?;
-        let (_, nc, a2) = raw.scores.dims3()?;
-        if c != 4 * REG_MAX || nc != self.nc || a2 != a {
-            return Err(ModelError::BadInput(format!(
-                "head outputs {:?} / {:?} do not fit a loss with {} classes",
-                raw.boxes.dims(),
-                raw.scores.dims(),
-                self.nc
-            )));
-        }
+        let (b, nc, a) = self.check_head(raw)?;
         let gts = self.group_targets(targets, b)?;
         let dev = raw.boxes.device().clone();
         let dtype = raw.boxes.dtype();
