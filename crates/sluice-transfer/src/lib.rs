@@ -92,6 +92,18 @@ pub fn padded_targets(batch: &Batch) -> (Vec<f32>, Vec<f32>, Vec<f32>, usize) {
     (classes, boxes, mask, m)
 }
 
+/// Device memory in use (`total − free`, bytes, as the driver reports it, which includes what the stream-ordered
+/// allocator keeps pooled) on a CUDA device; `None` on the CPU or in a build without `cuda`. A driver query,
+/// not a stream synchronisation.
+pub fn device_memory_in_use(device: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        return d.cuda_stream().context().mem_get_info().ok().map(|(free, total)| (total - free) as u64);
+    }
+    let _ = device;
+    None
+}
+
 /// An error naming the first target whose image index is outside the batch.
 pub(crate) fn check_targets(batch: &Batch) -> Result<()> {
     let n = batch.len();

@@ -552,6 +552,7 @@ impl Trainer {
             let mut done_in_epoch = first;
             let t_epoch = Instant::now();
             let syncs0 = sluice_core::syncs::snapshot();
+            let mut memory_peak: Option<u64> = None;
             let mut iter = self.train.epoch_from(epoch, epochs, first);
             let mut t_wait = Instant::now();
             for batch in iter.by_ref() {
@@ -575,6 +576,9 @@ impl Trainer {
                 let (ni, ep) = (self.progress.iteration as usize, epoch as usize);
                 let step = self.opt.batch_known_finite(&self.model, &out.total, finite, ni, ep)?;
                 times.model_s += t.elapsed().as_secs_f64();
+                if let Some(m) = sluice_transfer::device_memory_in_use(self.transfer.device()) {
+                    memory_peak = Some(memory_peak.map_or(m, |p| p.max(m)));
+                }
                 times.images += batch.len() as u64;
                 times.batches += 1;
                 let k = done_in_epoch;
@@ -644,6 +648,7 @@ impl Trainer {
                 src1.decode_s - src0.decode_s,
             );
             tel.blocking_syncs = SyncTelemetry::since(&syncs0, times.batches);
+            tel.device_memory_peak_bytes = memory_peak;
             tel.nonfinite_steps = nonfinite_epoch;
             tel.skipped_samples = self.train.skips().skipped - skipped_before;
             if tel.skipped_samples > 0 {

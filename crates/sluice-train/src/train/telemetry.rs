@@ -179,6 +179,8 @@ pub struct EpochTelemetry {
     pub val: Option<ValTelemetry>,
     /// Host-blocking device reads during the training loop (all zero on the CPU, where nothing waits).
     pub blocking_syncs: SyncTelemetry,
+    /// The most device memory in use after any step of the epoch (CUDA only; the allocator's pool included).
+    pub device_memory_peak_bytes: Option<u64>,
     /// The limiting stage.
     pub bottleneck: String,
     /// What to do about it.
@@ -253,6 +255,7 @@ impl EpochTelemetry {
             collate: COLLATE,
             val: None,
             blocking_syncs: SyncTelemetry::default(),
+            device_memory_peak_bytes: None,
             bottleneck,
             hint,
         }
@@ -286,6 +289,9 @@ impl EpochTelemetry {
         }
         let syncs =
             |t: &SyncTelemetry| t.by_site.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
+        if let Some(m) = self.device_memory_peak_bytes {
+            let _ = write!(s, "\n  device memory peak {:.2} GiB", m as f64 / (1u64 << 30) as f64);
+        }
         if self.blocking_syncs.total > 0 {
             let b = &self.blocking_syncs;
             let _ = write!(s, "\n  blocking device reads: {:.1}/batch in training ({})", b.per_batch, syncs(b));
@@ -363,8 +369,12 @@ mod tests {
             table.contains("blocking device reads: 1.5/batch in training (loss_items 10, nonfinite_check 5)"),
             "{table}"
         );
+        assert!(!table.contains("device memory"));
+        e.device_memory_peak_bytes = Some(3 << 30);
+        assert!(e.table().contains("device memory peak 3.00 GiB"), "{}", e.table());
         let json = serde_json::to_value(&e).expect("json");
         assert_eq!(json["blocking_syncs"]["by_site"]["loss_items"], 10);
+        assert_eq!(json["device_memory_peak_bytes"], 3u64 << 30);
     }
 
     #[test]
