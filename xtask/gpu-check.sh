@@ -7,7 +7,8 @@
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   train/           `sluice train` yolov8n, 640, batch 32 on the carried coco128 slice: telemetry.jsonl holds
 #                    images/s, step time, data wait and blocking device reads per batch (training and validation)
-#   decode_*.json    `sluice bench decode`: nvjpeg vs the CPU backend
+#   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
+#   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
 #   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports
 #   steps.jsonl      one line per step: name, exit code, seconds
 set -u
@@ -81,6 +82,12 @@ step smoke 90 "$S" gpu smoke --json "$OUT/smoke.json"
 step h2d 60 "$S" gpu h2d --json "$OUT/h2d.json"
 step train 150 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
   --device cuda:0 --cache ram --workers 12 --project "$OUT" --name train --exist-ok --json
+if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
+  SLUICE_REQUIRE_NVJPEG=1 SLUICE_DECODE_TEST_DATA="$HERE/../../crates/sluice-decode/tests/data" \
+    step conformance 60 "$HERE/conformance" --nocapture --test-threads 1
+else
+  log "no prebuilt conformance suite or no fixtures: nvjpeg conformance skipped"
+fi
 step decode_nvjpeg 40 "$S" bench decode --data "$DATA" --backend nvjpeg --threads 1 --json
 step decode_cpu 40 "$S" bench decode --data "$DATA" --backend image --threads 16 --json
 

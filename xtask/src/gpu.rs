@@ -247,6 +247,28 @@ fn folder_bytes(dir: &Path) -> u64 {
     })
 }
 
+/// Builds `sluice-decode`'s conformance suite with `nvjpeg` (release) and returns the test executable.
+fn conformance_binary(root: &Path) -> Result<PathBuf> {
+    let out = Command::new("cargo")
+        .args(["test", "--release", "--locked", "-p", "sluice-decode", "--features", "nvjpeg"])
+        .args(["--test", "conformance", "--no-run"])
+        .current_dir(root)
+        .output()
+        .context("cannot start cargo")?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("cargo test --no-run failed:\n{text}");
+    }
+    // cargo prints `Executable tests/conformance.rs (target/release/deps/conformance-<hash>)`.
+    let exe = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Executable tests/conformance.rs ("))
+        .filter_map(|l| l.strip_suffix(')'))
+        .next_back()
+        .context("cargo did not name the conformance executable")?;
+    Ok(root.join(exe))
+}
+
 /// `cargo xtask gpu-check`: prepares `<target>/gpu-check/` and prints the device-tool command.
 pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>) -> Result<()> {
     let bin = match sluice {
@@ -271,6 +293,15 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>) -> Result<()> {
         }
     }
     let data = dataset_slice(&coco128(root), &dir.join("data"), CHECK_IMAGES)?;
+    // The decode conformance suite with nvJPEG, prebuilt; on the device it reads the fixtures of the carried
+    // working tree (`SLUICE_DECODE_TEST_DATA`).
+    match conformance_binary(root) {
+        Ok(bin) => {
+            copy(&bin, &dir.join("conformance"))?;
+            crate::run(Command::new("strip").arg(dir.join("conformance")))?;
+        }
+        Err(e) => eprintln!("xtask: the nvjpeg conformance suite was not built ({e:#}); that step will be skipped"),
+    }
     std::fs::write(dir.join("run.sh"), SCRIPT).context("writing run.sh")?;
     std::fs::write(dir.join("ul_train.py"), UL_SCRIPT).context("writing ul_train.py")?;
     let wheels = dir.join("wheels");

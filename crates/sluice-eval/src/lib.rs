@@ -26,6 +26,6 @@ pub use error::{Error, Result};
 pub use metric::{CocoMetric, UltralyticsMetric};
 pub use nms::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredBatch, PredView};
 #[cfg(feature = "candle")]
-pub use shrink::{ShrinkParams, Shrunk, shrink};
+pub use shrink::{PackedDims, ShrinkParams, Shrunk, shrink, unpack};
 pub use stream::{KeptBatch, StreamConfig, StreamReport, StreamStats, StreamingValidator, ValBatch};
 pub use ultralytics::{ApAccumulator, ApReport, ClassMetrics};

@@ -148,12 +148,35 @@ impl Shrunk {
     }
 }
 
+/// The shape of a [`Shrunk::pack`]ed batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedDims {
+    /// Images.
+    pub batch: usize,
+    /// `4 + nc`.
+    pub rows: usize,
+    /// Anchors kept per image.
+    pub kept: usize,
+}
+
+impl PackedDims {
+    /// Values in the packed vector.
+    pub fn len(&self) -> usize {
+        self.batch * self.rows * self.kept + self.batch * self.kept + 2 * self.batch
+    }
+
+    /// Whether the packed vector is empty (no images).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Shrunk {
-    /// [`Shrunk::copy_into`] off the CPU: the four tensors packed into one float32 vector on the device (anchor
-    /// indices and counts are below 2^24, so exact in float32) and read back in one copy, one blocking read per
-    /// batch instead of four.
-    pub(crate) fn copy_packed(&self, dst: &mut ValBatch) -> Result<()> {
-        let (b, rows, k) = self.preds.dims3().map_err(Error::Candle)?;
+    /// The four tensors packed into one flat float32 tensor on their device (predictions, then anchor indices,
+    /// counts and the finiteness sums; indices and counts are below 2^24, so exact in float32): one copy to the
+    /// host instead of four, which can also be made asynchronously (`sluice_transfer::Readback`).
+    pub fn pack(&self) -> Result<(Tensor, PackedDims)> {
+        let (batch, rows, kept) = self.preds.dims3().map_err(Error::Candle)?;
         let flat = |t: &Tensor| t.to_dtype(DType::F32).and_then(|t| t.flatten_all());
         let packed = (|| {
             Tensor::cat(
@@ -162,25 +185,36 @@ impl Shrunk {
             )
         })()
         .map_err(Error::Candle)?;
-        let (np, na) = (b * rows * k, b * k);
-        with_host_slice(&packed, |v: &[f32]| {
-            if v.len() != np + na + 2 * b {
-                return Err(Error::Invalid { what: "shrunk batch", reason: format!("{} packed values", v.len()) });
-            }
-            dst.preds.data.clear();
-            dst.preds.data.extend_from_slice(&v[..np]);
-            dst.anchor_index.clear();
-            dst.anchor_index.extend(v[np..np + na].iter().map(|&x| x as u32));
-            dst.above_conf.clear();
-            dst.above_conf.extend(v[np + na..np + na + b].iter().map(|&x| x as u32));
-            dst.all_finite.clear();
-            dst.all_finite.extend(v[np + na + b..].iter().map(|&x| x == 0.0));
-            Ok(())
-        })??;
-        (dst.preds.batch, dst.preds.num_classes, dst.preds.num_anchors) = (b, rows - 4, k);
-        dst.preds.layout = Layout::ChannelsFirst;
-        Ok(())
+        Ok((packed, PackedDims { batch, rows, kept }))
     }
+
+    /// [`Shrunk::copy_into`] off the CPU: [`Shrunk::pack`], then one blocking read.
+    pub(crate) fn copy_packed(&self, dst: &mut ValBatch) -> Result<()> {
+        let (packed, dims) = self.pack()?;
+        with_host_slice(&packed, |v: &[f32]| unpack(v, dims, dst))?
+    }
+}
+
+/// Fills `dst` (except `ids` and `targets`) from a packed shrunk batch read back to the host.
+pub fn unpack(v: &[f32], d: PackedDims, dst: &mut ValBatch) -> Result<()> {
+    if v.len() != d.len() || d.rows < 5 {
+        return Err(Error::Invalid {
+            what: "packed shrunk batch",
+            reason: format!("{} values for {d:?} (want {})", v.len(), d.len()),
+        });
+    }
+    let (np, na, b) = (d.batch * d.rows * d.kept, d.batch * d.kept, d.batch);
+    dst.preds.data.clear();
+    dst.preds.data.extend_from_slice(&v[..np]);
+    dst.anchor_index.clear();
+    dst.anchor_index.extend(v[np..np + na].iter().map(|&x| x as u32));
+    dst.above_conf.clear();
+    dst.above_conf.extend(v[np + na..np + na + b].iter().map(|&x| x as u32));
+    dst.all_finite.clear();
+    dst.all_finite.extend(v[np + na + b..].iter().map(|&x| x == 0.0));
+    (dst.preds.batch, dst.preds.num_classes, dst.preds.num_anchors) = (d.batch, d.rows - 4, d.kept);
+    dst.preds.layout = Layout::ChannelsFirst;
+    Ok(())
 }
 
 impl StreamingValidator {
@@ -190,6 +224,16 @@ impl StreamingValidator {
     pub fn submit_shrunk(&mut self, shrunk: &Shrunk, ids: &[SampleId], targets: &[Target]) -> Result<()> {
         let mut buf = self.buffer()?;
         shrunk.copy_into(&mut buf)?;
+        buf.ids.extend_from_slice(ids);
+        buf.targets.extend_from_slice(targets);
+        self.submit(buf)
+    }
+
+    /// [`StreamingValidator::submit_shrunk`] from a packed batch already on the host ([`Shrunk::pack`], read
+    /// back asynchronously by the caller).
+    pub fn submit_packed(&mut self, v: &[f32], d: PackedDims, ids: &[SampleId], targets: &[Target]) -> Result<()> {
+        let mut buf = self.buffer()?;
+        unpack(v, d, &mut buf)?;
         buf.ids.extend_from_slice(ids);
         buf.targets.extend_from_slice(targets);
         self.submit(buf)

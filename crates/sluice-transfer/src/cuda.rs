@@ -305,3 +305,122 @@ impl Transfer for CudaTransfer {
         Ok(DeviceBatch { images, gt_classes, gt_boxes, gt_mask, len: n, max_boxes: m, index: batch.index })
     }
 }
+
+/// One readback slot: a pinned buffer, the compute-stream event after which the tensor is ready, the copy's event,
+/// and the tensor kept alive until its copy has landed.
+struct ReadSlot {
+    host: Option<PinnedHostSlice<f32>>,
+    after: CudaEvent,
+    landed: CudaEvent,
+    keep: Option<Tensor>,
+    tag: u64,
+    len: usize,
+}
+
+/// The CUDA side of [`crate::Readback`].
+pub(crate) struct CudaReadback {
+    ctx: Arc<CudaContext>,
+    compute: Arc<CudaStream>,
+    copy: Arc<CudaStream>,
+    slots: Vec<ReadSlot>,
+    head: usize,
+    queued: usize,
+}
+
+impl std::fmt::Debug for CudaReadback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaReadback").field("queued", &self.queued).finish_non_exhaustive()
+    }
+}
+
+impl CudaReadback {
+    pub(crate) fn new(device: &Device, slots: usize) -> Result<Self> {
+        let Device::Cuda(cuda) = device else {
+            return Err(Error::Invalid { what: "CUDA readback", reason: format!("device {device:?} is not CUDA") });
+        };
+        let compute = cuda.cuda_stream();
+        let ctx = compute.context().clone();
+        let copy = ctx.new_stream().map_err(drv("readback stream"))?;
+        let mut ring = Vec::with_capacity(slots.max(1));
+        for _ in 0..slots.max(1) {
+            ring.push(ReadSlot {
+                host: None,
+                after: ctx.new_event(None).map_err(drv("readback event"))?,
+                landed: ctx.new_event(None).map_err(drv("readback event"))?,
+                keep: None,
+                tag: 0,
+                len: 0,
+            });
+        }
+        Ok(Self { ctx, compute, copy, slots: ring, head: 0, queued: 0 })
+    }
+
+    pub(crate) fn pending(&self) -> usize {
+        self.queued
+    }
+
+    pub(crate) fn oldest_landed(&self) -> Result<bool> {
+        if self.queued == 0 {
+            return Ok(true);
+        }
+        self.slots[self.head].landed.try_is_complete().map_err(drv("readback event"))
+    }
+
+    /// `t` is a flat f32 tensor on this device.
+    pub(crate) fn submit(&mut self, tag: u64, t: &Tensor) -> Result<()> {
+        if self.queued == self.slots.len() {
+            // The caller takes the oldest copy first ([`crate::Readback::submit`] does).
+            return Err(Error::Invalid {
+                what: "CUDA readback",
+                reason: format!("{} copies queued and none taken; poll before submitting more", self.queued),
+            });
+        }
+        let t = t.contiguous().map_err(candle("readback"))?;
+        let i = (self.head + self.queued) % self.slots.len();
+        let n = t.elem_count();
+        let slot = &mut self.slots[i];
+        ensure_pinned(&self.ctx, &mut slot.host, n)?;
+        let Some(host) = slot.host.as_mut() else {
+            return Err(Error::Invalid { what: "CUDA readback", reason: "no pinned buffer".into() });
+        };
+        slot.after.record(&self.compute).map_err(drv("readback event"))?;
+        self.copy.wait(&slot.after).map_err(drv("readback event"))?;
+        {
+            let (storage, layout) = t.storage_and_layout();
+            let candle_core::Storage::Cuda(cs) = &*storage else {
+                return Err(Error::Invalid { what: "CUDA readback", reason: "the tensor is not on the GPU".into() });
+            };
+            let src = cs.as_cuda_slice::<f32>().map_err(candle("readback"))?;
+            let (start, end) = layout
+                .contiguous_offsets()
+                .ok_or_else(|| Error::Invalid { what: "CUDA readback", reason: "not contiguous".into() })?;
+            self.copy.memcpy_dtoh(&src.slice(start..end), host).map_err(drv("D2H readback"))?;
+        }
+        slot.landed.record(&self.copy).map_err(drv("readback event"))?;
+        slot.keep = Some(t);
+        slot.tag = tag;
+        slot.len = n;
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// The oldest copy into `out` (waiting for it if it has not landed).
+    pub(crate) fn take(&mut self, out: &mut Vec<f32>) -> Result<Option<u64>> {
+        if self.queued == 0 {
+            return Ok(None);
+        }
+        let slot = &mut self.slots[self.head];
+        slot.landed.synchronize().map_err(drv("readback event"))?;
+        let host = slot
+            .host
+            .as_ref()
+            .ok_or_else(|| Error::Invalid { what: "CUDA readback", reason: "no pinned buffer".into() })?;
+        out.clear();
+        out.extend_from_slice(&host.as_slice().map_err(drv("readback"))?[..slot.len]);
+        slot.keep = None;
+        let tag = slot.tag;
+        self.head = (self.head + 1) % self.slots.len();
+        self.queued -= 1;
+        Ok(Some(tag))
+    }
+}

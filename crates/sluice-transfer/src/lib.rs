@@ -11,10 +11,12 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod readback;
 pub mod ring;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaTransfer, CudaTransferStats};
+pub use readback::Readback;
 
 use candle_core::{DType, Device, Tensor};
 use sluice_core::{Batch, Error, Result, Transfer};

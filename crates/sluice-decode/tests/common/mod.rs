@@ -5,9 +5,13 @@ use std::path::PathBuf;
 
 use sluice_decode::{Backend, Decoder, ImageRgb8};
 
-/// Path of a fixture in `tests/data`.
+/// Path of a fixture in `tests/data`, or in `$SLUICE_DECODE_TEST_DATA` (the device check runs the prebuilt suite
+/// from another checkout).
 pub fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    let dir = std::env::var_os("SLUICE_DECODE_TEST_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
+    dir.join(name)
 }
 
 /// Bytes of a fixture.

@@ -14,10 +14,10 @@ use sluice_core::{Transfer, sample_rng};
 use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};
 use sluice_model::candle_core::{DType, Device};
 use sluice_model::{DetectionLoss, LoadMode, Mode, YoloConfig, YoloV8};
-use sluice_transfer::DeviceTransfer;
+use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::config::{CacheMode, TrainConfig};
-use super::loss_path::{dense_on, step_loss};
+use super::loss_path::{Items, dense_on, step_loss};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::telemetry::{EpochTelemetry, LoopTimes, SyncTelemetry, ValTelemetry};
 use super::validate::{ValOptions, ValResult, validate};
@@ -356,6 +356,12 @@ pub struct Trainer {
     transfer: DeviceTransfer,
     /// Steps take the dense (device) loss path ([`super::loss_path`]).
     dense_loss: bool,
+    /// Asynchronous reads of the device path's loss items.
+    readback: Readback,
+    /// The values of the last readback taken.
+    readback_buf: Vec<f32>,
+    /// The latest loss items known on the host (device path: a batch or two old).
+    last_items: [f64; 3],
     train: TrainLoader,
     val: ValLoader,
     progress: Progress,
@@ -369,6 +375,37 @@ impl std::fmt::Debug for Trainer {
 }
 
 impl Trainer {
+    /// Takes the device path's loss items that have landed (all of them, waiting, with `block`) into the epoch's
+    /// sums and [`Trainer::last_items`].
+    fn take_landed_items(&mut self, block: bool) -> Result<()> {
+        loop {
+            let tag = if block {
+                self.readback.wait(&mut self.readback_buf)?
+            } else {
+                self.readback.poll(&mut self.readback_buf)?
+            };
+            if tag.is_none() {
+                return Ok(());
+            }
+            self.landed_items();
+        }
+    }
+
+    /// Adds the items in the readback buffer to the epoch's sums (when finite) and keeps them as the latest.
+    fn landed_items(&mut self) {
+        let b = &self.readback_buf;
+        if b.len() < 3 {
+            return;
+        }
+        let items = [f64::from(b[0]), f64::from(b[1]), f64::from(b[2])];
+        self.last_items = items;
+        if items.iter().all(|v| v.is_finite()) {
+            for (s, v) in self.progress.epoch_loss_sum.iter_mut().zip(items) {
+                *s += v;
+            }
+        }
+    }
+
     /// Prepares a new run: indexes the data, builds loaders, model and optimizer, creates the run folder.
     pub fn new(cfg: TrainConfig) -> Result<Self> {
         cfg.validate()?;
@@ -446,6 +483,9 @@ impl Trainer {
         Ok(Self {
             names: data.names.clone(),
             dense_loss: dense_on(&device),
+            readback: Readback::new(&device).context("loss readback")?,
+            readback_buf: Vec::new(),
+            last_items: [0.0; 3],
             transfer: DeviceTransfer::new(&device, DType::F32).context("transfer to the device")?,
             cfg,
             paths,
@@ -570,10 +610,21 @@ impl Trainer {
                 let t = Instant::now();
                 let (raw, _) = self.model.forward_raw(&x.images, Mode::Train)?;
                 let out = step_loss(&self.loss, &raw, &batch, &x, self.dense_loss)?;
-                // One read of the three items per batch: they are logged, and they tell a non-finite loss.
-                let items = out.items.read()?;
-                let finite = items.iter().all(|v| v.is_finite());
                 let (ni, ep) = (self.progress.iteration as usize, epoch as usize);
+                // The CPU path reads its items now (they are logged, and they tell a non-finite loss). The device
+                // path queues them for an asynchronous read, shows the latest that has landed, and leaves the
+                // non-finite check to the gradient norm at the optimizer step (a non-finite batch then drops its
+                // accumulation window), so no read waits on the device.
+                let (items, finite) = match &out.items {
+                    Items::Host(v) => (*v, v.iter().all(|v| v.is_finite())),
+                    Items::Device(t) => {
+                        if self.readback.submit(ni as u64, t, &mut self.readback_buf)?.is_some() {
+                            self.landed_items();
+                        }
+                        self.take_landed_items(false)?;
+                        (self.last_items, true)
+                    }
+                };
                 let step = self.opt.batch_known_finite(&self.model, &out.total, finite, ni, ep)?;
                 times.model_s += t.elapsed().as_secs_f64();
                 if let Some(m) = sluice_transfer::device_memory_in_use(self.transfer.device()) {
@@ -605,11 +656,15 @@ impl Trainer {
                     }
                 } else {
                     consecutive_nonfinite = 0;
-                    for (s, v) in self.progress.epoch_loss_sum.iter_mut().zip(items) {
-                        *s += v;
+                    if !self.dense_loss {
+                        for (s, v) in self.progress.epoch_loss_sum.iter_mut().zip(items) {
+                            *s += v;
+                        }
                     }
                 }
-                let counted = (done_in_epoch as u64 - nonfinite_epoch).max(1) as f64;
+                // Device items still in flight are not in the sums yet.
+                let in_flight = self.readback.pending() as u64;
+                let counted = (done_in_epoch as u64).saturating_sub(nonfinite_epoch + in_flight).max(1) as f64;
                 let wall = t_epoch.elapsed().as_secs_f64();
                 observer.batch(&BatchEvent {
                     epoch,
@@ -629,6 +684,8 @@ impl Trainer {
                 }
                 t_wait = Instant::now();
             }
+            // The epoch's last device items (one wait at the end of the epoch, not per batch).
+            self.take_landed_items(true)?;
             times.wall_s = t_epoch.elapsed().as_secs_f64();
             let loader_report = iter.report();
             drop(iter);

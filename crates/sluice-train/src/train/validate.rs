@@ -11,13 +11,14 @@
 //! copied on this thread (one host `memcpy`, no device read), and its detections come back from the worker that
 //! post-processed it through [`sluice_eval::StreamReport::kept`], so the inference loop gains no wait.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
-use sluice_core::{Batch, Detection, Transfer};
-use sluice_eval::{ApReport, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
+use sluice_core::{Batch, Detection, SampleId, Target, Transfer};
+use sluice_eval::{ApReport, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
 use sluice_model::{DetectionLoss, YoloV8};
-use sluice_transfer::DeviceTransfer;
+use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::loss_path::{Items, dense_on, step_loss};
 
@@ -97,6 +98,36 @@ impl ValResult {
     }
 }
 
+/// Validation batches whose shrunk outputs are being read back: their shapes, sample ids and targets in
+/// submission order (the readback's order), with the vectors reused.
+#[derive(Debug, Default)]
+struct InFlight {
+    queue: VecDeque<(PackedDims, Vec<SampleId>, Vec<Target>)>,
+    spare: Vec<(Vec<SampleId>, Vec<Target>)>,
+    /// The last readback taken.
+    host: Vec<f32>,
+}
+
+impl InFlight {
+    fn push(&mut self, dims: PackedDims, ids: &[SampleId], targets: &[Target]) {
+        let (mut i, mut t) = self.spare.pop().unwrap_or_default();
+        i.clear();
+        i.extend_from_slice(ids);
+        t.clear();
+        t.extend_from_slice(targets);
+        self.queue.push_back((dims, i, t));
+    }
+
+    /// Hands the oldest batch, whose readback is in `host`, to the validator.
+    fn submit_oldest(&mut self, validator: &mut StreamingValidator) -> Result<()> {
+        let (dims, ids, targets) =
+            self.queue.pop_front().context("validation: a readback landed for no batch in flight")?;
+        validator.submit_packed(&self.host, dims, &ids, &targets)?;
+        self.spare.push((ids, targets));
+        Ok(())
+    }
+}
+
 /// Validates `model` over one pass of `loader`: inference on this thread, NMS and matching on `workers`
 /// post-process threads fed through a bounded queue, so the two overlap.
 pub fn validate(
@@ -113,6 +144,10 @@ pub fn validate(
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
     let dense = dense_on(transfer.device());
     let mut device_sum: Option<candle_core::Tensor> = None;
+    // On the device path the shrunk batch is packed, read back asynchronously and handed to the post-process
+    // workers once it has landed (a batch or two later), so inference never waits on a copy.
+    let mut readback = Readback::new(transfer.device()).context("validation readback")?;
+    let mut in_flight = InFlight::default();
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
     let mut t_wait = Instant::now();
@@ -130,7 +165,18 @@ pub fn validate(
         // Only the anchors above the validation conf cross to the host (the whole head output stays put).
         let shrunk = shrink(&out.y, &ShrinkParams::default())?;
         model_s += t.elapsed().as_secs_f64();
-        validator.submit_shrunk(&shrunk, &batch.sample_ids, &batch.targets)?;
+        if dense {
+            let (packed, dims) = shrunk.pack()?;
+            if readback.submit(batches, &packed, &mut in_flight.host)?.is_some() {
+                in_flight.submit_oldest(&mut validator)?;
+            }
+            in_flight.push(dims, &batch.sample_ids, &batch.targets);
+            while readback.poll(&mut in_flight.host)?.is_some() {
+                in_flight.submit_oldest(&mut validator)?;
+            }
+        } else {
+            validator.submit_shrunk(&shrunk, &batch.sample_ids, &batch.targets)?;
+        }
         // Host items are summed here; device items are summed on the device and read once after the pass.
         match l.items {
             Items::Host(v) => loss_sum.iter_mut().zip(v).for_each(|(s, v)| *s += v),
@@ -144,6 +190,9 @@ pub fn validate(
         batches += 1;
         images += batch.len() as u64;
         t_wait = Instant::now();
+    }
+    while readback.wait(&mut in_flight.host)?.is_some() {
+        in_flight.submit_oldest(&mut validator)?;
     }
     if let Some(t) = device_sum {
         let v = Items::Device(t).read()?;
