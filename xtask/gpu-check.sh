@@ -97,7 +97,7 @@ step decode_cpu 30 "$S" bench decode --data "$DATA" --backend image --threads 16
 WHEEL=$(ls "$HERE"/wheels/ultralytics-*.whl 2>/dev/null | head -n 1)
 if [ -n "$WHEEL" ]; then
   python3 -m pip install --quiet --no-deps --no-index --target "$HERE/pyul" "$WHEEL" >"$OUT/ultralytics_install.txt" 2>&1
-  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 120 \
+  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 100 \
     python3 "$HERE/ul_train.py" "$DATA" "$EPOCHS" "$OUT/ultralytics.json"
 else
   log "no Ultralytics wheel carried: side-by-side skipped"
