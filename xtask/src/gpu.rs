@@ -29,6 +29,10 @@ const WHEELS: &[&str] = &[
     "nvidia-nvjpeg==13.0.*",
 ];
 
+/// cuDNN for `--features cuda,cudnn`, installed into its own folder (pip `--target` will not merge into the
+/// toolkit's `nvidia/` folder).
+const CUDNN_WHEEL: &str = "nvidia-cudnn-cu13==9.*";
+
 /// The binary must stay under this to travel to the device with its dataset.
 const MAX_BINARY: u64 = 64 << 20;
 
@@ -141,6 +145,20 @@ fn driver_functions(src: &str) -> Vec<String> {
     names
 }
 
+/// Installs the cuDNN wheel (once) and its `.so` links; returns the folder cudarc's build looks in (`CUDNN_LIB`).
+fn ensure_cudnn() -> Result<PathBuf> {
+    let dir = sdk_root().join("cudnn");
+    let root = dir.join("nvidia/cudnn");
+    if !root.join("lib/libcudnn.so.9").exists() {
+        eprintln!("xtask: installing {CUDNN_WHEEL} into {}", dir.display());
+        let mut pip = Command::new("python3");
+        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"]).arg(&dir).arg(CUDNN_WHEEL);
+        crate::run(&mut pip)?;
+    }
+    link_unversioned(&root.join("lib"))?;
+    Ok(root)
+}
+
 /// The environment of the CUDA build.
 fn cuda_env(cmd: &mut Command, home: &Path) {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -169,6 +187,9 @@ pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
         .arg(&target)
         .current_dir(root);
     cuda_env(&mut cmd, &home);
+    if features.split(',').any(|f| f.trim() == "cudnn") {
+        cmd.env("CUDNN_LIB", ensure_cudnn()?);
+    }
     eprintln!("xtask: cargo build --release -p sluice-train --features {features} (CUDA 13.0, sm_90)");
     crate::run(&mut cmd)?;
     let bin = target.join("release/sluice");

@@ -69,7 +69,7 @@ enum Task {
     /// cache folder (`SLUICE_CUDA_SDK`, default ~/.cache/sluice/cuda-13.0), generates a link-time driver stub and
     /// builds into `<target>/cuda/release/sluice` (stripped, at most 64 MiB).
     GpuBuild {
-        /// Cargo features of the build (`cuda`, or `cuda,cudnn` with the cuDNN wheel installed by hand).
+        /// Cargo features of the build: `cuda`, or `cuda,cudnn` (installs the cuDNN 9 wheel too, about 900 MB).
         #[arg(long, default_value = "cuda")]
         features: String,
     },
