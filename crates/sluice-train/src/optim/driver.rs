@@ -10,7 +10,10 @@ use sluice_model::YoloV8;
 use super::ema::ModelEma;
 use super::error::{OptimError, Result};
 use super::groups::{Group, ParamGroups};
-use super::optimizer::{GroupHyper, MAX_GRAD_NORM, Optimizer, clip_coefficient, scale_grads, total_grad_norm};
+use super::optimizer::{
+    GroupHyper, MAX_GRAD_NORM, Optimizer, clip_coefficient, clip_coefficient_tensor, scale_grads, total_grad_norm,
+    total_grad_norm_tensor,
+};
 use super::schedule::{Schedule, warmup_accumulate};
 use super::settings::{OptimSettings, Resolved, Rule, RunShape, resolve};
 
@@ -68,6 +71,10 @@ pub struct Optimization {
     pub(crate) pending: Vec<Option<Tensor>>,
     pub(crate) steps: u64,
     pub(crate) skipped: u64,
+    /// Clip and skip on the device ([`Optimization::set_device_checks`]).
+    pub(crate) device_checks: bool,
+    /// Device-side skips not yet read: a scalar float32 count.
+    pub(crate) device_skips: Option<Tensor>,
 }
 
 impl Optimization {
@@ -99,6 +106,8 @@ impl Optimization {
             pending: vec![None; n],
             steps: 0,
             skipped: 0,
+            device_checks: false,
+            device_skips: None,
         })
     }
 
@@ -262,6 +271,9 @@ impl Optimization {
             return Ok(BatchOutcome { stepped: false, skipped_nonfinite: false, grad_norm: None, accumulate });
         }
 
+        if self.device_checks {
+            return self.device_step(model, ni, accumulate);
+        }
         let norm = total_grad_norm(&self.pending)?;
         if !norm.is_finite() {
             return skip(self, Some(norm));
@@ -274,6 +286,53 @@ impl Optimization {
         self.steps += 1;
         self.ema.update(model)?;
         Ok(BatchOutcome { stepped: true, skipped_nonfinite: false, grad_norm: Some(norm), accumulate })
+    }
+
+    /// Clipping and the non-finite skip on the device, with no read: for GPUs, where reading the gradient norm at
+    /// every step would stall the device. The clip factor is a tensor, and the optimizer step and the EMA update
+    /// are kept only where the norm is finite ([`Optimizer::step_masked`]); skipped steps are summed on the device
+    /// and read by [`Optimization::take_device_skips`]. With finite gradients the result equals the host path's
+    /// bit for bit. A skipped step still advances the step counters (Adam's bias correction, the EMA's decay), and
+    /// [`BatchOutcome::grad_norm`] is `None`.
+    pub fn set_device_checks(&mut self, on: bool) {
+        self.device_checks = on;
+    }
+
+    /// The device-side skips since the last call (one read; 0 without device checks), added to
+    /// [`Optimization::skipped`].
+    pub fn take_device_skips(&mut self) -> Result<u64> {
+        let Some(t) = self.device_skips.take() else { return Ok(0) };
+        sluice_core::syncs::record_if(!t.device().is_cpu(), sluice_core::syncs::Site::NonFiniteCheck);
+        let n = t.to_dtype(DType::F32)?.to_scalar::<f32>()? as u64;
+        self.skipped += n;
+        Ok(n)
+    }
+
+    fn device_step(&mut self, model: &YoloV8, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
+        let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
+        if let Some(norm) = total_grad_norm_tensor(&grads)? {
+            #[allow(clippy::eq_op)] // x − x is 0 exactly when x is finite.
+            let ok = (&norm - &norm)?.eq(0.0)?;
+            let coef = clip_coefficient_tensor(&norm, MAX_GRAD_NORM)?;
+            for g in grads.iter_mut().flatten() {
+                *g = g.broadcast_mul(&coef.to_dtype(g.dtype())?)?;
+            }
+            let hyper = self.hyper();
+            self.optimizer.step_masked(&grads, &hyper, &ok)?;
+            self.ema.update_masked(model, &ok)?;
+            let skip = ok.to_dtype(DType::F32)?.affine(-1.0, 1.0)?;
+            self.device_skips = Some(match self.device_skips.take() {
+                None => skip,
+                Some(s) => (s + skip)?,
+            });
+        } else {
+            let hyper = self.hyper();
+            self.optimizer.step(&grads, &hyper)?;
+            self.ema.update(model)?;
+        }
+        self.last_opt_step = ni as i64;
+        self.steps += 1;
+        Ok(BatchOutcome { stepped: true, skipped_nonfinite: false, grad_norm: None, accumulate })
     }
 
     /// Marks the end of an epoch and returns its learning rates (`lr/pg0..2` for `results.csv`). The next
@@ -433,6 +492,54 @@ mod tests {
         assert_eq!(adam.resolved().rule, Rule::AdamW);
         assert_eq!(adam.momenta(), [0.9; 3]);
         assert_eq!(adam.lrs(), [0.0; 3]); // warmup_bias_lr forced to 0 by auto
+    }
+
+    #[test]
+    fn device_checks_equal_the_host_path_and_mask_a_non_finite_step() {
+        let shape = RunShape { batch: 32, epochs: 5, batches_per_epoch: 10, train_images: 320 };
+        let all = |m: &YoloV8| -> Vec<Vec<f64>> {
+            let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
+            names.sort();
+            names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
+        };
+        for settings in [sgd(0.0), OptimSettings { optimizer: OptimizerKind::AdamW, ..Default::default() }] {
+            let seeded = || YoloV8::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 3).unwrap();
+            let (host_m, dev_m) = (seeded(), seeded());
+            let mut host = Optimization::new(&host_m, &settings, shape).unwrap();
+            let mut dev = Optimization::new(&dev_m, &settings, shape).unwrap();
+            dev.set_device_checks(true);
+            // Large gradients (clipped) and small ones, over three optimizer steps.
+            for (ni, c) in
+                [[30.0f32, -40.0], [0.5, 1.0], [-2.0, 3.0], [0.1, 0.2], [50.0, 5.0], [1.0, -1.0]].iter().enumerate()
+            {
+                let a = host.batch_known_finite(&host_m, &linear_loss(&host_m, c), true, ni, 0).unwrap();
+                let b = dev.batch_known_finite(&dev_m, &linear_loss(&dev_m, c), true, ni, 0).unwrap();
+                assert_eq!(a.stepped, b.stepped, "ni {ni}");
+            }
+            let (a, b) = (all(&host_m), all(&dev_m));
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                let d = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f64, f64::max);
+                assert!(x == y, "{:?}: parameter {i} differs by up to {d:e}", settings.optimizer);
+            }
+            assert_eq!(
+                host.ema_model().varmap().data().lock().unwrap().len(),
+                dev.ema_model().varmap().data().lock().unwrap().len()
+            );
+            assert_eq!(all(host.ema_model()), all(dev.ema_model()), "{:?}: EMA", settings.optimizer);
+            assert_eq!(dev.take_device_skips().unwrap(), 0);
+            // A NaN gradient: the step is masked on the device, nothing changes, and the skip is counted.
+            let before = (all(&dev_m), all(dev.ema_model()));
+            let steps = dev.steps();
+            for ni in 6..8 {
+                dev.batch_known_finite(&dev_m, &linear_loss(&dev_m, &[f32::NAN, 1.0]), true, ni, 0).unwrap();
+            }
+            assert_eq!((all(&dev_m), all(dev.ema_model())), before);
+            // Every step taken in that window (1 or 2, as the warmup's accumulation says) was masked and counted.
+            let masked = dev.steps() - steps;
+            assert!(masked >= 1);
+            assert_eq!(dev.take_device_skips().unwrap(), masked);
+            assert_eq!(dev.skipped(), masked);
+        }
     }
 
     #[test]

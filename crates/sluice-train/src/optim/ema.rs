@@ -2,7 +2,7 @@
 //! (parameters and BatchNorm running statistics), decay `0.9999 · (1 − exp(−updates / 2000))`, updated after
 //! each optimizer step. The EMA model is what validation and checkpoints use.
 
-use candle_core::Var;
+use candle_core::{Tensor, Var};
 use sluice_model::YoloV8;
 
 use super::error::{OptimError, Result};
@@ -77,6 +77,16 @@ impl ModelEma {
     /// `updates += 1; d = decay(updates); ema = d·ema + (1 − d)·model` for every floating-point variable
     /// (parameters and running statistics; the integer `num_batches_tracked` counters are not averaged).
     pub fn update(&mut self, model: &YoloV8) -> Result<()> {
+        self.update_inner(model, None)
+    }
+
+    /// [`ModelEma::update`] kept only where `ok` (a scalar `u8` tensor on the model's device) is 1: the device-side
+    /// skip of a non-finite step (the update counter advances either way).
+    pub fn update_masked(&mut self, model: &YoloV8, ok: &Tensor) -> Result<()> {
+        self.update_inner(model, Some(ok))
+    }
+
+    fn update_inner(&mut self, model: &YoloV8, ok: Option<&Tensor>) -> Result<()> {
         let d = self.decay_at(self.updates + 1);
         #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
         let src = model.varmap().data().lock().unwrap();
@@ -95,6 +105,10 @@ impl ModelEma {
                 continue;
             }
             let next = (e.affine(d, 0.0)? + m.as_tensor().detach().affine(1.0 - d, 0.0)?)?;
+            let next = match ok {
+                Some(ok) => ok.broadcast_as(next.shape())?.where_cond(&next, e.as_tensor())?,
+                None => next,
+            };
             e.set(&next)?;
         }
         self.updates += 1;

@@ -96,6 +96,63 @@ impl Optimizer {
     }
 }
 
+impl Optimizer {
+    /// [`Optimizer::step`] applied only where `ok` (a scalar `u8` tensor on the parameters' device) is 1: every
+    /// new parameter and state tensor is `where(ok, new, old)`, so a step whose gradients are not finite changes
+    /// no value (its NaNs never reach the kept branch) and the host never has to look. The per-parameter step
+    /// counters advance either way. With `ok` = 1 the result equals [`Optimizer::step`] bit for bit.
+    pub fn step_masked(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper; 3], ok: &Tensor) -> Result<()> {
+        if grads.len() != self.state.len() {
+            return Err(OptimError::BadInput(format!("{} gradients for {} parameters", grads.len(), self.state.len())));
+        }
+        let keep =
+            |new: &Tensor, old: &Tensor| -> Result<Tensor> { Ok(ok.broadcast_as(new.shape())?.where_cond(new, old)?) };
+        let keep_opt = |new: &Option<Tensor>, old: &Option<Tensor>| -> Result<Option<Tensor>> {
+            Ok(match (new, old) {
+                (Some(n), Some(o)) => Some(keep(n, o)?),
+                (Some(n), None) => Some(keep(n, &n.zeros_like()?)?),
+                (None, _) => None,
+            })
+        };
+        for ((param, state), grad) in self.groups.params().iter().zip(self.state.iter_mut()).zip(grads) {
+            let Some(grad) = grad else { continue };
+            let h = hyper[param.group.index()];
+            let p = param.var.as_tensor().clone();
+            let old = state.clone();
+            let new = match self.rule {
+                Rule::Sgd => sgd_nesterov(&p, grad, state, h)?,
+                Rule::Adam => adam(&p, grad, state, h, false)?,
+                Rule::AdamW => adam(&p, grad, state, h, true)?,
+            };
+            state.momentum_buffer = keep_opt(&state.momentum_buffer, &old.momentum_buffer)?;
+            state.exp_avg = keep_opt(&state.exp_avg, &old.exp_avg)?;
+            state.exp_avg_sq = keep_opt(&state.exp_avg_sq, &old.exp_avg_sq)?;
+            param.var.set(&keep(&new, &p)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The total gradient norm as a scalar float32 tensor on the gradients' device (no read).
+pub fn total_grad_norm_tensor(grads: &[Option<Tensor>]) -> Result<Option<Tensor>> {
+    let norms: Vec<Tensor> = grads
+        .iter()
+        .flatten()
+        .map(|g| g.to_dtype(DType::F32)?.sqr()?.sum_all()?.sqrt())
+        .collect::<candle_core::Result<_>>()?;
+    if norms.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Tensor::stack(&norms, 0)?.sqr()?.sum_all()?.sqrt()?))
+}
+
+/// [`clip_coefficient`] on the device: `min(max_norm / (norm + 1e-6), 1)` in float32 (the same rounding), from a
+/// scalar norm tensor.
+pub fn clip_coefficient_tensor(norm: &Tensor, max_norm: f64) -> Result<Tensor> {
+    let max = Tensor::new(max_norm as f32, norm.device())?;
+    Ok(max.broadcast_div(&norm.affine(1.0, 1e-6)?)?.minimum(1.0)?)
+}
+
 /// `torch.optim.SGD(nesterov=True, dampening=0)`: `g += wd·p`; `buf = g` at the first step, else
 /// `buf = momentum·buf + g`; `g += momentum·buf`; `p −= lr·g`. Returns the new parameter.
 fn sgd_nesterov(p: &Tensor, grad: &Tensor, state: &mut ParamState, h: GroupHyper) -> Result<Tensor> {
@@ -152,15 +209,7 @@ fn adam(p: &Tensor, grad: &Tensor, state: &mut ParamState, h: GroupHyper, decoup
 /// The total L2 norm of the gradients (torch's norm of the per-tensor norms), computed on the device and read
 /// once. `None` entries are skipped.
 pub fn total_grad_norm(grads: &[Option<Tensor>]) -> Result<f64> {
-    let norms: Vec<Tensor> = grads
-        .iter()
-        .flatten()
-        .map(|g| g.to_dtype(DType::F32)?.sqr()?.sum_all()?.sqrt())
-        .collect::<candle_core::Result<_>>()?;
-    if norms.is_empty() {
-        return Ok(0.0);
-    }
-    let total = Tensor::stack(&norms, 0)?.sqr()?.sum_all()?.sqrt()?;
+    let Some(total) = total_grad_norm_tensor(grads)? else { return Ok(0.0) };
     sluice_core::syncs::record_if(!total.device().is_cpu(), sluice_core::syncs::Site::NonFiniteCheck);
     Ok(f64::from(total.to_scalar::<f32>()?))
 }

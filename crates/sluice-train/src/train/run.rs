@@ -477,7 +477,9 @@ impl Trainer {
             batches_per_epoch: train.len(),
             train_images: train.source().index().len(),
         };
-        let opt = Optimization::new(&model, &cfg.optim, shape)?;
+        let mut opt = Optimization::new(&model, &cfg.optim, shape)?;
+        // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step).
+        opt.set_device_checks(dense_on(&device));
         let mut loss = DetectionLoss::new(nc);
         loss.gains = cfg.loss_gains();
         Ok(Self {
@@ -684,8 +686,18 @@ impl Trainer {
                 }
                 t_wait = Instant::now();
             }
-            // The epoch's last device items (one wait at the end of the epoch, not per batch).
+            // The epoch's last device items (one wait at the end of the epoch, not per batch), and the optimizer
+            // steps the device skipped for a non-finite gradient norm.
             self.take_landed_items(true)?;
+            let device_skips = self.opt.take_device_skips()?;
+            if device_skips > 0 {
+                nonfinite_epoch += device_skips;
+                self.progress.nonfinite_steps += device_skips;
+                observer.warn(&format!(
+                    "epoch {}: {device_skips} optimizer steps skipped on the device for a non-finite gradient norm",
+                    epoch + 1
+                ));
+            }
             times.wall_s = t_epoch.elapsed().as_secs_f64();
             let loader_report = iter.report();
             drop(iter);
