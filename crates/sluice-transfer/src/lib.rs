@@ -98,9 +98,19 @@ pub fn padded_targets(batch: &Batch) -> (Vec<f32>, Vec<f32>, Vec<f32>, usize) {
 /// allocator keeps pooled) on a CUDA device; `None` on the CPU or in a build without `cuda`. A driver query,
 /// not a stream synchronisation.
 pub fn device_memory_in_use(device: &Device) -> Option<u64> {
+    device_memory(device).map(|(used, _)| used)
+}
+
+/// `(in use, total)` device memory in bytes on a CUDA device ([`device_memory_in_use`]); `None` elsewhere.
+pub fn device_memory(device: &Device) -> Option<(u64, u64)> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
-        return d.cuda_stream().context().mem_get_info().ok().map(|(free, total)| (total - free) as u64);
+        return d
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(free, total)| ((total - free) as u64, total as u64));
     }
     let _ = device;
     None

@@ -33,7 +33,8 @@ pub(crate) struct Args {
     /// Multi-scale training: per-batch sizes within imgsz x (1 ± RANGE), stride 32 (0 = off; true = 1).
     #[arg(long, value_name = "RANGE", value_parser = parse_multi_scale)]
     multi_scale: Option<f64>,
-    #[arg(long)]
+    /// Images per batch; -1: AutoBatch (60% of the GPU's memory; 16 on the CPU).
+    #[arg(long, allow_negative_numbers = true, value_parser = sluice_train::train::config::parse_batch)]
     batch: Option<usize>,
     /// Loader workers per stage (0: about 80% of the cores).
     #[arg(long)]

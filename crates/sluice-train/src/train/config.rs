@@ -84,7 +84,9 @@ pub struct TrainConfig {
     /// (8.4 compares the value as a number; 8.3 and earlier meant ±50% by `True`, write 0.5 for that).
     #[serde(deserialize_with = "bool_or_fraction")]
     pub multi_scale: f64,
-    /// Images per batch.
+    /// Images per batch; `-1` in YAML or on the command line is Ultralytics' AutoBatch ([`AUTO_BATCH`] here until
+    /// the trainer resolves it for the device).
+    #[serde(deserialize_with = "batch_or_auto", serialize_with = "batch_out")]
     pub batch: usize,
     /// Loader workers per stage (0 = about 80% of the cores).
     pub workers: usize,
@@ -139,6 +141,31 @@ impl Default for Gains {
         let g = LossGains::default();
         Self { box_gain: g.box_gain, cls: g.cls, dfl: g.dfl }
     }
+}
+
+/// `batch` as read from `-1` (AutoBatch): the trainer picks the size for its device.
+pub const AUTO_BATCH: usize = 0;
+
+/// A batch size of at least 1, or `-1` for AutoBatch ([`AUTO_BATCH`]).
+pub fn batch_from(v: i64) -> std::result::Result<usize, String> {
+    match v {
+        -1 => Ok(AUTO_BATCH),
+        n if n >= 1 => usize::try_from(n).map_err(|e| format!("batch {n}: {e}")),
+        n => Err(format!("batch {n}: expected a size of at least 1, or -1 for AutoBatch")),
+    }
+}
+
+/// A `--batch` value: a size, or `-1` for AutoBatch.
+pub fn parse_batch(s: &str) -> std::result::Result<usize, String> {
+    batch_from(s.trim().parse::<i64>().map_err(|e| format!("'{s}': {e}"))?)
+}
+
+fn batch_or_auto<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<usize, D::Error> {
+    batch_from(i64::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+fn batch_out<S: serde::Serializer>(v: &usize, s: S) -> std::result::Result<S::Ok, S::Error> {
+    if *v == AUTO_BATCH { s.serialize_i64(-1) } else { s.serialize_u64(*v as u64) }
 }
 
 /// A number, or a boolean read as Python does (`True` = 1, `False` = 0): Ultralytics' fraction keys accept both.
@@ -249,9 +276,6 @@ impl TrainConfig {
         if !(0.0..=1.0).contains(&self.multi_scale) {
             bail!("multi_scale {} must be in [0, 1] (a fraction of imgsz; 0 = off)", self.multi_scale);
         }
-        if self.batch == 0 {
-            bail!("batch must be at least 1");
-        }
         if self.val_interval == 0 {
             bail!("val_interval must be at least 1");
         }
@@ -309,6 +333,19 @@ mod tests {
         assert_eq!(c.optim.lr0, 0.02);
         let back = TrainConfig::from_yaml_str(&c.to_yaml().unwrap()).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn batch_minus_one_is_autobatch_and_round_trips() {
+        let c = TrainConfig::from_yaml_str("batch: -1\n").unwrap();
+        assert_eq!(c.batch, AUTO_BATCH);
+        assert!(c.to_yaml().unwrap().contains("batch: -1"));
+        assert_eq!(TrainConfig::from_yaml_str(&c.to_yaml().unwrap()).unwrap().batch, AUTO_BATCH);
+        let e = TrainConfig::from_yaml_str("batch: 0\n").unwrap_err();
+        assert!(format!("{e:#}").contains("-1 for AutoBatch"), "{e:#}");
+        assert_eq!(parse_batch("32"), Ok(32));
+        assert_eq!(parse_batch("-1"), Ok(AUTO_BATCH));
+        assert!(parse_batch("-2").is_err());
     }
 
     #[test]

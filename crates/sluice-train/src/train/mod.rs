@@ -1,6 +1,7 @@
 //! Training: the configuration ([`config`]), the loop with validation, checkpoints and resume ([`run`]), the
 //! per-epoch records ([`results`]), where the time went ([`telemetry`]) and the validation pass ([`validate`]).
 
+pub mod autobatch;
 pub mod config;
 pub mod loss_path;
 pub mod results;

@@ -441,6 +441,10 @@ impl Trainer {
         }
         let nc = data.nc();
         let device = device_of(&cfg.device)?;
+        let mut cfg = cfg;
+        if cfg.batch == super::config::AUTO_BATCH {
+            cfg.batch = super::autobatch::auto_batch(&cfg, nc, &device)?;
+        }
         let workers = if cfg.workers == 0 { default_workers() } else { cfg.workers };
         let lcfg = LoaderConfig {
             workers,
