@@ -119,19 +119,21 @@ mod imp {
             let g = f(gpu)?;
             c.iter().zip(&g).map(|(c, g)| rel(g, c)).collect()
         };
-        match run() {
-            Ok(rel_diff) => {
-                let ok = rel_diff.iter().all(|d| *d <= tolerance);
-                Check { name: name.into(), rel_diff, tolerance, ok, error: None, note: None }
+        Check::of(name.into(), tolerance, run())
+    }
+
+    impl Check {
+        /// A check from its differences (ok when every one is within `tolerance`) or its error.
+        fn of(name: String, tolerance: f64, result: Result<Vec<f64>>) -> Self {
+            match result {
+                Ok(rel_diff) => {
+                    let ok = rel_diff.iter().all(|d| *d <= tolerance);
+                    Check { name, rel_diff, tolerance, ok, error: None, note: None }
+                }
+                Err(e) => {
+                    Check { name, rel_diff: vec![], tolerance, ok: false, error: Some(format!("{e:#}")), note: None }
+                }
             }
-            Err(e) => Check {
-                name: name.into(),
-                rel_diff: vec![],
-                tolerance,
-                ok: false,
-                error: Some(format!("{e:#}")),
-                note: None,
-            },
         }
     }
 
@@ -252,20 +254,7 @@ mod imp {
                 }
                 Ok(diffs)
             })();
-            checks.push(match result {
-                Ok(rel_diff) => {
-                    let ok = rel_diff.iter().all(|d| *d == 0.0);
-                    Check { name, rel_diff, tolerance: 0.0, ok, error: None, note: None }
-                }
-                Err(e) => Check {
-                    name,
-                    rel_diff: vec![],
-                    tolerance: 0.0,
-                    ok: false,
-                    error: Some(format!("{e:#}")),
-                    note: None,
-                },
-            });
+            checks.push(Check::of(name, 0.0, result));
         }
 
         // One YOLOv8n training loss at 320 on both devices from the same weights and batch.

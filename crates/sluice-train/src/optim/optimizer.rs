@@ -78,35 +78,27 @@ impl Optimizer {
     /// without one is skipped, state included, as torch skips `p.grad is None`). `hyper` is per group, in
     /// `param_groups` order.
     pub fn step(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper; 3]) -> Result<()> {
-        if grads.len() != self.state.len() {
-            return Err(OptimError::BadInput(format!("{} gradients for {} parameters", grads.len(), self.state.len())));
-        }
-        for ((param, state), grad) in self.groups.params().iter().zip(self.state.iter_mut()).zip(grads) {
-            let Some(grad) = grad else { continue };
-            let h = hyper[param.group.index()];
-            let p = param.var.as_tensor();
-            let new = match self.rule {
-                Rule::Sgd => sgd_nesterov(p, grad, state, h)?,
-                Rule::Adam => adam(p, grad, state, h, false)?,
-                Rule::AdamW => adam(p, grad, state, h, true)?,
-            };
-            param.var.set(&new)?;
-        }
-        Ok(())
+        self.step_inner(grads, hyper, None)
     }
-}
 
-impl Optimizer {
     /// [`Optimizer::step`] applied only where `ok` (a scalar `u8` tensor on the parameters' device) is 1: every
     /// new parameter and state tensor is `where(ok, new, old)`, so a step whose gradients are not finite changes
     /// no value (its NaNs never reach the kept branch) and the host never has to look. The per-parameter step
     /// counters advance either way. With `ok` = 1 the result equals [`Optimizer::step`] bit for bit.
     pub fn step_masked(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper; 3], ok: &Tensor) -> Result<()> {
+        self.step_inner(grads, hyper, Some(ok))
+    }
+
+    fn step_inner(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper; 3], ok: Option<&Tensor>) -> Result<()> {
         if grads.len() != self.state.len() {
             return Err(OptimError::BadInput(format!("{} gradients for {} parameters", grads.len(), self.state.len())));
         }
-        let keep =
-            |new: &Tensor, old: &Tensor| -> Result<Tensor> { Ok(ok.broadcast_as(new.shape())?.where_cond(new, old)?) };
+        let keep = |new: &Tensor, old: &Tensor| -> Result<Tensor> {
+            match ok {
+                Some(ok) => Ok(ok.broadcast_as(new.shape())?.where_cond(new, old)?),
+                None => Ok(new.clone()),
+            }
+        };
         let keep_opt = |new: &Option<Tensor>, old: &Option<Tensor>| -> Result<Option<Tensor>> {
             Ok(match (new, old) {
                 (Some(n), Some(o)) => Some(keep(n, o)?),
@@ -118,15 +110,17 @@ impl Optimizer {
             let Some(grad) = grad else { continue };
             let h = hyper[param.group.index()];
             let p = param.var.as_tensor().clone();
-            let old = state.clone();
+            let old = ok.map(|_| state.clone());
             let new = match self.rule {
                 Rule::Sgd => sgd_nesterov(&p, grad, state, h)?,
                 Rule::Adam => adam(&p, grad, state, h, false)?,
                 Rule::AdamW => adam(&p, grad, state, h, true)?,
             };
-            state.momentum_buffer = keep_opt(&state.momentum_buffer, &old.momentum_buffer)?;
-            state.exp_avg = keep_opt(&state.exp_avg, &old.exp_avg)?;
-            state.exp_avg_sq = keep_opt(&state.exp_avg_sq, &old.exp_avg_sq)?;
+            if let Some(old) = old {
+                state.momentum_buffer = keep_opt(&state.momentum_buffer, &old.momentum_buffer)?;
+                state.exp_avg = keep_opt(&state.exp_avg, &old.exp_avg)?;
+                state.exp_avg_sq = keep_opt(&state.exp_avg_sq, &old.exp_avg_sq)?;
+            }
             param.var.set(&keep(&new, &p)?)?;
         }
         Ok(())
