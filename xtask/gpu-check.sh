@@ -11,6 +11,7 @@
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
 #   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports
+#   train_amp/       one epoch of the same training with `--amp` (bf16 convolutions), for the f32 / bf16 ratio
 #   steps.jsonl      one line per step: name, exit code, seconds
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -81,7 +82,7 @@ log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 step info 20 "$S" info
 step smoke 60 "$S" gpu smoke --json "$OUT/smoke.json"
 step h2d 30 "$S" gpu h2d --json "$OUT/h2d.json"
-step train 150 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
+step train 140 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
   --device cuda:0 --cache ram --workers 12 --project "$OUT" --name train --exist-ok --json
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
   SLUICE_REQUIRE_NVJPEG=1 SLUICE_DECODE_TEST_DATA="$HERE/../../crates/sluice-decode/tests/data" \
@@ -97,9 +98,12 @@ step decode_cpu 30 "$S" bench decode --data "$DATA" --backend image --threads 16
 WHEEL=$(ls "$HERE"/wheels/ultralytics-*.whl 2>/dev/null | head -n 1)
 if [ -n "$WHEEL" ]; then
   python3 -m pip install --quiet --no-deps --no-index --target "$HERE/pyul" "$WHEEL" >"$OUT/ultralytics_install.txt" 2>&1
-  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 100 \
+  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 90 \
     python3 "$HERE/ul_train.py" "$DATA" "$EPOCHS" "$OUT/ultralytics.json"
 else
   log "no Ultralytics wheel carried: side-by-side skipped"
 fi
+# Mixed precision last (the least important figure): one epoch, the same settings otherwise.
+step train_amp 20 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp \
+  --device cuda:0 --cache ram --workers 12 --project "$OUT" --name train_amp --exist-ok --json
 log "done"

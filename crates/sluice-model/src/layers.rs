@@ -1,7 +1,10 @@
 //! YOLOv8 building blocks: Conv (Conv2d + BatchNorm + SiLU), Bottleneck, C2f and SPPF, each in eval or train
 //! mode, and Conv+BN folding.
 
-use candle_core::{Result, Tensor, Var};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::Init;
 use sluice_kernels::norm;
 
@@ -20,6 +23,41 @@ pub enum Mode {
     Eval,
     /// Training: batch statistics (biased variance), running statistics updated with momentum 0.03 (unbiased).
     Train,
+}
+
+/// The mixed-precision switch of one model, shared by all its [`Conv`]s: when set to a half dtype, each
+/// convolution casts its input and (f32 master) weight to it, convolves (cuDNN / cuBLAS tensor cores on a GPU)
+/// and casts the result back, so BatchNorm, SiLU, the head's outputs, the loss and every gradient that reaches a
+/// weight stay in the model's dtype. This is autocast's policy for convolutions: the casts are differentiable, so
+/// the backward pass runs the convolution gradients in the half dtype too.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Autocast(Arc<AtomicU8>);
+
+impl Autocast {
+    const OFF: u8 = 0;
+    const BF16: u8 = 1;
+    const F16: u8 = 2;
+
+    /// The dtype convolutions run in, `None` for the model's own.
+    pub(crate) fn get(&self) -> Option<DType> {
+        match self.0.load(Ordering::Relaxed) {
+            Self::BF16 => Some(DType::BF16),
+            Self::F16 => Some(DType::F16),
+            _ => None,
+        }
+    }
+
+    /// Switches mixed precision on (`BF16` / `F16`) or off (`None`); other dtypes are refused.
+    pub(crate) fn set(&self, dtype: Option<DType>) -> Result<()> {
+        let v = match dtype {
+            None => Self::OFF,
+            Some(DType::BF16) => Self::BF16,
+            Some(DType::F16) => Self::F16,
+            Some(d) => candle_core::bail!("autocast runs convolutions in bf16 or f16, not {d:?}"),
+        };
+        self.0.store(v, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 /// `nn.BatchNorm2d(eps=1e-3, momentum=0.03)`.
@@ -83,6 +121,7 @@ pub(crate) struct Conv {
     fused_bias: Option<Tensor>,
     stride: usize,
     pad: usize,
+    autocast: Autocast,
 }
 
 impl Conv {
@@ -94,11 +133,18 @@ impl Conv {
             fused_bias: None,
             stride: s,
             pad: k / 2,
+            autocast: p.autocast().clone(),
         })
     }
 
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let y = sluice_kernels::conv::conv2d(x, &self.weight, self.stride, self.pad)?;
+        let y = match self.autocast.get() {
+            Some(half) if half != x.dtype() => {
+                let (xh, wh) = (x.to_dtype(half)?, self.weight.to_dtype(half)?);
+                sluice_kernels::conv::conv2d(&xh, &wh, self.stride, self.pad)?.to_dtype(x.dtype())?
+            }
+            _ => sluice_kernels::conv::conv2d(x, &self.weight, self.stride, self.pad)?,
+        };
         match (&self.bn, &self.fused_bias) {
             (Some(bn), _) => bn.forward_silu(&y, mode),
             (None, Some(b)) => norm::affine_silu(&y, &b.ones_like()?, b),
@@ -112,7 +158,15 @@ impl Conv {
         let (scale, shift) = bn.eval_affine()?;
         let c2 = scale.dim(0)?;
         let weight = self.weight.detach().broadcast_mul(&scale.detach().reshape((c2, 1, 1, 1))?)?;
-        Ok(Self { weight, bn: None, fused_bias: Some(shift.detach()), stride: self.stride, pad: self.pad })
+        // The folded copy shares no state with the original (autocast included: it runs in the model's dtype).
+        Ok(Self {
+            weight,
+            bn: None,
+            fused_bias: Some(shift.detach()),
+            stride: self.stride,
+            pad: self.pad,
+            autocast: Autocast::default(),
+        })
     }
 
     /// The (possibly folded) weight and bias.

@@ -8,7 +8,7 @@ use candle_nn::VarMap;
 use crate::config::{REG_MAX, YoloConfig};
 use crate::error::{ModelError, Result};
 use crate::head::{self, Detect, RawHead};
-use crate::layers::{C2f, Conv, Mode, Sppf};
+use crate::layers::{Autocast, C2f, Conv, Mode, Sppf};
 use crate::ops;
 use crate::params::Params;
 
@@ -43,6 +43,7 @@ pub struct YoloV8 {
     fused: bool,
     dtype: DType,
     device: Device,
+    autocast: Autocast,
     pub(crate) num_batches_tracked: BTreeMap<String, i64>,
 }
 
@@ -78,8 +79,10 @@ impl YoloV8 {
             return Err(ModelError::BadInput("the class count must be at least 1".into()));
         }
         let varmap = VarMap::new();
+        let autocast;
         let (layers, detect) = {
             let p = Params::new(&varmap, dtype, device, seed).pp("model");
+            autocast = p.autocast().clone();
             let c = |x| cfg.ch(x);
             let d = |x| cfg.depth(x);
             let layers = vec![
@@ -109,7 +112,39 @@ impl YoloV8 {
             (layers, Detect::new(&p.pp(22), &cfg)?)
         };
         let num_batches_tracked = bn_prefixes(&varmap).into_iter().map(|p| (p, 0)).collect();
-        Ok(Self { cfg, layers, detect, varmap, fused: false, dtype, device: device.clone(), num_batches_tracked })
+        Ok(Self {
+            cfg,
+            layers,
+            detect,
+            varmap,
+            fused: false,
+            dtype,
+            device: device.clone(),
+            autocast,
+            num_batches_tracked,
+        })
+    }
+
+    /// Mixed precision: `Some(BF16)` (or `F16`) runs every Conv block's convolution, forward and backward, in that
+    /// dtype while the weights, BatchNorm, SiLU, the head's outputs and the loss stay in the model's f32 (the
+    /// weights are cast per step, so they remain f32 master weights). `None` switches it off. Only an f32 model
+    /// that is not fused takes it; copies ([`Self::try_clone`], [`Self::fuse`]) start with it off.
+    pub fn set_autocast(&self, dtype: Option<DType>) -> Result<()> {
+        if self.fused {
+            return Err(ModelError::Fused("mixed precision"));
+        }
+        if dtype.is_some() && self.dtype != DType::F32 {
+            return Err(ModelError::BadInput(format!(
+                "mixed precision needs an f32 model, this one is {:?}",
+                self.dtype
+            )));
+        }
+        Ok(self.autocast.set(dtype)?)
+    }
+
+    /// The dtype the convolutions run in under mixed precision (`None`: the model's own).
+    pub fn autocast(&self) -> Option<DType> {
+        self.autocast.get()
     }
 
     /// The architecture.
@@ -260,6 +295,7 @@ impl YoloV8 {
             fused: true,
             dtype: self.dtype,
             device: self.device.clone(),
+            autocast: Autocast::default(),
             num_batches_tracked: BTreeMap::new(),
         })
     }

@@ -5,6 +5,8 @@ use candle_nn::{Init, VarMap};
 use rand::RngCore;
 use sluice_core::sample_rng;
 
+use crate::layers::Autocast;
+
 /// FNV-1a of a parameter name: the stream id of its seeded initialisation.
 fn name_key(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
@@ -18,6 +20,7 @@ pub(crate) struct Params<'a> {
     dtype: DType,
     device: Device,
     seed: Option<u64>,
+    autocast: Autocast,
 }
 
 impl std::fmt::Debug for Params<'_> {
@@ -29,7 +32,12 @@ impl std::fmt::Debug for Params<'_> {
 impl<'a> Params<'a> {
     /// Variables drawn from the device's generator (`seed` None) or from per-name streams of `seed`.
     pub(crate) fn new(map: &'a VarMap, dtype: DType, device: &Device, seed: Option<u64>) -> Self {
-        Self { map, prefix: String::new(), dtype, device: device.clone(), seed }
+        Self { map, prefix: String::new(), dtype, device: device.clone(), seed, autocast: Autocast::default() }
+    }
+
+    /// The model's mixed-precision switch, shared by every module built from this builder.
+    pub(crate) fn autocast(&self) -> &Autocast {
+        &self.autocast
     }
 
     /// The builder for a sub-module.

@@ -6,16 +6,19 @@
 //! never needs a per-image device→host round trip. The u8 → float conversion and the /255 happen in one pass.
 //! The CUDA path ([`CudaTransfer`], feature `cuda`) stages batches through a [`ring::Ring`] of pinned host and
 //! device buffers, copies them on a dedicated copy stream, and converts on the device; [`DeviceTransfer`] picks
-//! the path for a device.
+//! the path for a device. [`pool`] keeps the device's stream-ordered memory pool from handing memory back to the
+//! driver at every synchronisation, and counts the steps in which it still had to grow.
 #![warn(missing_docs)]
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod pool;
 pub mod readback;
 pub mod ring;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaTransfer, CudaTransferStats};
+pub use pool::{PoolGrowth, device_pool_reserved, retain_device_pool};
 pub use readback::Readback;
 
 use candle_core::{DType, Device, Tensor};

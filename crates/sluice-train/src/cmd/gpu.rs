@@ -272,6 +272,41 @@ mod imp {
             Ok(vec![out.total.unsqueeze(0)?, items, raw.scores.mean_keepdim(D::Minus1)?])
         }));
 
+        // Mixed precision on the device: the bf16-autocast train forward (and the first conv's gradient) against
+        // the f32 one, same weights and batch. bf16 keeps 8 bits, so the tolerance is loose: it catches a broken
+        // cast or a lost gradient, not rounding.
+        let result = (|| -> Result<Vec<f64>> {
+            let x = sluice_transfer::DeviceTransfer::new(&gpu, DType::F32)?.transfer(&batch)?;
+            let run = |half: Option<DType>| -> Result<Vec<Tensor>> {
+                let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
+                let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, &gpu, 0)?;
+                m.set_autocast(half)?;
+                let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
+                let out = Tensor::cat(&[&raw.boxes, &raw.scores], 1)?;
+                let w = m.var("model.0.conv.weight").context("model.0.conv.weight")?;
+                let g = out.sum_all()?.backward()?;
+                let gw = g.get(w.as_tensor()).cloned().context("no gradient for model.0.conv.weight")?;
+                if gw.dtype() != DType::F32 {
+                    bail!("the master weight's gradient is {:?}, not f32", gw.dtype());
+                }
+                Ok(vec![out, gw])
+            };
+            let (f, h) = (run(None)?, run(Some(DType::BF16))?);
+            f.iter().zip(&h).map(|(f, h)| rel(h, f)).collect()
+        })();
+        checks.push(Check::of("yolov8n bf16 autocast vs f32 at 320 (outputs, conv0 grad)".into(), 0.1, result));
+
+        // The caching pool: the release threshold takes, and the reserved bytes can be read.
+        let result = (|| -> Result<Vec<f64>> {
+            if !sluice_transfer::retain_device_pool(&gpu)? {
+                bail!("no memory pool on the device");
+            }
+            let r = sluice_transfer::device_pool_reserved(&gpu).context("the pool's reserved bytes")?;
+            println!("device pool: {:.1} MiB reserved", r as f64 / f64::from(1u32 << 20));
+            Ok(vec![])
+        })();
+        checks.push(Check::of("device memory pool (release threshold, reserved bytes)".into(), 0.0, result));
+
         let failed = checks.iter().filter(|c| !c.ok && c.note.is_none()).count();
         for c in &checks {
             println!(

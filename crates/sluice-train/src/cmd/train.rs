@@ -63,6 +63,9 @@ pub(crate) struct Args {
     /// Stop on the first bad sample.
     #[arg(long)]
     strict: bool,
+    /// Mixed precision on a CUDA device (bf16 convolutions, f32 weights and loss); ignored on the CPU.
+    #[arg(long)]
+    amp: bool,
     /// Continue a run: a checkpoint, a run folder, or (no value) the latest run under --project.
     #[arg(long, num_args = 0..=1, default_missing_value = "")]
     resume: Option<PathBuf>,
@@ -103,6 +106,7 @@ impl Args {
         }
         c.exist_ok |= self.exist_ok;
         c.strict |= self.strict;
+        c.amp |= self.amp;
         Ok(c)
     }
 }

@@ -23,6 +23,7 @@ pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<usize
         return Ok(CPU_BATCH);
     };
     let model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, device, cfg.seed)?;
+    model.set_autocast(super::run::amp_dtype(cfg, device))?;
     let loss = DetectionLoss::new(nc);
     let side = cfg.imgsz as usize;
     let mut points = Vec::new();

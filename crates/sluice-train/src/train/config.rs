@@ -112,6 +112,11 @@ pub struct TrainConfig {
     pub max_nonfinite: u32,
     /// Write plots (results.png, PR curve, batch previews).
     pub plots: bool,
+    /// Mixed precision on a CUDA device: the convolutions run in bf16, forward and backward, with f32 master
+    /// weights, BatchNorm and loss ([`sluice_model::YoloV8::set_autocast`]). Ignored on the CPU, as Ultralytics
+    /// ignores its `amp` there. Off by default (Ultralytics' default is on): the bf16 path has been checked on the
+    /// CPU against the f32 step, not yet on a GPU.
+    pub amp: bool,
     /// Optimizer and schedule.
     #[serde(flatten)]
     pub optim: OptimSettings,
@@ -217,6 +222,7 @@ impl Default for TrainConfig {
             val_interval: 1,
             val_fraction: 1.0,
             strict: false,
+            amp: false,
             max_nonfinite: 10,
             plots: true,
             optim: OptimSettings::default(),

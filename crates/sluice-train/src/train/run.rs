@@ -19,7 +19,7 @@ use sluice_transfer::{DeviceTransfer, Readback};
 use super::config::{CacheMode, TrainConfig};
 use super::loss_path::{Items, dense_on, step_loss};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
-use super::telemetry::{EpochTelemetry, LoopTimes, SyncTelemetry, ValTelemetry};
+use super::telemetry::{EpochTelemetry, LoopTimes, PoolTelemetry, SyncTelemetry, ValTelemetry};
 use super::validate::{ValOptions, ValResult, validate};
 use crate::loader::{DecodedSource, LoaderConfig, STRIDE, TrainLoader, ValLoader, default_workers};
 use crate::optim::{Optimization, RunShape, read_user_metadata};
@@ -272,13 +272,23 @@ fn read_meta(path: &Path) -> Result<CheckpointMeta> {
         .with_context(|| format!("{}: not a sluice training checkpoint", path.display()))
 }
 
+/// The dtype of the convolutions under `amp` (bf16 on a CUDA device), `None` for full f32.
+pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
+    (cfg.amp && device.is_cuda()).then_some(DType::BF16)
+}
+
 fn device_of(name: &str) -> Result<Device> {
     if name == "cpu" {
         return Ok(Device::Cpu);
     }
     let ordinal = name.strip_prefix("cuda").map(|s| s.trim_start_matches(':')).unwrap_or("0");
     let ordinal: usize = if ordinal.is_empty() { 0 } else { ordinal.parse().context("device ordinal")? };
-    Device::new_cuda(ordinal).with_context(|| format!("device {name}: this build has no CUDA support or no GPU"))
+    let device = Device::new_cuda(ordinal)
+        .with_context(|| format!("device {name}: this build has no CUDA support or no GPU"))?;
+    // Freed tensors stay in the stream-ordered pool across synchronisations (a caching allocator), so steady-state
+    // steps reserve no new device memory; the telemetry counts the steps that still did.
+    sluice_transfer::retain_device_pool(&device).with_context(|| format!("device {name}: memory pool"))?;
+    Ok(device)
 }
 
 /// A model for validation or prediction from `weights`: a training checkpoint (its EMA weights, architecture from
@@ -360,6 +370,8 @@ pub struct Trainer {
     readback: Readback,
     /// The values of the last readback taken.
     readback_buf: Vec<f32>,
+    /// The device pool's growth, step by step across epochs (taken per epoch for the telemetry).
+    pool_growth: sluice_transfer::PoolGrowth,
     /// The latest loss items known on the host (device path: a batch or two old).
     last_items: [f64; 3],
     train: TrainLoader,
@@ -475,6 +487,11 @@ impl Trainer {
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
             model.load_weights(w, LoadMode::Strict).with_context(|| format!("initial weights {}", w.display()))?;
         }
+        if let Some(half) = amp_dtype(&cfg, &device) {
+            model.set_autocast(Some(half))?;
+        } else if cfg.amp {
+            eprintln!("amp: mixed precision is for CUDA devices; training in f32 on the CPU");
+        }
         let shape = RunShape {
             batch: cfg.batch,
             epochs: cfg.epochs as usize,
@@ -491,6 +508,7 @@ impl Trainer {
             dense_loss: dense_on(&device),
             readback: Readback::new(&device).context("loss readback")?,
             readback_buf: Vec::new(),
+            pool_growth: sluice_transfer::PoolGrowth::new(),
             last_items: [0.0; 3],
             transfer: DeviceTransfer::new(&device, DType::F32).context("transfer to the device")?,
             cfg,
@@ -636,6 +654,7 @@ impl Trainer {
                 if let Some(m) = sluice_transfer::device_memory_in_use(self.transfer.device()) {
                     memory_peak = Some(memory_peak.map_or(m, |p| p.max(m)));
                 }
+                self.pool_growth.observe(sluice_transfer::device_pool_reserved(self.transfer.device()));
                 times.images += batch.len() as u64;
                 times.batches += 1;
                 let k = done_in_epoch;
@@ -722,6 +741,8 @@ impl Trainer {
             );
             tel.blocking_syncs = SyncTelemetry::since(&syncs0, times.batches);
             tel.device_memory_peak_bytes = memory_peak;
+            let pool = self.pool_growth.take();
+            tel.device_pool = (pool.steps > 0).then(|| PoolTelemetry::from(pool));
             tel.nonfinite_steps = nonfinite_epoch;
             tel.skipped_samples = self.train.skips().skipped - skipped_before;
             if tel.skipped_samples > 0 {

@@ -67,6 +67,30 @@ pub struct ValTelemetry {
     pub blocking_syncs: SyncTelemetry,
 }
 
+/// How often the device's memory pool grew during an epoch ([`sluice_transfer::PoolGrowth`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PoolTelemetry {
+    /// Steps observed.
+    pub steps: u64,
+    /// Steps in which the pool reserved more memory from the driver.
+    pub growth_steps: u64,
+    /// `growth_steps / steps`: the device allocations per step.
+    pub growths_per_step: f64,
+    /// Bytes reserved by those growths.
+    pub grown_bytes: u64,
+}
+
+impl From<sluice_transfer::PoolGrowth> for PoolTelemetry {
+    fn from(g: sluice_transfer::PoolGrowth) -> Self {
+        Self {
+            steps: g.steps,
+            growth_steps: g.growth_steps,
+            growths_per_step: g.growth_steps as f64 / g.steps.max(1) as f64,
+            grown_bytes: g.grown_bytes,
+        }
+    }
+}
+
 /// Host-blocking device reads over a span of batches ([`sluice_core::syncs`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SyncTelemetry {
@@ -181,6 +205,9 @@ pub struct EpochTelemetry {
     pub blocking_syncs: SyncTelemetry,
     /// The most device memory in use after any step of the epoch (CUDA only; the allocator's pool included).
     pub device_memory_peak_bytes: Option<u64>,
+    /// Device allocations in the driver's sense: the steps in which the stream-ordered pool had to reserve more
+    /// memory (CUDA only; near zero once the pool holds the working set).
+    pub device_pool: Option<PoolTelemetry>,
     /// The limiting stage.
     pub bottleneck: String,
     /// What to do about it.
@@ -256,6 +283,7 @@ impl EpochTelemetry {
             val: None,
             blocking_syncs: SyncTelemetry::default(),
             device_memory_peak_bytes: None,
+            device_pool: None,
             bottleneck,
             hint,
         }
@@ -291,6 +319,15 @@ impl EpochTelemetry {
             |t: &SyncTelemetry| t.by_site.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
         if let Some(m) = self.device_memory_peak_bytes {
             let _ = write!(s, "\n  device memory peak {:.2} GiB", m as f64 / (1u64 << 30) as f64);
+        }
+        if let Some(p) = &self.device_pool {
+            let _ = write!(
+                s,
+                "\n  device pool grew in {} of {} steps (+{:.1} MiB)",
+                p.growth_steps,
+                p.steps,
+                p.grown_bytes as f64 / (1u64 << 20) as f64
+            );
         }
         if self.blocking_syncs.total > 0 {
             let b = &self.blocking_syncs;
@@ -375,6 +412,15 @@ mod tests {
         let json = serde_json::to_value(&e).expect("json");
         assert_eq!(json["blocking_syncs"]["by_site"]["loss_items"], 10);
         assert_eq!(json["device_memory_peak_bytes"], 3u64 << 30);
+        assert!(!e.table().contains("device pool"));
+        let mut g = sluice_transfer::PoolGrowth::new();
+        for r in [10u64 << 20, 12 << 20, 12 << 20, 12 << 20, 12 << 20] {
+            g.observe(Some(r));
+        }
+        e.device_pool = Some(g.into());
+        assert!(e.table().contains("device pool grew in 1 of 4 steps (+2.0 MiB)"), "{}", e.table());
+        let json = serde_json::to_value(&e).expect("json");
+        assert_eq!(json["device_pool"]["growths_per_step"], 0.25);
     }
 
     #[test]
