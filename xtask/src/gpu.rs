@@ -291,10 +291,10 @@ fn conformance_binary(root: &Path) -> Result<PathBuf> {
 }
 
 /// `cargo xtask gpu-check`: prepares `<target>/gpu-check/` and prints the device-tool command.
-pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>) -> Result<()> {
+pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str) -> Result<()> {
     let bin = match sluice {
         Some(b) => b,
-        None => gpu_build(root, "cuda")?,
+        None => gpu_build(root, features)?,
     };
     let dir = crate::target_dir(root).join("gpu-check");
     if dir.exists() {

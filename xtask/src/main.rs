@@ -79,6 +79,11 @@ enum Task {
         /// Use this CUDA `sluice` instead of building one.
         #[arg(long)]
         sluice: Option<PathBuf>,
+        /// Features of the build when it builds one: `cuda` (default: needs only the CUDA libraries the device's
+        /// PyTorch carries), or `cuda,cudnn` (Sluice's cuDNN convolutions; the binary then needs libcudnn.so.9 on
+        /// the device, from PyTorch's cu13 cuDNN wheel, or it does not start).
+        #[arg(long, default_value = "cuda")]
+        features: String,
     },
     /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed:
     /// runs `sluice data gen` with these flags (see `sluice data gen --help`; default: the embedded default set
@@ -98,7 +103,7 @@ fn main() -> Result<()> {
         Task::Train { config, rest } => train(&root, &config, &rest),
         Task::Bench { case, features, sluice, rest } => bench(&root, case, features.as_deref(), sluice, &rest),
         Task::GpuBuild { features } => gpu::gpu_build(&root, &features).map(|_| ()),
-        Task::GpuCheck { sluice } => gpu::gpu_check(&root, sluice),
+        Task::GpuCheck { sluice, features } => gpu::gpu_check(&root, sluice, &features),
         Task::GenData { args } => {
             let mut cmd =
                 vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "data", "gen"];

@@ -9,7 +9,10 @@
 //! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`;
 //! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch.
 //!
-//! Any other device or dtype falls back to candle's stock conv2d, so the function is always correct.
+//! On a CUDA device with the `cudnn` feature, f32/bf16/f16 tensors take the same three ops, each through cuDNN
+//! with its algorithm chosen once per shape ([`cudnn`]): stock candle would run the input gradient through its own
+//! `conv_transpose2d` kernel. Any other device or dtype falls back to candle's stock conv2d, so the function is
+//! always correct.
 //!
 //! # Batching and workspace
 //! Images are stacked into one gemm until it has about 2048 columns (so the 10×10 and 20×20 maps of the deep layers
@@ -27,6 +30,8 @@
 //! them. With a single group (batch 1, or one thread) the groups run in order and each gemm uses
 //! `Parallelism::Rayon(n)` over the same pool. The two policies have not yet been measured against each other.
 
+#[cfg(feature = "cudnn")]
+pub mod cudnn;
 mod kernels;
 mod workspace;
 
@@ -59,8 +64,11 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Tenso
     let Some(geom) = Geom::new((xn, xc, xh, xw), (o, wc, kh, kw), stride, pad) else {
         bail!("conv2d: kernel {kh}×{kw} with stride {stride} and padding {pad} does not fit input {:?}", x.shape());
     };
-    let fast = x.device().is_cpu() && x.dtype() == w.dtype() && matches!(x.dtype(), DType::F32 | DType::F64);
-    if !fast {
+    let same = x.dtype() == w.dtype();
+    let cpu = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
+    #[cfg(feature = "cudnn")]
+    let cpu = cpu || (x.device().is_cuda() && cudnn::supports(x.dtype()));
+    if !(same && cpu) {
         return x.conv2d(w, pad, stride, 1, 1);
     }
     x.contiguous()?.apply_op2(&w.contiguous()?, Conv2dOp { geom })
@@ -141,6 +149,20 @@ impl CustomOp2 for Conv2dOp {
         Ok((out, g.y_shape()))
     }
 
+    #[cfg(feature = "cudnn")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = &self.geom;
+        check_len(l1, g.x_shape().elem_count(), "input")?;
+        check_len(l2, g.w_shape().elem_count(), "weight")?;
+        Ok((cudnn::run(cudnn::Pass::Forward, (s1, l1), (s2, l2), g)?, g.y_shape()))
+    }
+
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dy = dy.contiguous()?;
         // Only the gradients autograd will use: the network's input (the image batch) is neither a variable nor
@@ -169,6 +191,20 @@ impl CustomOp2 for BackwardInput {
         )?;
         Ok((out, g.x_shape()))
     }
+
+    #[cfg(feature = "cudnn")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = &self.geom;
+        check_len(l1, g.y_shape().elem_count(), "output gradient")?;
+        check_len(l2, g.w_shape().elem_count(), "weight")?;
+        Ok((cudnn::run(cudnn::Pass::BackwardData, (s1, l1), (s2, l2), g)?, g.x_shape()))
+    }
 }
 
 impl CustomOp2 for BackwardWeight {
@@ -188,5 +224,19 @@ impl CustomOp2 for BackwardWeight {
             |x, dy| kernels::backward_weight(x, dy, g),
         )?;
         Ok((out, g.w_shape()))
+    }
+
+    #[cfg(feature = "cudnn")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = &self.geom;
+        check_len(l1, g.x_shape().elem_count(), "input")?;
+        check_len(l2, g.y_shape().elem_count(), "output gradient")?;
+        Ok((cudnn::run(cudnn::Pass::BackwardFilter, (s1, l1), (s2, l2), g)?, g.w_shape()))
     }
 }
