@@ -157,10 +157,7 @@ impl CustomOp2 for Conv2dOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let g = &self.geom;
-        check_len(l1, g.x_shape().elem_count(), "input")?;
-        check_len(l2, g.w_shape().elem_count(), "weight")?;
-        Ok((cudnn::run(cudnn::Pass::Forward, (s1, l1), (s2, l2), g)?, g.y_shape()))
+        Ok((cudnn::run(cudnn::Pass::Forward, (s1, l1), (s2, l2), &self.geom)?, self.geom.y_shape()))
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -200,10 +197,7 @@ impl CustomOp2 for BackwardInput {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let g = &self.geom;
-        check_len(l1, g.y_shape().elem_count(), "output gradient")?;
-        check_len(l2, g.w_shape().elem_count(), "weight")?;
-        Ok((cudnn::run(cudnn::Pass::BackwardData, (s1, l1), (s2, l2), g)?, g.x_shape()))
+        Ok((cudnn::run(cudnn::Pass::BackwardData, (s1, l1), (s2, l2), &self.geom)?, self.geom.x_shape()))
     }
 }
 
@@ -234,9 +228,6 @@ impl CustomOp2 for BackwardWeight {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let g = &self.geom;
-        check_len(l1, g.x_shape().elem_count(), "input")?;
-        check_len(l2, g.y_shape().elem_count(), "output gradient")?;
-        Ok((cudnn::run(cudnn::Pass::BackwardFilter, (s1, l1), (s2, l2), g)?, g.w_shape()))
+        Ok((cudnn::run(cudnn::Pass::BackwardFilter, (s1, l1), (s2, l2), &self.geom)?, self.geom.w_shape()))
     }
 }

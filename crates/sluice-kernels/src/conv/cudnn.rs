@@ -191,12 +191,19 @@ where
     T: CudaDType + CudnnDataType + DeviceRepr + WithDType,
 {
     let dev = s1.device().clone();
-    let (a, b) = (view::<T>(s1, l1, pass)?, view::<T>(s2, l2, pass)?);
-    let out_len = match pass {
-        Pass::Forward => g.n * g.o * g.ho * g.wo,
-        Pass::BackwardData => g.n * g.c * g.h * g.w,
-        Pass::BackwardFilter => g.o * g.c * g.k * g.k,
+    let (x_len, w_len, y_len) = (g.n * g.c * g.h * g.w, g.o * g.c * g.k * g.k, g.n * g.o * g.ho * g.wo);
+    // (first input, second input, output) element counts of the pass.
+    let (len1, len2, out_len) = match pass {
+        Pass::Forward => (x_len, w_len, y_len),
+        Pass::BackwardData => (y_len, w_len, x_len),
+        Pass::BackwardFilter => (x_len, y_len, w_len),
     };
+    for (l, want) in [(l1, len1), (l2, len2)] {
+        if l.shape().elem_count() != want {
+            bail!("cuDNN conv {pass:?}: an input has {} elements, expected {want}", l.shape().elem_count());
+        }
+    }
+    let (a, b) = (view::<T>(s1, l1, pass)?, view::<T>(s2, l2, pass)?);
     // SAFETY: cuDNN writes every element of the output with beta = 0 before anything reads it.
     let mut out = unsafe { dev.alloc::<T>(out_len)? };
     let key = Key { device: dev.id(), pass, dtype: T::DTYPE, geom: [g.n, g.c, g.h, g.w, g.o, g.k, g.stride, g.pad] };
