@@ -109,7 +109,11 @@ impl Optimizer {
         for ((param, state), grad) in self.groups.params().iter().zip(self.state.iter_mut()).zip(grads) {
             let Some(grad) = grad else { continue };
             let h = hyper[param.group.index()];
-            let p = param.var.as_tensor().clone();
+            // Detached: the parameter is a variable, so ops on it would be tracked, and a momentum buffer built
+            // from tracked tensors would keep every earlier step's buffers alive through its graph (a leak of a
+            // few parameter copies per step).
+            let p = param.var.as_tensor().detach();
+            let grad = &grad.detach();
             let old = ok.map(|_| state.clone());
             let new = match self.rule {
                 Rule::Sgd => sgd_nesterov(&p, grad, state, h)?,
@@ -342,6 +346,12 @@ mod tests {
             }
         }
         assert!(opt.state().iter().all(|s| s.step == 5));
+        // No state tensor carries an autograd graph (which would chain every step's buffers together).
+        for st in opt.state() {
+            for t in [&st.momentum_buffer, &st.exp_avg, &st.exp_avg_sq].into_iter().flatten() {
+                assert!(!t.track_op(), "{rule:?}: optimizer state is tracked by autograd");
+            }
+        }
     }
 
     #[test]
