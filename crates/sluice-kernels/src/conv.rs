@@ -9,6 +9,10 @@
 //! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`;
 //! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch.
 //!
+//! [`conv2d_bias`] adds a per-channel bias inside the same op (a [`CustomOp3`]): the output rows start as the
+//! bias and the gemm accumulates onto them, and the bias gradient is a parallel per-channel sum; composed with
+//! `broadcast_add`, candle would spend a full strided pass forward and a slow strided reduction backward.
+//!
 //! On a CUDA device with the `cudnn` feature, f32/bf16/f16 tensors take the same three ops, each through cuDNN
 //! with its algorithm chosen once per shape ([`cudnn`]): stock candle would run the input gradient through its own
 //! `conv_transpose2d` kernel. Any other device or dtype falls back to candle's stock conv2d, so the function is
@@ -36,7 +40,7 @@ mod kernels;
 mod workspace;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, bail};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
 
 use kernels::Geom;
 
@@ -53,6 +57,38 @@ pub fn peak_workspace_bytes() -> usize {
 /// 2-D convolution of `x` (`n×c×h×w`) with `w` (`o×c×k×k`), zero padding `pad` on every side, the same `stride`
 /// both ways; groups 1, dilation 1. Equal to `x.conv2d(w, pad, stride, 1, 1)` and differentiable in both inputs.
 pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
+    let geom = geometry(x, w, stride, pad)?;
+    if !(x.dtype() == w.dtype() && runs_custom(x)) {
+        return x.conv2d(w, pad, stride, 1, 1);
+    }
+    x.contiguous()?.apply_op2(&w.contiguous()?, Conv2dOp { geom })
+}
+
+/// [`conv2d`] plus a per-channel bias `b` (`o`): equal to `conv2d(x, w, stride, pad) + b` broadcast over the
+/// batch and the pixels, and differentiable in all three inputs. On contiguous CPU f32/f64 tensors the bias is
+/// added inside the convolution's gemm; elsewhere the result is composed from [`conv2d`] and `broadcast_add`.
+pub fn conv2d_bias(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
+    let geom = geometry(x, w, stride, pad)?;
+    if b.dims() != [geom.o] {
+        bail!("conv2d: bias has shape {:?}, expected ({},)", b.dims(), geom.o);
+    }
+    let same = x.dtype() == w.dtype() && x.dtype() == b.dtype();
+    if !(same && x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)) {
+        return conv2d(x, w, stride, pad)?.broadcast_add(&b.reshape((1, geom.o, 1, 1))?);
+    }
+    x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom })
+}
+
+/// Whether the custom ops run for tensors like `x`: f32/f64 on the CPU, or cuDNN's dtypes on CUDA (`cudnn`).
+fn runs_custom(x: &Tensor) -> bool {
+    let cpu = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
+    #[cfg(feature = "cudnn")]
+    let cpu = cpu || (x.device().is_cuda() && cudnn::supports(x.dtype()));
+    cpu
+}
+
+/// The checked geometry of `conv2d(x, w, stride, pad)`, or an error naming what does not fit.
+fn geometry(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Geom> {
     let Ok((xn, xc, xh, xw)) = x.dims4() else { bail!("conv2d: input must be n×c×h×w, got {:?}", x.shape()) };
     let Ok((o, wc, kh, kw)) = w.dims4() else { bail!("conv2d: weight must be o×c×k×k, got {:?}", w.shape()) };
     if xc != wc {
@@ -61,22 +97,29 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Tenso
     if kh != kw {
         bail!("conv2d: only square kernels are supported, got {kh}×{kw}");
     }
-    let Some(geom) = Geom::new((xn, xc, xh, xw), (o, wc, kh, kw), stride, pad) else {
-        bail!("conv2d: kernel {kh}×{kw} with stride {stride} and padding {pad} does not fit input {:?}", x.shape());
-    };
-    let same = x.dtype() == w.dtype();
-    let cpu = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
-    #[cfg(feature = "cudnn")]
-    let cpu = cpu || (x.device().is_cuda() && cudnn::supports(x.dtype()));
-    if !(same && cpu) {
-        return x.conv2d(w, pad, stride, 1, 1);
+    match Geom::new((xn, xc, xh, xw), (o, wc, kh, kw), stride, pad) {
+        Some(g) => Ok(g),
+        None => {
+            bail!("conv2d: kernel {kh}×{kw} with stride {stride} and padding {pad} does not fit input {:?}", x.shape())
+        }
     }
-    x.contiguous()?.apply_op2(&w.contiguous()?, Conv2dOp { geom })
 }
 
 /// The forward op; its backward applies [`BackwardInput`] and [`BackwardWeight`].
 #[derive(Debug, Clone, Copy)]
 struct Conv2dOp {
+    geom: Geom,
+}
+
+/// The forward op with a bias; its backward applies [`BackwardInput`], [`BackwardWeight`] and [`BiasGrad`].
+#[derive(Debug, Clone, Copy)]
+struct Conv2dBiasOp {
+    geom: Geom,
+}
+
+/// `db` from `dy`; no backward of its own.
+#[derive(Debug, Clone, Copy)]
+struct BiasGrad {
     geom: Geom,
 }
 
@@ -144,8 +187,13 @@ impl CustomOp2 for Conv2dOp {
         let g = &self.geom;
         check_len(l1, g.x_shape().elem_count(), "input")?;
         check_len(l2, g.w_shape().elem_count(), "weight")?;
-        let out =
-            run2(self.name(), (s1, l1), (s2, l2), |x, w| kernels::forward(x, w, g), |x, w| kernels::forward(x, w, g))?;
+        let out = run2(
+            self.name(),
+            (s1, l1),
+            (s2, l2),
+            |x, w| kernels::forward(x, w, None, g),
+            |x, w| kernels::forward(x, w, None, g),
+        )?;
         Ok((out, g.y_shape()))
     }
 
@@ -167,6 +215,73 @@ impl CustomOp2 for Conv2dOp {
         let dx = x.track_op().then(|| dy.apply_op2_no_bwd(w, &BackwardInput { geom: self.geom })).transpose()?;
         let dw = w.track_op().then(|| x.apply_op2_no_bwd(&dy, &BackwardWeight { geom: self.geom })).transpose()?;
         Ok((dx, dw))
+    }
+}
+
+impl CustomOp3 for Conv2dBiasOp {
+    fn name(&self) -> &'static str {
+        "sluice-conv2d-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        let op = self.name();
+        check_len(l1, g.x_shape().elem_count(), "input")?;
+        check_len(l2, g.w_shape().elem_count(), "weight")?;
+        check_len(l3, g.o, "bias")?;
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
+                CpuStorage::F32(kernels::forward(slice(x, l1, op)?, slice(w, l2, op)?, Some(slice(b, l3, op)?), g))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
+                CpuStorage::F64(kernels::forward(slice(x, l1, op)?, slice(w, l2, op)?, Some(slice(b, l3, op)?), g))
+            }
+            _ => bail!("{op}: expected three f32 or three f64 tensors, got {:?}", s1.dtype()),
+        };
+        Ok((out, g.y_shape()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let geom = self.geom;
+        let dx = x.track_op().then(|| dy.apply_op2_no_bwd(w, &BackwardInput { geom })).transpose()?;
+        let dw = w.track_op().then(|| x.apply_op2_no_bwd(&dy, &BackwardWeight { geom })).transpose()?;
+        let db = b.track_op().then(|| dy.apply_op1_no_bwd(&BiasGrad { geom })).transpose()?;
+        Ok((dx, dw, db))
+    }
+}
+
+impl CustomOp1 for BiasGrad {
+    fn name(&self) -> &'static str {
+        "sluice-conv2d-bias-grad"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geom;
+        let op = self.name();
+        check_len(l, g.y_shape().elem_count(), "output gradient")?;
+        let (n, o, howo) = (g.n, g.o, g.ho * g.wo);
+        let out = match s {
+            CpuStorage::F32(d) => CpuStorage::F32(kernels::bias_grad(slice(d, l, op)?, n, o, howo)),
+            CpuStorage::F64(d) => CpuStorage::F64(kernels::bias_grad(slice(d, l, op)?, n, o, howo)),
+            _ => bail!("{op}: expected f32 or f64, got {:?}", s.dtype()),
+        };
+        Ok((out, Shape::from(o)))
     }
 }
 

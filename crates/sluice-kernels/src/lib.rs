@@ -15,3 +15,4 @@ pub mod loss;
 pub mod norm;
 pub mod pool;
 pub mod threads;
+mod uninit;

@@ -20,14 +20,22 @@
 //! The per-plane loops are compiled for AVX-512 and AVX2+FMA as well as baseline x86-64 and picked at run time
 //! (`multiversion`). No clone contracts `a·b + c` into an FMA or reorders a sum, so every clone gives the same bits.
 
+use std::mem::MaybeUninit;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor, WithDType};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-/// Lanes of the per-element loops: written as fixed-size arrays so LLVM vectorises them.
-const LANES: usize = 8;
+use crate::uninit::filled_vec;
+
+/// Lanes of the per-element loops: written as fixed-size arrays so LLVM vectorises them (one AVX-512 register of
+/// f32, two AVX2 ones).
+const LANES: usize = 16;
+/// Elements whose sums are accumulated in the element type before being added into the f64 totals: each lane then
+/// adds only `BLOCK / LANES` values in f32, and the loop stays in vector registers (converting every element to
+/// f64 made LLVM shuffle lanes one by one).
+const BLOCK: usize = 256;
 /// Planes smaller than this are grouped into one rayon task.
 const MIN_TASK_ELEMS: usize = 16 * 1024;
 
@@ -86,15 +94,19 @@ fn exp_f32(x: f32) -> f32 {
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer for |v| < 2^22.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.336_55, 88.722_83);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let r2 = r * r;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
         + 0.5;
     let e = p * r2 + r + 1.0;
-    // 2^n through the exponent bits; n + 127 ∈ [1, 255] after the clamp (n = 128 gives +∞, as it should).
-    let bits = ((n as i32 + 127) as u32) << 23;
+    // 2^n through the exponent bits; n + 127 ∈ [1, 255] after the clamp (n = 128 gives +∞, as it should). `t`'s
+    // bits are those of 1.5·2^23 plus n, so n comes out of them by integer arithmetic: `n as i32` (a saturating
+    // cast) would not vectorise.
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let bits = (ni.wrapping_add(127) as u32) << 23;
     e * f32::from_bits(bits)
 }
 
@@ -198,60 +210,78 @@ fn min_planes(hw: usize) -> usize {
 
 /// Per-plane sums `(Σ(x−k), Σ(x−k)²)` in f64, `k` the channel's shift.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
-fn plane_moments<T: Elem>(x: &[T], k: f64) -> (f64, f64) {
-    let mut s1 = [0f64; LANES];
-    let mut s2 = [0f64; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for ch in &mut chunks {
-        for l in 0..LANES {
-            let d = ch[l].to_f64() - k;
-            s1[l] += d;
-            s2[l] += d * d;
+fn plane_moments<T: Elem>(x: &[T], k: T) -> (f64, f64) {
+    let (mut a, mut b) = (0f64, 0f64);
+    for blk in x.chunks(BLOCK) {
+        let mut s1 = [T::zero(); LANES];
+        let mut s2 = [T::zero(); LANES];
+        let mut chunks = blk.chunks_exact(LANES);
+        for ch in &mut chunks {
+            for l in 0..LANES {
+                let d = ch[l] - k;
+                s1[l] += d;
+                s2[l] += d * d;
+            }
         }
-    }
-    let (mut a, mut b) = (s1.iter().sum::<f64>(), s2.iter().sum::<f64>());
-    for v in chunks.remainder() {
-        let d = v.to_f64() - k;
-        a += d;
-        b += d * d;
+        let (mut p1, mut p2) = lane_sums(&s1, &s2);
+        for &v in chunks.remainder() {
+            let d = v - k;
+            p1 += d;
+            p2 += d * d;
+        }
+        a += p1.to_f64();
+        b += p2.to_f64();
     }
     (a, b)
 }
 
+/// The sums of two lane arrays, in lane order.
+#[inline(always)]
+fn lane_sums<T: Elem>(s1: &[T; LANES], s2: &[T; LANES]) -> (T, T) {
+    let (mut p1, mut p2) = (T::zero(), T::zero());
+    for l in 0..LANES {
+        p1 += s1[l];
+        p2 += s2[l];
+    }
+    (p1, p2)
+}
+
 /// `y = SiLU(x·a + b)` over one plane.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
-fn plane_affine_silu<T: Elem>(x: &[T], y: &mut [T], a: T, b: T) {
+fn plane_affine_silu<T: Elem>(x: &[T], y: &mut [MaybeUninit<T>], a: T, b: T) {
     for (yo, &xi) in y.iter_mut().zip(x) {
-        *yo = silu(xi * a + b);
+        yo.write(silu(xi * a + b));
     }
 }
 
 /// One plane of the backward sweep: `dz = g·SiLU'(x·a + b)`, writes `out = dz·out_scale`, returns
 /// `(Σ dz, Σ dz·(x − m))` in f64.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
-fn plane_dz<T: Elem>(x: &[T], g: &[T], out: &mut [T], a: T, b: T, m: T, out_scale: T) -> (f64, f64) {
-    let mut s0 = [0f64; LANES];
-    let mut s1 = [0f64; LANES];
-    let mut xc = x.chunks_exact(LANES);
-    let mut gc = g.chunks_exact(LANES);
-    let mut oc = out.chunks_exact_mut(LANES);
-    for ((xs, gs), os) in (&mut xc).zip(&mut gc).zip(&mut oc) {
-        let mut dz = [T::zero(); LANES];
-        for l in 0..LANES {
-            dz[l] = gs[l] * silu_grad(xs[l] * a + b);
-            os[l] = dz[l] * out_scale;
+fn plane_dz<T: Elem>(x: &[T], g: &[T], out: &mut [MaybeUninit<T>], a: T, b: T, m: T, out_scale: T) -> (f64, f64) {
+    let (mut r0, mut r1) = (0f64, 0f64);
+    for ((xb, gb), ob) in x.chunks(BLOCK).zip(g.chunks(BLOCK)).zip(out.chunks_mut(BLOCK)) {
+        let mut s0 = [T::zero(); LANES];
+        let mut s1 = [T::zero(); LANES];
+        let mut xc = xb.chunks_exact(LANES);
+        let mut gc = gb.chunks_exact(LANES);
+        let mut oc = ob.chunks_exact_mut(LANES);
+        for ((xs, gs), os) in (&mut xc).zip(&mut gc).zip(&mut oc) {
+            for l in 0..LANES {
+                let dz = gs[l] * silu_grad(xs[l] * a + b);
+                os[l].write(dz * out_scale);
+                s0[l] += dz;
+                s1[l] += dz * (xs[l] - m);
+            }
         }
-        for l in 0..LANES {
-            s0[l] += dz[l].to_f64();
-            s1[l] += dz[l].to_f64() * (xs[l] - m).to_f64();
+        let (mut p0, mut p1) = lane_sums(&s0, &s1);
+        for ((&xi, &gi), o) in xc.remainder().iter().zip(gc.remainder()).zip(oc.into_remainder()) {
+            let dz = gi * silu_grad(xi * a + b);
+            o.write(dz * out_scale);
+            p0 += dz;
+            p1 += dz * (xi - m);
         }
-    }
-    let (mut r0, mut r1) = (s0.iter().sum::<f64>(), s1.iter().sum::<f64>());
-    for ((&xi, &gi), o) in xc.remainder().iter().zip(gc.remainder()).zip(oc.into_remainder()) {
-        let dz = gi * silu_grad(xi * a + b);
-        *o = dz * out_scale;
-        r0 += dz.to_f64();
-        r1 += dz.to_f64() * (xi - m).to_f64();
+        r0 += p0.to_f64();
+        r1 += p1.to_f64();
     }
     (r0, r1)
 }
@@ -296,7 +326,7 @@ impl BnSiluTrain {
             .par_chunks(hw)
             .with_min_len(min_planes(hw))
             .enumerate()
-            .map(|(i, p)| plane_moments(p, x[(i % c) * hw].to_f64()))
+            .map(|(i, p)| plane_moments(p, x[(i % c) * hw]))
             .collect();
         let mut mean = vec![0f64; c];
         let mut var = vec![0f64; c];
@@ -319,13 +349,15 @@ impl BnSiluTrain {
                 (T::from_f64(a), T::from_f64(beta[ch].to_f64() - mean[ch] * a))
             })
             .collect();
-        let mut y = vec![T::zero(); x.len()];
-        y.par_chunks_mut(hw).with_min_len(min_planes(hw)).zip(x.par_chunks(hw)).enumerate().for_each(
-            |(i, (yp, xp))| {
-                let (a, b) = ab[i % c];
-                plane_affine_silu(xp, yp, a, b);
-            },
-        );
+        // plane_affine_silu writes every element of its plane.
+        let y = filled_vec(x.len(), |y| {
+            y.par_chunks_mut(hw).with_min_len(min_planes(hw)).zip(x.par_chunks(hw)).enumerate().for_each(
+                |(i, (yp, xp))| {
+                    let (a, b) = ab[i % c];
+                    plane_affine_silu(xp, yp, a, b);
+                },
+            )
+        });
         // A second forward through the same op value would be a caller bug; keep the first statistics then.
         let _ = self.stats.set(Stats { mean, var, inv_std });
         Ok(y)
@@ -342,7 +374,7 @@ impl BnSiluTrain {
         let gamma_v: Vec<T> = gamma.to_vec1()?;
         let beta_v: Vec<T> = beta.to_vec1()?;
         let grad = grad.contiguous()?;
-        let mut dx = vec![T::zero(); x.elem_count()];
+        let mut dx = Vec::with_capacity(x.elem_count());
         // Per channel: z = x·a + b; x̂ = (x − mean)·inv_std.
         let abm: Vec<(T, T, T)> = (0..c)
             .map(|ch| {
@@ -353,7 +385,8 @@ impl BnSiluTrain {
         // Sweep 1: dz into dx, per-plane (Σdz, Σdz·(x − mean)).
         let sums: Vec<(f64, f64)> = with_cpu_slice::<T, _>(x, BN_OP, "input", |xv| {
             with_cpu_slice::<T, _>(&grad, BN_OP, "gradient", |gv| {
-                dx.par_chunks_mut(hw)
+                dx.spare_capacity_mut()[..xv.len()]
+                    .par_chunks_mut(hw)
                     .with_min_len(min_planes(hw))
                     .zip(xv.par_chunks(hw).zip(gv.par_chunks(hw)))
                     .enumerate()
@@ -364,6 +397,8 @@ impl BnSiluTrain {
                     .collect()
             })
         })??;
+        // SAFETY: plane_dz wrote every element of every plane (x has as many elements as dx's capacity).
+        unsafe { dx.set_len(x.elem_count()) };
         let mut dgamma = vec![T::zero(); c];
         let mut dbeta = vec![T::zero(); c];
         // dx = γ·inv_std·(dz − Σdz/N − x̂·Σ(dz·x̂)/N).
@@ -510,13 +545,14 @@ struct AffineSilu;
 
 impl AffineSilu {
     fn fwd<T: Elem>(x: &[T], scale: &[T], shift: &[T], c: usize, hw: usize) -> Vec<T> {
-        let mut y = vec![T::zero(); x.len()];
-        y.par_chunks_mut(hw)
-            .with_min_len(min_planes(hw))
-            .zip(x.par_chunks(hw))
-            .enumerate()
-            .for_each(|(i, (yp, xp))| plane_affine_silu(xp, yp, scale[i % c], shift[i % c]));
-        y
+        // plane_affine_silu writes every element of its plane.
+        filled_vec(x.len(), |y| {
+            y.par_chunks_mut(hw)
+                .with_min_len(min_planes(hw))
+                .zip(x.par_chunks(hw))
+                .enumerate()
+                .for_each(|(i, (yp, xp))| plane_affine_silu(xp, yp, scale[i % c], shift[i % c]))
+        })
     }
 
     fn bwd_typed<T: Elem>(x: &Tensor, scale: &Tensor, shift: &Tensor, grad: &Tensor) -> Result<[Tensor; 3]> {
@@ -525,10 +561,11 @@ impl AffineSilu {
         let sc: Vec<T> = scale.to_vec1()?;
         let sh: Vec<T> = shift.to_vec1()?;
         let grad = grad.contiguous()?;
-        let mut dx = vec![T::zero(); x.elem_count()];
+        let mut dx = Vec::with_capacity(x.elem_count());
         let sums: Vec<(f64, f64)> = with_cpu_slice::<T, _>(x, AFFINE_OP, "input", |xv| {
             with_cpu_slice::<T, _>(&grad, AFFINE_OP, "gradient", |gv| {
-                dx.par_chunks_mut(hw)
+                dx.spare_capacity_mut()[..xv.len()]
+                    .par_chunks_mut(hw)
                     .with_min_len(min_planes(hw))
                     .zip(xv.par_chunks(hw).zip(gv.par_chunks(hw)))
                     .enumerate()
@@ -539,6 +576,8 @@ impl AffineSilu {
                     .collect()
             })
         })??;
+        // SAFETY: plane_dz wrote every element of every plane (x has as many elements as dx's capacity).
+        unsafe { dx.set_len(x.elem_count()) };
         let mut dscale = vec![T::zero(); c];
         let mut dshift = vec![T::zero(); c];
         for ch in 0..c {

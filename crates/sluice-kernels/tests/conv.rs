@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]
 
 use candle_core::{DType, Device, Result, Tensor, Var};
-use sluice_kernels::conv::{conv2d, peak_workspace_bytes};
+use sluice_kernels::conv::{conv2d, conv2d_bias, peak_workspace_bytes};
 
 /// Deterministic pseudo-random values in [-1, 1) (a 64-bit LCG; the tests need reproducible inputs, not quality).
 fn values(n: usize, seed: u64) -> Vec<f64> {
@@ -124,6 +124,68 @@ fn gradients_match_f64_central_differences() {
         let num = (loss(&x, &bump(&w, i, eps)) - loss(&x, &bump(&w, i, -eps))) / (2.0 * eps);
         assert!((num - dw[i]).abs() < 1e-7, "dw[{i}]: numeric {num} vs {}", dw[i]);
     }
+}
+
+/// Output and the gradients of x, w and b of `sum(f(x, w, b) · r)`.
+fn run_bias(
+    f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    (x, w, b): (&Tensor, &Tensor, &Tensor),
+    seed: u64,
+) -> [Tensor; 4] {
+    let vars = [x, w, b].map(|t| Var::from_tensor(t).unwrap());
+    let y = f(vars[0].as_tensor(), vars[1].as_tensor(), vars[2].as_tensor()).unwrap();
+    let r = tensor(y.dims(), seed, y.dtype());
+    let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+    [y, g(&vars[0]), g(&vars[1]), g(&vars[2])]
+}
+
+#[test]
+fn bias_conv_matches_conv_plus_broadcast_bias_with_gradients() {
+    for dtype in [DType::F64, DType::F32] {
+        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+        for (i, &(n, c, h, w, o, k, s, p)) in SHAPES.iter().enumerate() {
+            let seed = 300 + 10 * i as u64;
+            let x = tensor(&[n, c, h, w], seed, dtype);
+            let wt = tensor(&[o, c, k, k], seed + 1, dtype);
+            let b = tensor(&[o], seed + 2, dtype);
+            let fused = run_bias(|x, w, b| conv2d_bias(x, w, b, s, p), (&x, &wt, &b), seed + 3);
+            let composed = run_bias(
+                |x, w, b| conv2d(x, w, s, p)?.broadcast_add(&b.reshape((1, o, 1, 1))?),
+                (&x, &wt, &b),
+                seed + 3,
+            );
+            for (what, a, e) in ["y", "dx", "dw", "db"].iter().zip(&fused).zip(&composed).map(|((w, a), e)| (w, a, e)) {
+                let err = rel_err(a, e);
+                assert!(err < tol, "{dtype:?} {what} x {n}×{c}×{h}×{w} w {o}×{c}×{k}×{k} s{s} p{p}: {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bias_gradient_matches_central_differences_and_bad_bias_is_refused() {
+    let x = tensor(&[2, 3, 5, 5], 41, DType::F64);
+    let w = tensor(&[4, 3, 1, 1], 42, DType::F64);
+    let b = tensor(&[4], 43, DType::F64);
+    let [y, _, _, db] = run_bias(|x, w, b| conv2d_bias(x, w, b, 1, 0), (&x, &w, &b), 44);
+    let r = tensor(y.dims(), 44, DType::F64);
+    let loss = |b: &Tensor| -> f64 {
+        (conv2d_bias(&x, &w, b, 1, 0).unwrap() * &r).unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap()
+    };
+    let db = db.to_vec1::<f64>().unwrap();
+    let bv = b.to_vec1::<f64>().unwrap();
+    for i in 0..4 {
+        let bump = |d: f64| {
+            let mut v = bv.clone();
+            v[i] += d;
+            Tensor::new(v, &Device::Cpu).unwrap()
+        };
+        let num = (loss(&bump(1e-6)) - loss(&bump(-1e-6))) / 2e-6;
+        assert!((num - db[i]).abs() < 1e-7, "db[{i}]: numeric {num} vs {}", db[i]);
+    }
+    let err = conv2d_bias(&x, &w, &tensor(&[3], 1, DType::F64), 1, 0).unwrap_err().to_string();
+    assert!(err.contains("bias has shape"), "{err}");
 }
 
 #[test]

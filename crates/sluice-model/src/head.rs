@@ -24,12 +24,7 @@ impl Conv2dBias {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        sluice_kernels::conv::conv2d(x, &self.weight, 1, 0)?.broadcast_add(&self.bias.reshape((
-            1,
-            self.bias.dim(0)?,
-            1,
-            1,
-        ))?)
+        sluice_kernels::conv::conv2d_bias(x, &self.weight, &self.bias, 1, 0)
     }
 }
 

@@ -4,11 +4,14 @@
 //! Layouts are candle's contiguous NCHW for activations and OIHW for weights. For a group of `g` images the
 //! column matrix is `(c·k·k) × (g·ho·wo)`, image `i` occupying columns `i·ho·wo ..`.
 
+use std::mem::MaybeUninit;
+
 use gemm::Parallelism;
 use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::workspace::Elem;
+use crate::uninit::{as_uninit, fill_init, filled_vec, write_all};
 
 /// Shape of one convolution (groups 1, dilation 1, square kernel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,12 +81,22 @@ impl Geom {
     }
 }
 
+/// Writes `b[row]` into every element of row `row` of `dst` (`b.len()` rows of `cols`).
+fn write_rows<T: Copy>(dst: &mut [MaybeUninit<T>], cols: usize, b: &[T]) {
+    for (row, &v) in dst.chunks_mut(cols).zip(b) {
+        row.iter_mut().for_each(|d| {
+            d.write(v);
+        });
+    }
+}
+
 /// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)` with explicit row/column strides; bounds are checked against the
-/// slices before the unchecked gemm runs.
+/// slices before the unchecked gemm runs. Without `accumulate` the gemm writes every element of `dst` without
+/// reading it, so `dst` may be uninitialised then; with `accumulate` it must be initialised.
 #[allow(clippy::too_many_arguments)]
 fn matmul<T: Elem>(
     (m, n, k): (usize, usize, usize),
-    dst: &mut [T],
+    dst: &mut [MaybeUninit<T>],
     (dst_rs, dst_cs): (usize, usize),
     accumulate: bool,
     lhs: &[T],
@@ -99,7 +112,9 @@ fn matmul<T: Elem>(
     assert!(last(m, n, dst_rs, dst_cs) < dst.len(), "conv gemm: dst out of bounds");
     if k == 0 {
         if !accumulate {
-            dst.fill(T::ZERO);
+            dst.iter_mut().for_each(|d| {
+                d.write(T::ZERO);
+            });
         }
         return;
     }
@@ -112,7 +127,7 @@ fn matmul<T: Elem>(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst.as_mut_ptr().cast::<T>(),
             dst_cs as isize,
             dst_rs as isize,
             accumulate,
@@ -238,7 +253,7 @@ pub(crate) fn col2im<T: Elem>(col: &[T], g: &Geom, ld: usize, off: usize, dx: &m
 }
 
 /// Runs `f(group_index, chunk)` over the `g`-image chunks of `out`, in parallel or in order per the plan.
-fn for_groups<T: Elem>(out: &mut [T], chunk: usize, parallel: bool, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+fn for_groups<U: Send>(out: &mut [U], chunk: usize, parallel: bool, f: impl Fn(usize, &mut [U]) + Sync + Send) {
     if parallel {
         out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
     } else {
@@ -251,43 +266,85 @@ fn gemm_par(parallel_groups: bool) -> Parallelism {
     if parallel_groups || threads <= 1 { Parallelism::None } else { Parallelism::Rayon(threads) }
 }
 
-/// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k))`.
-pub(crate) fn forward<T: Elem>(x: &[T], w: &[T], g: &Geom) -> Vec<T> {
+/// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row starts
+/// as the bias and the gemm accumulates onto it, so the bias costs no pass of its own.
+pub(crate) fn forward<T: Elem>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Geom) -> Vec<T> {
     let (howo, ckk, o) = (g.howo(), g.ckk(), g.o);
-    let mut y = vec![T::ZERO; g.n * o * howo];
     let (gs, parallel) = g.plan();
     let par = gemm_par(parallel);
-    for_groups(&mut y, gs * o * howo, parallel, |gi, ychunk| {
-        let first = gi * gs;
-        let imgs = ychunk.len() / (o * howo);
-        let xs = &x[first * g.c * g.hw()..(first + imgs) * g.c * g.hw()];
-        if g.is_pointwise() {
-            for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
-                let xi = &xs[i * g.c * howo..(i + 1) * g.c * howo];
-                matmul((o, howo, ckk), yi, (howo, 1), false, w, (ckk, 1), xi, (howo, 1), par);
-            }
-            return;
-        }
-        let cols = imgs * howo;
-        let tmp_len = if imgs > 1 { o * cols } else { 0 };
-        T::with_workspace(ckk * cols + tmp_len, |ws| {
-            let (col, tmp) = ws.split_at_mut(ckk * cols);
-            for i in 0..imgs {
-                im2col(&xs[i * g.c * g.hw()..(i + 1) * g.c * g.hw()], g, col, cols, i * howo);
-            }
-            if imgs == 1 {
-                matmul((o, cols, ckk), ychunk, (cols, 1), false, w, (ckk, 1), col, (cols, 1), par);
-            } else {
-                matmul((o, cols, ckk), tmp, (cols, 1), false, w, (ckk, 1), col, (cols, 1), par);
+    // Every element is written: by the gemm (which, without a bias, writes without reading) or by the copy out of
+    // the stacked result, after the bias rows when there is a bias.
+    filled_vec(g.n * o * howo, |y| {
+        for_groups(y, gs * o * howo, parallel, |gi, ychunk| {
+            let first = gi * gs;
+            let imgs = ychunk.len() / (o * howo);
+            let xs = &x[first * g.c * g.hw()..(first + imgs) * g.c * g.hw()];
+            if g.is_pointwise() {
                 for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
-                    for (oc, row) in yi.chunks_mut(howo).enumerate() {
-                        row.copy_from_slice(&tmp[oc * cols + i * howo..oc * cols + (i + 1) * howo]);
+                    let xi = &xs[i * g.c * howo..(i + 1) * g.c * howo];
+                    if let Some(b) = bias {
+                        write_rows(yi, howo, b);
+                    }
+                    matmul((o, howo, ckk), yi, (howo, 1), bias.is_some(), w, (ckk, 1), xi, (howo, 1), par);
+                }
+                return;
+            }
+            let cols = imgs * howo;
+            let tmp_len = if imgs > 1 { o * cols } else { 0 };
+            T::with_workspace(ckk * cols + tmp_len, |ws| {
+                let (col, tmp) = ws.split_at_mut(ckk * cols);
+                for i in 0..imgs {
+                    im2col(&xs[i * g.c * g.hw()..(i + 1) * g.c * g.hw()], g, col, cols, i * howo);
+                }
+                let dst = if imgs == 1 { &mut *ychunk } else { as_uninit(tmp) };
+                if let Some(b) = bias {
+                    write_rows(dst, cols, b);
+                }
+                matmul((o, cols, ckk), dst, (cols, 1), bias.is_some(), w, (ckk, 1), col, (cols, 1), par);
+                if imgs > 1 {
+                    for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
+                        for (oc, row) in yi.chunks_mut(howo).enumerate() {
+                            write_all(row, &tmp[oc * cols + i * howo..oc * cols + (i + 1) * howo]);
+                        }
                     }
                 }
-            }
+            });
         });
-    });
-    y
+    })
+}
+
+/// Bias gradient: `db[oc] = Σ_{image, pixel} dy[image, oc, pixel]`, summed per plane in `T` and across planes in
+/// f64, channels in parallel.
+pub(crate) fn bias_grad<T: Elem>(dy: &[T], n: usize, o: usize, howo: usize) -> Vec<T> {
+    (0..o)
+        .into_par_iter()
+        .map(|oc| {
+            let total: f64 =
+                (0..n).map(|i| plane_sum(&dy[(i * o + oc) * howo..(i * o + oc + 1) * howo]).to_f64()).sum();
+            T::from_f64(total)
+        })
+        .collect()
+}
+
+/// Sum of a plane in 16 interleaved lanes (vectorises; a fixed order, so every build gives the same bits).
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+fn plane_sum<T: Elem>(p: &[T]) -> T {
+    const LANES: usize = 16;
+    let mut acc = [T::ZERO; LANES];
+    let mut chunks = p.chunks_exact(LANES);
+    for ch in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += ch[l];
+        }
+    }
+    let mut s = T::ZERO;
+    for a in acc {
+        s += a;
+    }
+    for &v in chunks.remainder() {
+        s += v;
+    }
+    s
 }
 
 /// Copies the `imgs` images of `dy` (each `o×howo`) side by side into `dst` (`o × imgs·howo`).
@@ -304,37 +361,40 @@ fn gather_dy<T: Elem>(dy: &[T], o: usize, howo: usize, imgs: usize, dst: &mut [T
 /// Input gradient: `dx = col2im(wᵀ · dy)` per group (for a pointwise conv, `dx = wᵀ · dy` per image).
 pub(crate) fn backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
     let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
-    let mut dx = vec![T::ZERO; g.n * chw];
     let (gs, parallel) = g.plan();
     let par = gemm_par(parallel);
-    for_groups(&mut dx, gs * chw, parallel, |gi, dxchunk| {
-        let first = gi * gs;
-        let imgs = dxchunk.len() / chw;
-        let dys = &dy[first * o * howo..(first + imgs) * o * howo];
-        if g.is_pointwise() {
-            for (i, dxi) in dxchunk.chunks_mut(chw).enumerate() {
-                let dyi = &dys[i * o * howo..(i + 1) * o * howo];
-                matmul((ckk, howo, o), dxi, (howo, 1), false, w, (1, ckk), dyi, (howo, 1), par);
+    // Every element is written: by the gemm (pointwise), or zeroed in the group's task (in parallel, while the
+    // chunk is about to be used) and then accumulated by col2im.
+    filled_vec(g.n * chw, |dx| {
+        for_groups(dx, gs * chw, parallel, |gi, dxchunk| {
+            let first = gi * gs;
+            let imgs = dxchunk.len() / chw;
+            let dys = &dy[first * o * howo..(first + imgs) * o * howo];
+            if g.is_pointwise() {
+                for (i, dxi) in dxchunk.chunks_mut(chw).enumerate() {
+                    let dyi = &dys[i * o * howo..(i + 1) * o * howo];
+                    matmul((ckk, howo, o), dxi, (howo, 1), false, w, (1, ckk), dyi, (howo, 1), par);
+                }
+                return;
             }
-            return;
-        }
-        let cols = imgs * howo;
-        let tmp_len = if imgs > 1 { o * cols } else { 0 };
-        T::with_workspace(ckk * cols + tmp_len, |ws| {
-            let (dcol, tmp) = ws.split_at_mut(ckk * cols);
-            let dyg: &[T] = if imgs > 1 {
-                gather_dy(dys, o, howo, imgs, tmp);
-                tmp
-            } else {
-                dys
-            };
-            matmul((ckk, cols, o), dcol, (cols, 1), false, w, (1, ckk), dyg, (cols, 1), par);
-            for (i, dxi) in dxchunk.chunks_mut(chw).enumerate() {
-                col2im(dcol, g, cols, i * howo, dxi);
-            }
+            let dxchunk = fill_init(dxchunk, T::ZERO);
+            let cols = imgs * howo;
+            let tmp_len = if imgs > 1 { o * cols } else { 0 };
+            T::with_workspace(ckk * cols + tmp_len, |ws| {
+                let (dcol, tmp) = ws.split_at_mut(ckk * cols);
+                let dyg: &[T] = if imgs > 1 {
+                    gather_dy(dys, o, howo, imgs, tmp);
+                    tmp
+                } else {
+                    dys
+                };
+                matmul((ckk, cols, o), as_uninit(dcol), (cols, 1), false, w, (1, ckk), dyg, (cols, 1), par);
+                for (i, dxi) in dxchunk.chunks_mut(chw).enumerate() {
+                    col2im(dcol, g, cols, i * howo, dxi);
+                }
+            });
         });
-    });
-    dx
+    })
 }
 
 /// Weight gradient: `dw = Σ_groups dy_g · col_gᵀ` (for a pointwise conv, `Σ_images dy_i · x_iᵀ`).
@@ -358,7 +418,7 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
             for i in 0..imgs {
                 let dyi = &dys[i * o * howo..(i + 1) * o * howo];
                 let xi = &xs[i * chw..(i + 1) * chw];
-                matmul((ckk, o, howo), acc_t, (o, 1), true, xi, (howo, 1), dyi, (1, howo), par);
+                matmul((ckk, o, howo), as_uninit(acc_t), (o, 1), true, xi, (howo, 1), dyi, (1, howo), par);
             }
             return;
         }
@@ -375,7 +435,7 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
             } else {
                 dys
             };
-            matmul((ckk, o, cols), acc_t, (o, 1), true, col, (cols, 1), dyg, (1, cols), par);
+            matmul((ckk, o, cols), as_uninit(acc_t), (o, 1), true, col, (cols, 1), dyg, (1, cols), par);
         });
     };
     let zero = || vec![T::ZERO; o * ckk];
@@ -395,13 +455,14 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
         (0..groups).for_each(|gi| group(gi, &mut acc));
         acc
     };
-    let mut dw = vec![T::ZERO; o * ckk];
-    for (j, row) in acc_t.chunks_exact(o).enumerate() {
-        for (oc, &v) in row.iter().enumerate() {
-            dw[oc * ckk + j] = v;
+    // The transpose writes each of the o·ckk elements once.
+    filled_vec(o * ckk, |dw| {
+        for (j, row) in acc_t.chunks_exact(o).enumerate() {
+            for (oc, &v) in row.iter().enumerate() {
+                dw[oc * ckk + j].write(v);
+            }
         }
-    }
-    dw
+    })
 }
 
 #[cfg(test)]
@@ -449,7 +510,7 @@ mod tests {
             let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
             let x = ramp(n * c * h * w, 0.01);
             let wt = ramp(o * c * k * k, 0.02);
-            let got = forward(&x, &wt, &g);
+            let got = forward(&x, &wt, None, &g);
             let want = naive(&x, &wt, &g);
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-12, "{g:?}: {a} vs {b}");

@@ -34,6 +34,10 @@ pub(crate) trait Elem: Copy + Send + Sync + Default + std::ops::AddAssign + 'sta
     const ZERO: Self;
     /// One.
     const ONE: Self;
+    /// The value as f64 (exact).
+    fn to_f64(self) -> f64;
+    /// The f64 rounded to this type.
+    fn from_f64(v: f64) -> Self;
     /// Runs `f` on this thread's workspace, grown to at least `len` elements (contents unspecified).
     fn with_workspace<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
 }
@@ -66,6 +70,12 @@ fn with_slot<T: Copy + Default, R>(
 impl Elem for f32 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
     fn with_workspace<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         with_slot(&WS_F32, len, f)
     }
@@ -74,6 +84,12 @@ impl Elem for f32 {
 impl Elem for f64 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
     fn with_workspace<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         with_slot(&WS_F64, len, f)
     }
