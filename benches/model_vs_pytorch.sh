@@ -28,9 +28,9 @@
 # What differs inside a pair (see m4's docstring and crates/sluice-model/src/bench.rs):
 #   train step  both: zero/fresh gradients, train-mode forward, the v8 detection loss (TAL assigner, box/cls/dfl),
 #               backward, optimizer step. Peer: one real Ultralytics training batch (mosaic, seed 0; its target
-#               count is in the log) and SGD (momentum 0.937, nesterov, weight decay 5e-4). Sluice: uniform random
-#               input, 2 synthetic boxes per image, and AdamW (its update is a few element-wise passes over 3.2 M
-#               parameters, small against the convolutions).
+#               count is in the log). Sluice: uniform random input, 2 synthetic boxes per image. Both update with
+#               SGD (lr 0.01, momentum 0.937, nesterov, weight decay 5e-4 on every parameter): sluice's is the
+#               trainer's port of torch's rule (`sluice bench model --optimizer sgd`, the default).
 #   inference   both: eval mode, uniform random input, the head's box decode included; the peer under no_grad.
 #   statistics  peer: median of PEERS_REPEATS after 2 warm-ups, repeats with other processes' CPU load above
 #               0.25 cores dropped when at least half are clean (else flagged contended=yes: printed in the

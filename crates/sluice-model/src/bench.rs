@@ -1,8 +1,11 @@
 //! Timing of the model's three hot paths on one device (`sluice model bench`): eval forward, fused forward and a
-//! training step (train-mode forward + loss + backward + AdamW update), as medians after warm-up.
+//! training step (train-mode forward + loss + backward + optimizer update), as medians after warm-up. The update
+//! is candle-nn's AdamW in [`bench_model`]; [`bench_model_with`] takes the caller's (`sluice bench model` passes
+//! the trainer's SGD with Nesterov momentum, the update the PyTorch peer script times).
 
 use std::time::Instant;
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Optimizer;
 use sluice_core::{BoxXyxy, Target};
@@ -35,7 +38,7 @@ pub struct BenchReport {
     pub eval_forward_ms: f64,
     /// The same with Conv+BN folded.
     pub fused_forward_ms: f64,
-    /// Train-mode forward + loss + backward + AdamW step.
+    /// Train-mode forward + loss + backward + optimizer step.
     pub train_step_ms: f64,
     /// The most bytes the convs' im2col/col2im workspaces held at once, all threads together (they are reused across
     /// layers and steps, so this is the largest layer's need, not a sum over layers).
@@ -59,7 +62,7 @@ fn sync(device: &Device, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-fn median_ms(opts: &BenchOptions, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+fn median_ms<E>(opts: &BenchOptions, mut f: impl FnMut() -> std::result::Result<(), E>) -> std::result::Result<f64, E> {
     for _ in 0..opts.warmup {
         f()?;
     }
@@ -73,11 +76,31 @@ fn median_ms(opts: &BenchOptions, mut f: impl FnMut() -> Result<()>) -> Result<f
     Ok(times[times.len() / 2])
 }
 
-/// Times a freshly initialised model on random input with a fixed synthetic target table (two boxes per image).
+/// Times a freshly initialised model on random input with a fixed synthetic target table (two boxes per image),
+/// updating it with candle-nn's AdamW (lr 1e-4).
 pub fn bench_model(opts: &BenchOptions, device: &Device) -> Result<BenchReport> {
-    let model = YoloV8::new(opts.config, DType::F32, device)?;
-    let fused = model.fuse()?;
-    let x = Tensor::rand(0f32, 1.0, (opts.batch, 3, opts.imgsz, opts.imgsz), device)?;
+    bench_model_with(opts, device, |model| {
+        let vars = model.trainable_vars().into_iter().map(|(_, v)| v).collect();
+        let mut opt = candle_nn::AdamW::new(vars, candle_nn::ParamsAdamW { lr: 1e-4, ..Default::default() })?;
+        Ok(move |grads: &GradStore| Ok(opt.step(grads)?))
+    })
+}
+
+/// [`bench_model`] with the optimizer update that `make_update` builds for the model: the training step is
+/// forward + loss + backward + `update(&grads)`.
+pub fn bench_model_with<E, U>(
+    opts: &BenchOptions,
+    device: &Device,
+    make_update: impl FnOnce(&YoloV8) -> std::result::Result<U, E>,
+) -> std::result::Result<BenchReport, E>
+where
+    E: From<crate::error::ModelError>,
+    U: FnMut(&GradStore) -> std::result::Result<(), E>,
+{
+    let model_err = |e: candle_core::Error| E::from(e.into());
+    let model = YoloV8::new(opts.config, DType::F32, device).map_err(E::from)?;
+    let fused = model.fuse().map_err(E::from)?;
+    let x = Tensor::rand(0f32, 1.0, (opts.batch, 3, opts.imgsz, opts.imgsz), device).map_err(model_err)?;
     let s = opts.imgsz as f32;
     let targets: Vec<Target> = (0..opts.batch as u32)
         .flat_map(|image| {
@@ -87,16 +110,15 @@ pub fn bench_model(opts: &BenchOptions, device: &Device) -> Result<BenchReport> 
             ]
         })
         .collect();
-    let eval_forward_ms = median_ms(opts, || sync(device, &model.forward(&x)?.y))?;
-    let fused_forward_ms = median_ms(opts, || sync(device, &fused.forward(&x)?.y))?;
+    let eval_forward_ms = median_ms(opts, || sync(device, &model.forward(&x)?.y)).map_err(E::from)?;
+    let fused_forward_ms = median_ms(opts, || sync(device, &fused.forward(&x)?.y)).map_err(E::from)?;
     let loss = DetectionLoss::new(opts.config.nc);
-    let vars = model.trainable_vars().into_iter().map(|(_, v)| v).collect();
-    let mut opt = candle_nn::AdamW::new(vars, candle_nn::ParamsAdamW { lr: 1e-4, ..Default::default() })?;
+    let mut update = make_update(&model)?;
     let train_step_ms = median_ms(opts, || {
-        let (raw, _) = model.forward_raw(&x, Mode::Train)?;
-        let out = loss.compute(&raw, &targets)?;
-        opt.backward_step(&out.total)?;
-        sync(device, &out.total)
+        let (raw, _) = model.forward_raw(&x, Mode::Train).map_err(E::from)?;
+        let out = loss.compute(&raw, &targets).map_err(E::from)?;
+        update(&out.total.backward().map_err(model_err)?)?;
+        sync(device, &out.total).map_err(E::from)
     })?;
     Ok(BenchReport {
         eval_forward_ms,

@@ -25,7 +25,7 @@ mod params;
 pub mod run;
 pub mod weights;
 
-pub use bench::{BenchOptions, BenchReport, bench_model, peak_rss_bytes};
+pub use bench::{BenchOptions, BenchReport, bench_model, bench_model_with, peak_rss_bytes};
 /// The candle version this crate is built on (for devices and tensors in the public API).
 pub use candle_core;
 pub use config::{REG_MAX, STRIDES, Scale, YoloConfig};

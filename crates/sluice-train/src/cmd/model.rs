@@ -1,11 +1,23 @@
 //! `sluice model run`: the eval-mode YOLOv8 forward on an NCHW float32 `.npy` (decoded output, optional raw
 //! logits), to check a port of weights against another implementation; `sluice model bench`: eval, fused and
-//! training-step timings. The logic is in `sluice_model` (`run_npy`, `bench_model`).
+//! training-step timings. The logic is in `sluice_model` (`run_npy`, `bench_model_with`); the training step's update
+//! is the trainer's SGD with Nesterov momentum, the update the PyTorch peer script times (lr 0.01, momentum 0.937,
+//! weight decay 5e-4 on every parameter).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use sluice_model::candle_core::backprop::GradStore;
+use sluice_train::optim::optimizer::GroupHyper;
+use sluice_train::optim::{Optimizer, ParamGroups, Rule};
+
+/// The update of `../shared/peers/m4_model_cpu.py`: `torch.optim.SGD(lr=0.01, momentum=0.937, nesterov=True,
+/// weight_decay=5e-4)` over all parameters.
+const PEER_SGD: GroupHyper = GroupHyper { lr: 0.01, momentum: 0.937, weight_decay: 5e-4 };
+/// Adam / AdamW as Ultralytics' `optimizer=auto` picks them for short runs (lr 0.002, β1 0.9), decay on every
+/// parameter like the SGD figure.
+const BENCH_ADAM: GroupHyper = GroupHyper { lr: 0.002, momentum: 0.9, weight_decay: 5e-4 };
 
 /// Arguments of `sluice model`.
 #[derive(Debug, clap::Args)]
@@ -42,6 +54,9 @@ pub(crate) struct BenchArgs {
     /// Timed runs per path (median reported).
     #[arg(long, default_value_t = 5)]
     iters: usize,
+    /// The training step's update: sgd (Nesterov, the PyTorch peer script's), adam or adamw (torch's rules).
+    #[arg(long, default_value = "sgd", value_parser = ["sgd", "adam", "adamw"])]
+    optimizer: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -53,6 +68,7 @@ struct BenchJson {
     imgsz: usize,
     batch: usize,
     device: &'static str,
+    optimizer: String,
     eval_forward_ms: f64,
     fused_forward_ms: f64,
     train_step_ms: f64,
@@ -115,12 +131,27 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
         warmup: a.warmup,
         iters: a.iters,
     };
-    let r = sluice_model::bench_model(&opts, &sluice_model::candle_core::Device::Cpu).context("sluice model bench")?;
+    let (rule, hyper) = match a.optimizer.as_str() {
+        "adam" => (Rule::Adam, BENCH_ADAM),
+        "adamw" => (Rule::AdamW, BENCH_ADAM),
+        _ => (Rule::Sgd, PEER_SGD),
+    };
+    let r = sluice_model::bench_model_with(&opts, &sluice_model::candle_core::Device::Cpu, |model| {
+        let groups = ParamGroups::new(model)?;
+        let vars: Vec<_> = groups.params().iter().map(|p| p.var.clone()).collect();
+        let mut opt = Optimizer::new(rule, groups);
+        anyhow::Ok(move |grads: &GradStore| {
+            let g: Vec<_> = vars.iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
+            Ok(opt.step(&g, &[hyper; 3])?)
+        })
+    })
+    .context("sluice model bench")?;
     let report = BenchJson {
         model: scale.name(),
         imgsz: a.imgsz,
         batch: a.batch,
         device: "cpu",
+        optimizer: a.optimizer.clone(),
         eval_forward_ms: r.eval_forward_ms,
         fused_forward_ms: r.fused_forward_ms,
         train_step_ms: r.train_step_ms,
@@ -133,13 +164,14 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
         let mib = |b: u64| b as f64 / f64::from(1 << 20);
         let rss = report.peak_rss_bytes.map_or_else(|| "unknown".to_string(), |b| format!("{:.0} MiB", mib(b)));
         println!(
-            "{} @{} batch {} (cpu): eval forward {:.1} ms, fused forward {:.1} ms, train step {:.1} ms; \
+            "{} @{} batch {} (cpu): eval forward {:.1} ms, fused forward {:.1} ms, train step ({}) {:.1} ms; \
              peak conv workspace {:.1} MiB, peak resident memory {rss}",
             report.model,
             report.imgsz,
             report.batch,
             report.eval_forward_ms,
             report.fused_forward_ms,
+            report.optimizer,
             report.train_step_ms,
             mib(report.peak_conv_workspace_bytes as u64),
         );
