@@ -155,46 +155,59 @@ fn valid_range(kx: usize, g: &Geom) -> (usize, usize) {
     (lo.min(hi), hi)
 }
 
-/// Writes image `x` (`c×h×w`) as the columns `off..off+ho·wo` of `col` (row length `ld`).
+/// Writes image `x` (`c×h×w`) as the columns `off..off+ho·wo` of `col` (row length `ld`); with `parallel`, the
+/// channels' row blocks are filled by rayon tasks (for a single-image gemm, whose im2col would otherwise run on
+/// one thread while the others wait for the gemm).
+pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: usize, parallel: bool) {
+    let block = g.k * g.k * ld;
+    let col = &mut col[..g.c * block];
+    let planes = &x[..g.c * g.hw()];
+    if parallel {
+        col.par_chunks_mut(block)
+            .zip(planes.par_chunks(g.hw()))
+            .for_each(|(rows, p)| im2col_plane(p, g, rows, ld, off));
+    } else {
+        col.chunks_mut(block).zip(planes.chunks(g.hw())).for_each(|(rows, p)| im2col_plane(p, g, rows, ld, off));
+    }
+}
+
+/// [`im2col`] of one input channel: `plane` (`h×w`) into its `k·k` rows of the column matrix.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
-pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: usize) {
+fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
-    for ci in 0..g.c {
-        let plane = &x[ci * g.hw()..(ci + 1) * g.hw()];
-        for ky in 0..k {
-            for kx in 0..k {
-                let row = (ci * k + ky) * k + kx;
-                let dst = &mut col[row * ld + off..row * ld + off + g.howo()];
-                let (lo, hi) = valid_range(kx, g);
-                for oy in 0..g.ho {
-                    let seg = &mut dst[oy * wo..(oy + 1) * wo];
-                    let iy = (oy * s + ky) as isize - p as isize;
-                    if iy < 0 || iy >= g.h as isize {
-                        seg.fill(T::ZERO);
-                        continue;
-                    }
-                    seg[..lo].fill(T::ZERO);
-                    seg[hi..].fill(T::ZERO);
-                    let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
-                    let first = lo * s + kx - p;
-                    match s {
-                        1 => seg[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]),
-                        // Every other element: written over pairs so LLVM vectorises it as an interleaved load.
-                        2 => {
-                            let n = hi - lo;
-                            let pairs = src[first..].chunks_exact(2);
-                            let tail = pairs.len() < n;
-                            for (d, v) in seg[lo..hi].iter_mut().zip(pairs) {
-                                *d = v[0];
-                            }
-                            if tail {
-                                seg[hi - 1] = src[first + 2 * (n - 1)];
-                            }
+    for ky in 0..k {
+        for kx in 0..k {
+            let row = ky * k + kx;
+            let dst = &mut rows[row * ld + off..row * ld + off + g.howo()];
+            let (lo, hi) = valid_range(kx, g);
+            for oy in 0..g.ho {
+                let seg = &mut dst[oy * wo..(oy + 1) * wo];
+                let iy = (oy * s + ky) as isize - p as isize;
+                if iy < 0 || iy >= g.h as isize {
+                    seg.fill(T::ZERO);
+                    continue;
+                }
+                seg[..lo].fill(T::ZERO);
+                seg[hi..].fill(T::ZERO);
+                let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+                let first = lo * s + kx - p;
+                match s {
+                    1 => seg[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]),
+                    // Every other element: written over pairs so LLVM vectorises it as an interleaved load.
+                    2 => {
+                        let n = hi - lo;
+                        let pairs = src[first..].chunks_exact(2);
+                        let tail = pairs.len() < n;
+                        for (d, v) in seg[lo..hi].iter_mut().zip(pairs) {
+                            *d = v[0];
                         }
-                        _ => {
-                            for (d, v) in seg[lo..hi].iter_mut().zip(src[first..].iter().step_by(s)) {
-                                *d = *v;
-                            }
+                        if tail {
+                            seg[hi - 1] = src[first + 2 * (n - 1)];
+                        }
+                    }
+                    _ => {
+                        for (d, v) in seg[lo..hi].iter_mut().zip(src[first..].iter().step_by(s)) {
+                            *d = *v;
                         }
                     }
                 }
@@ -204,46 +217,55 @@ pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: 
 }
 
 /// Adds the columns `off..off+ho·wo` of `col` (row length `ld`) back into image `dx` (`c×h×w`): the adjoint of
-/// [`im2col`].
+/// [`im2col`], with the same `parallel` switch (each channel's plane is written by one task).
+pub(crate) fn col2im<T: Elem>(col: &[T], g: &Geom, ld: usize, off: usize, dx: &mut [T], parallel: bool) {
+    let block = g.k * g.k * ld;
+    let dx = &mut dx[..g.c * g.hw()];
+    let col = &col[..g.c * block];
+    if parallel {
+        dx.par_chunks_mut(g.hw()).zip(col.par_chunks(block)).for_each(|(p, rows)| col2im_plane(rows, g, ld, off, p));
+    } else {
+        dx.chunks_mut(g.hw()).zip(col.chunks(block)).for_each(|(p, rows)| col2im_plane(rows, g, ld, off, p));
+    }
+}
+
+/// [`col2im`] of one input channel: its `k·k` rows of the column matrix added into `plane` (`h×w`).
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
-pub(crate) fn col2im<T: Elem>(col: &[T], g: &Geom, ld: usize, off: usize, dx: &mut [T]) {
+fn col2im_plane<T: Elem>(rows: &[T], g: &Geom, ld: usize, off: usize, plane: &mut [T]) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
-    for ci in 0..g.c {
-        let plane = &mut dx[ci * g.hw()..(ci + 1) * g.hw()];
-        for ky in 0..k {
-            for kx in 0..k {
-                let row = (ci * k + ky) * k + kx;
-                let src = &col[row * ld + off..row * ld + off + g.howo()];
-                let (lo, hi) = valid_range(kx, g);
-                for oy in 0..g.ho {
-                    let iy = (oy * s + ky) as isize - p as isize;
-                    if iy < 0 || iy >= g.h as isize || lo == hi {
-                        continue;
+    for ky in 0..k {
+        for kx in 0..k {
+            let row = ky * k + kx;
+            let src = &rows[row * ld + off..row * ld + off + g.howo()];
+            let (lo, hi) = valid_range(kx, g);
+            for oy in 0..g.ho {
+                let iy = (oy * s + ky) as isize - p as isize;
+                if iy < 0 || iy >= g.h as isize || lo == hi {
+                    continue;
+                }
+                let seg = &src[oy * wo + lo..oy * wo + hi];
+                let dst = &mut plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+                let first = lo * s + kx - p;
+                match s {
+                    1 => {
+                        for (d, v) in dst[first..first + (hi - lo)].iter_mut().zip(seg) {
+                            *d += *v;
+                        }
                     }
-                    let seg = &src[oy * wo + lo..oy * wo + hi];
-                    let dst = &mut plane[iy as usize * g.w..(iy as usize + 1) * g.w];
-                    let first = lo * s + kx - p;
-                    match s {
-                        1 => {
-                            for (d, v) in dst[first..first + (hi - lo)].iter_mut().zip(seg) {
-                                *d += *v;
-                            }
+                    2 => {
+                        let n = hi - lo;
+                        let mut pairs = dst[first..].chunks_exact_mut(2);
+                        let full = pairs.len().min(n);
+                        for (d, v) in (&mut pairs).zip(&seg[..full]) {
+                            d[0] += *v;
                         }
-                        2 => {
-                            let n = hi - lo;
-                            let mut pairs = dst[first..].chunks_exact_mut(2);
-                            let full = pairs.len().min(n);
-                            for (d, v) in (&mut pairs).zip(&seg[..full]) {
-                                d[0] += *v;
-                            }
-                            if full < n {
-                                dst[first + 2 * (n - 1)] += seg[n - 1];
-                            }
+                        if full < n {
+                            dst[first + 2 * (n - 1)] += seg[n - 1];
                         }
-                        _ => {
-                            for (d, v) in dst[first..].iter_mut().step_by(s).zip(seg) {
-                                *d += *v;
-                            }
+                    }
+                    _ => {
+                        for (d, v) in dst[first..].iter_mut().step_by(s).zip(seg) {
+                            *d += *v;
                         }
                     }
                 }
@@ -294,7 +316,7 @@ pub(crate) fn forward<T: Elem>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Geom) -
             T::with_workspace(ckk * cols + tmp_len, |ws| {
                 let (col, tmp) = ws.split_at_mut(ckk * cols);
                 for i in 0..imgs {
-                    im2col(&xs[i * g.c * g.hw()..(i + 1) * g.c * g.hw()], g, col, cols, i * howo);
+                    im2col(&xs[i * g.c * g.hw()..(i + 1) * g.c * g.hw()], g, col, cols, i * howo, !parallel);
                 }
                 let dst = if imgs == 1 { &mut *ychunk } else { as_uninit(tmp) };
                 if let Some(b) = bias {
@@ -390,7 +412,7 @@ pub(crate) fn backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
                 };
                 matmul((ckk, cols, o), as_uninit(dcol), (cols, 1), false, w, (1, ckk), dyg, (cols, 1), par);
                 for (i, dxi) in dxchunk.chunks_mut(chw).enumerate() {
-                    col2im(dcol, g, cols, i * howo, dxi);
+                    col2im(dcol, g, cols, i * howo, dxi, !parallel);
                 }
             });
         });
@@ -427,7 +449,7 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
         T::with_workspace(ckk * cols + tmp_len, |ws| {
             let (col, tmp) = ws.split_at_mut(ckk * cols);
             for i in 0..imgs {
-                im2col(&xs[i * chw..(i + 1) * chw], g, col, cols, i * howo);
+                im2col(&xs[i * chw..(i + 1) * chw], g, col, cols, i * howo, !parallel);
             }
             let dyg: &[T] = if imgs > 1 {
                 gather_dy(dys, o, howo, imgs, tmp);
@@ -525,9 +547,9 @@ mod tests {
         let x = ramp(g.c * g.hw(), 0.1);
         let c = ramp(g.ckk() * g.howo(), 0.03);
         let mut col = vec![0.0; c.len()];
-        im2col(&x, &g, &mut col, g.howo(), 0);
+        im2col(&x, &g, &mut col, g.howo(), 0, false);
         let mut back = vec![0.0; x.len()];
-        col2im(&c, &g, g.howo(), 0, &mut back);
+        col2im(&c, &g, g.howo(), 0, &mut back, true);
         let lhs: f64 = col.iter().zip(&c).map(|(a, b)| a * b).sum();
         let rhs: f64 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
         assert!((lhs - rhs).abs() < 1e-9, "{lhs} vs {rhs}");
