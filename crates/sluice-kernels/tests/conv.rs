@@ -57,6 +57,10 @@ const SHAPES: &[(usize, usize, usize, usize, usize, usize, usize, usize)] = &[
     (3, 4, 9, 8, 3, 1, 2, 0),
     (3, 2, 6, 5, 3, 1, 1, 1),
     (2, 3, 13, 13, 4, 5, 2, 2),
+    // Stride-1 "same" convs (one shifted copy per im2col row), down to a map smaller than the padding.
+    (2, 3, 6, 7, 4, 5, 1, 2),
+    (1, 2, 2, 3, 3, 5, 1, 2),
+    (2, 2, 1, 1, 3, 3, 1, 1),
     // Enough images and a small map for the stacked-images path (several images per gemm, groups in parallel).
     (9, 6, 5, 5, 4, 3, 1, 1),
     (9, 6, 4, 4, 5, 1, 1, 0),

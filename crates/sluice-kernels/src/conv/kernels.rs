@@ -63,6 +63,10 @@ impl Geom {
     fn ckk(&self) -> usize {
         self.c * self.k * self.k
     }
+    /// A stride-1 conv whose output has the input's size (odd `k`, `pad = (k − 1) / 2`, as YOLO's 3×3 convs).
+    fn is_same_stride1(&self) -> bool {
+        self.stride == 1 && 2 * self.pad + 1 == self.k && self.ho == self.h && self.wo == self.w
+    }
     /// A 1×1, stride-1, unpadded conv: the input image already is the column matrix.
     fn is_pointwise(&self) -> bool {
         self.k == 1 && self.stride == 1 && self.pad == 0
@@ -179,6 +183,10 @@ fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
         for kx in 0..k {
             let row = ky * k + kx;
             let dst = &mut rows[row * ld + off..row * ld + off + g.howo()];
+            if g.is_same_stride1() {
+                same_shift_rows(plane, g, ky, kx, dst);
+                continue;
+            }
             let (lo, hi) = valid_range(kx, g);
             for oy in 0..g.ho {
                 let seg = &mut dst[oy * wo..(oy + 1) * wo];
@@ -216,27 +224,99 @@ fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
     }
 }
 
+/// One im2col row of a stride-1 "same" conv (`w == wo`, `h == ho`): `dst[oy·w + j] = plane[(oy + ky − p)·w + j +
+/// kx − p]`, zero outside the image. The valid output rows are one contiguous range in `dst` and, shifted by
+/// `kx − p`, in `plane`, so they are copied with a single `copy_from_slice` (instead of one per output row); the
+/// elements that shift wraps across a row boundary are then zeroed (`|kx − p|` per row).
+fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &mut [T]) {
+    let (w, h, p) = (g.w, g.h, g.pad);
+    let oy_lo = p.saturating_sub(ky).min(h);
+    let oy_hi = (h + p).saturating_sub(ky).min(h).max(oy_lo);
+    dst[..oy_lo * w].fill(T::ZERO);
+    dst[oy_hi * w..].fill(T::ZERO);
+    if oy_lo == oy_hi {
+        return;
+    }
+    let (d0, s0, n) = (oy_lo * w, (oy_lo + ky - p) * w, (oy_hi - oy_lo) * w);
+    let band = &mut dst[d0..d0 + n];
+    if kx >= p {
+        let sh = (kx - p).min(w);
+        band[..n - sh].copy_from_slice(&plane[s0 + sh..s0 + n]);
+        zero_row_edges(band, w, w - sh..w);
+    } else {
+        let sh = (p - kx).min(w);
+        band[sh..].copy_from_slice(&plane[s0..s0 + n - sh]);
+        zero_row_edges(band, w, 0..sh);
+    }
+}
+
+/// The adjoint of [`same_shift_rows`]: adds one column-matrix row into `plane` with one long loop over the valid
+/// output rows. The entries whose shifted position wraps across a row boundary belong to padded input columns; they
+/// are zeroed first, so the long loop adds exactly 0 where it wraps.
+fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, plane: &mut [T]) {
+    let (w, h, p) = (g.w, g.h, g.pad);
+    let oy_lo = p.saturating_sub(ky).min(h);
+    let oy_hi = (h + p).saturating_sub(ky).min(h).max(oy_lo);
+    if oy_lo == oy_hi {
+        return;
+    }
+    let (d0, s0, n) = (oy_lo * w, (oy_lo + ky - p) * w, (oy_hi - oy_lo) * w);
+    let band = &mut src[d0..d0 + n];
+    if kx >= p {
+        let sh = (kx - p).min(w);
+        zero_row_edges(band, w, w - sh..w);
+        for (d, v) in plane[s0 + sh..s0 + n].iter_mut().zip(&band[..n - sh]) {
+            *d += *v;
+        }
+    } else {
+        let sh = (p - kx).min(w);
+        zero_row_edges(band, w, 0..sh);
+        for (d, v) in plane[s0..s0 + n - sh].iter_mut().zip(&band[sh..]) {
+            *d += *v;
+        }
+    }
+}
+
+/// Zeroes `cols` of every `w`-long row of `band` (one store per row for the usual single column, no memset call).
+fn zero_row_edges<T: Elem>(band: &mut [T], w: usize, cols: std::ops::Range<usize>) {
+    for r in band.chunks_exact_mut(w) {
+        if cols.len() == 1 {
+            r[cols.start] = T::ZERO;
+        } else {
+            r[cols.clone()].fill(T::ZERO);
+        }
+    }
+}
+
 /// Adds the columns `off..off+ho·wo` of `col` (row length `ld`) back into image `dx` (`c×h×w`): the adjoint of
-/// [`im2col`], with the same `parallel` switch (each channel's plane is written by one task).
-pub(crate) fn col2im<T: Elem>(col: &[T], g: &Geom, ld: usize, off: usize, dx: &mut [T], parallel: bool) {
+/// [`im2col`], with the same `parallel` switch (each channel's plane is written by one task). `col` is scratch:
+/// for stride-1 "same" convs the entries that belong to padded input positions are zeroed on the way.
+pub(crate) fn col2im<T: Elem>(col: &mut [T], g: &Geom, ld: usize, off: usize, dx: &mut [T], parallel: bool) {
     let block = g.k * g.k * ld;
     let dx = &mut dx[..g.c * g.hw()];
-    let col = &col[..g.c * block];
+    let col = &mut col[..g.c * block];
     if parallel {
-        dx.par_chunks_mut(g.hw()).zip(col.par_chunks(block)).for_each(|(p, rows)| col2im_plane(rows, g, ld, off, p));
+        dx.par_chunks_mut(g.hw())
+            .zip(col.par_chunks_mut(block))
+            .for_each(|(p, rows)| col2im_plane(rows, g, ld, off, p));
     } else {
-        dx.chunks_mut(g.hw()).zip(col.chunks(block)).for_each(|(p, rows)| col2im_plane(rows, g, ld, off, p));
+        dx.chunks_mut(g.hw()).zip(col.chunks_mut(block)).for_each(|(p, rows)| col2im_plane(rows, g, ld, off, p));
     }
 }
 
 /// [`col2im`] of one input channel: its `k·k` rows of the column matrix added into `plane` (`h×w`).
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
-fn col2im_plane<T: Elem>(rows: &[T], g: &Geom, ld: usize, off: usize, plane: &mut [T]) {
+fn col2im_plane<T: Elem>(rows: &mut [T], g: &Geom, ld: usize, off: usize, plane: &mut [T]) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
     for ky in 0..k {
         for kx in 0..k {
             let row = ky * k + kx;
-            let src = &rows[row * ld + off..row * ld + off + g.howo()];
+            let src = &mut rows[row * ld + off..row * ld + off + g.howo()];
+            if g.is_same_stride1() {
+                same_shift_rows_add(src, g, ky, kx, plane);
+                continue;
+            }
+            let src = &*src;
             let (lo, hi) = valid_range(kx, g);
             for oy in 0..g.ho {
                 let iy = (oy * s + ky) as isize - p as isize;
@@ -542,17 +622,20 @@ mod tests {
 
     #[test]
     fn col2im_is_the_adjoint_of_im2col() {
-        // <im2col(x), c> == <x, col2im(c)> for every x and c.
-        let g = Geom::new((1, 2, 6, 5), (1, 2, 3, 3), 2, 1).unwrap();
-        let x = ramp(g.c * g.hw(), 0.1);
-        let c = ramp(g.ckk() * g.howo(), 0.03);
-        let mut col = vec![0.0; c.len()];
-        im2col(&x, &g, &mut col, g.howo(), 0, false);
-        let mut back = vec![0.0; x.len()];
-        col2im(&c, &g, g.howo(), 0, &mut back, true);
-        let lhs: f64 = col.iter().zip(&c).map(|(a, b)| a * b).sum();
-        let rhs: f64 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
-        assert!((lhs - rhs).abs() < 1e-9, "{lhs} vs {rhs}");
+        // <im2col(x), c> == <x, col2im(c)> for every x and c: stride 2, and the stride-1 "same" shifted-copy path
+        // (3×3 and 5×5, a map narrower than the kernel).
+        for (h, w, k, st, pad) in [(6, 5, 3, 2, 1), (6, 5, 3, 1, 1), (4, 3, 5, 1, 2)] {
+            let g = Geom::new((1, 2, h, w), (1, 2, k, k), st, pad).unwrap();
+            let x = ramp(g.c * g.hw(), 0.1);
+            let c = ramp(g.ckk() * g.howo(), 0.03);
+            let mut col = vec![0.0; c.len()];
+            im2col(&x, &g, &mut col, g.howo(), 0, false);
+            let mut back = vec![0.0; x.len()];
+            col2im(&mut c.clone(), &g, g.howo(), 0, &mut back, true);
+            let lhs: f64 = col.iter().zip(&c).map(|(a, b)| a * b).sum();
+            let rhs: f64 = x.iter().zip(&back).map(|(a, b)| a * b).sum();
+            assert!((lhs - rhs).abs() < 1e-9, "{lhs} vs {rhs}");
+        }
     }
 
     #[test]
