@@ -228,6 +228,7 @@ fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
 /// kx − p]`, zero outside the image. The valid output rows are one contiguous range in `dst` and, shifted by
 /// `kx − p`, in `plane`, so they are copied with a single `copy_from_slice` (instead of one per output row); the
 /// elements that shift wraps across a row boundary are then zeroed (`|kx − p|` per row).
+#[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
 fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &mut [T]) {
     let (w, h, p) = (g.w, g.h, g.pad);
     let oy_lo = p.saturating_sub(ky).min(h);
@@ -253,6 +254,7 @@ fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &m
 /// The adjoint of [`same_shift_rows`]: adds one column-matrix row into `plane` with one long loop over the valid
 /// output rows. The entries whose shifted position wraps across a row boundary belong to padded input columns; they
 /// are zeroed first, so the long loop adds exactly 0 where it wraps.
+#[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
 fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, plane: &mut [T]) {
     let (w, h, p) = (g.w, g.h, g.pad);
     let oy_lo = p.saturating_sub(ky).min(h);
@@ -278,6 +280,7 @@ fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, p
 }
 
 /// Zeroes `cols` of every `w`-long row of `band` (one store per row for the usual single column, no memset call).
+#[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
 fn zero_row_edges<T: Elem>(band: &mut [T], w: usize, cols: std::ops::Range<usize>) {
     for r in band.chunks_exact_mut(w) {
         if cols.len() == 1 {
