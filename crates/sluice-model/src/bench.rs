@@ -110,11 +110,8 @@ where
             ]
         })
         .collect();
-    let only = std::env::var_os("SLUICE_TMP_ONLY_TRAIN").is_some();
-    let eval_forward_ms =
-        if only { 0.0 } else { median_ms(opts, || sync(device, &model.forward(&x)?.y)).map_err(E::from)? };
-    let fused_forward_ms =
-        if only { 0.0 } else { median_ms(opts, || sync(device, &fused.forward(&x)?.y)).map_err(E::from)? };
+    let eval_forward_ms = median_ms(opts, || sync(device, &model.forward(&x)?.y)).map_err(E::from)?;
+    let fused_forward_ms = median_ms(opts, || sync(device, &fused.forward(&x)?.y)).map_err(E::from)?;
     let loss = DetectionLoss::new(opts.config.nc);
     let mut update = make_update(&model)?;
     let train_step_ms = median_ms(opts, || {
