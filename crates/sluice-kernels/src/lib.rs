@@ -1,7 +1,8 @@
 //! Fast CPU training kernels for the YOLO model, as candle custom ops with forward *and* backward passes:
 //! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]),
 //! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]), and the head's DFL box decode
-//! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]).
+//! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]); and the SGD update as one parallel pass
+//! ([`optim`]).
 //!
 //! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
 //! element-wise pool tamed on small machines).
@@ -13,6 +14,7 @@ pub mod conv;
 pub mod dfl;
 pub mod loss;
 pub mod norm;
+pub mod optim;
 pub mod pool;
 pub mod threads;
 mod uninit;

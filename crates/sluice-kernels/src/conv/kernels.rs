@@ -30,6 +30,8 @@ pub(crate) struct Geom {
 
 /// Columns a group's gemm should reach before images are stacked no further (small maps gain, big ones need not).
 const MIN_GROUP_COLS: usize = 2048;
+/// Elements below which one task transposes the weight gradient alone.
+const MIN_TRANSPOSE_ELEMS: usize = 16 * 1024;
 /// Upper bound on one group's column matrix, in elements.
 const MAX_GROUP_ELEMS: usize = 1 << 21;
 
@@ -560,13 +562,16 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
         (0..groups).for_each(|gi| group(gi, &mut acc));
         acc
     };
-    // The transpose writes each of the o·ckk elements once.
+    // The transpose writes each of the o·ckk elements once, output channels in parallel (over all the layers of
+    // a step it moves as many elements as the model has weights).
     filled_vec(o * ckk, |dw| {
-        for (j, row) in acc_t.chunks_exact(o).enumerate() {
-            for (oc, &v) in row.iter().enumerate() {
-                dw[oc * ckk + j].write(v);
-            }
-        }
+        dw.par_chunks_mut(ckk).with_min_len(MIN_TRANSPOSE_ELEMS.div_ceil(ckk).max(1)).enumerate().for_each(
+            |(oc, row)| {
+                for (j, d) in row.iter_mut().enumerate() {
+                    d.write(acc_t[j * o + oc]);
+                }
+            },
+        )
     })
 }
 

@@ -154,6 +154,14 @@ pub fn clip_coefficient_tensor(norm: &Tensor, max_norm: f64) -> Result<Tensor> {
 /// `torch.optim.SGD(nesterov=True, dampening=0)`: `g += wd·p`; `buf = g` at the first step, else
 /// `buf = momentum·buf + g`; `g += momentum·buf`; `p −= lr·g`. Returns the new parameter.
 fn sgd_nesterov(p: &Tensor, grad: &Tensor, state: &mut ParamState, h: GroupHyper) -> Result<Tensor> {
+    // On the CPU, the same float operations as one parallel pass (`sluice_kernels::optim`, equal bit for bit).
+    let step = sluice_kernels::optim::SgdStep { lr: h.lr, momentum: h.momentum, weight_decay: h.weight_decay };
+    if let Some((new_p, new_buf)) = sluice_kernels::optim::sgd_nesterov(p, grad, state.momentum_buffer.as_ref(), step)?
+    {
+        state.momentum_buffer = new_buf;
+        state.step += 1;
+        return Ok(new_p);
+    }
     let d_p = if h.weight_decay != 0.0 { (grad + p.affine(h.weight_decay, 0.0)?)? } else { grad.clone() };
     let d_p = if h.momentum != 0.0 {
         let buf = match state.momentum_buffer.take() {
