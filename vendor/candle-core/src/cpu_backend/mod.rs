@@ -946,7 +946,11 @@ impl<I: IntDType> Map2 for IndexAdd<'_, I> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn copy2d_<T: Copy>(
+/// Copies below this many elements run on the calling thread (Sluice patch: larger ones are split over rayon's
+/// pool, see vendor/README.md).
+const PAR_COPY_ELEMS: usize = 1 << 16;
+
+fn copy2d_<T: Copy + Send + Sync>(
     src: &[T],
     dst: &mut [T],
     d1: usize,
@@ -960,7 +964,26 @@ fn copy2d_<T: Copy>(
     if src_stride1 == d2 && dst_stride1 == d2 {
         let src_start = src_offset;
         let dst_start = dst_offset;
-        dst[dst_start..dst_start + d1 * d2].copy_from_slice(&src[src_start..src_start + d1 * d2]);
+        let (dst, src) = (&mut dst[dst_start..dst_start + d1 * d2], &src[src_start..src_start + d1 * d2]);
+        if dst.len() >= PAR_COPY_ELEMS {
+            dst.par_chunks_mut(PAR_COPY_ELEMS / 4)
+                .zip(src.par_chunks(PAR_COPY_ELEMS / 4))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        } else {
+            dst.copy_from_slice(src);
+        }
+        return;
+    }
+    if d1 >= 2 && d1 * d2 >= PAR_COPY_ELEMS && dst_stride1 >= d2 && src_stride1 >= d2 {
+        // Row i: dst[dst_offset + i·dst_stride1 ..][..d2] = src[src_offset + i·src_stride1 ..][..d2], rows in
+        // parallel (each dst chunk of dst_stride1 elements holds exactly one row's destination).
+        let dst = &mut dst[dst_offset..dst_offset + (d1 - 1) * dst_stride1 + d2];
+        let src = &src[src_offset..src_offset + (d1 - 1) * src_stride1 + d2];
+        let rows_per_task = (PAR_COPY_ELEMS / 4).div_ceil(d2).max(1);
+        dst.par_chunks_mut(dst_stride1)
+            .zip(src.par_chunks(src_stride1))
+            .with_min_len(rows_per_task)
+            .for_each(|(d, s)| d[..d2].copy_from_slice(&s[..d2]));
         return;
     }
     let mut src_idx = src_offset;
@@ -972,7 +995,7 @@ fn copy2d_<T: Copy>(
     }
 }
 
-fn copy_strided_src_<T: Copy>(src: &[T], dst: &mut [T], dst_offset: usize, src_l: &Layout) {
+fn copy_strided_src_<T: Copy + Send + Sync>(src: &[T], dst: &mut [T], dst_offset: usize, src_l: &Layout) {
     match src_l.strided_blocks() {
         crate::StridedBlocks::SingleBlock { start_offset, len } => dst
             [dst_offset..dst_offset + len]
