@@ -232,15 +232,13 @@ fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
 /// elements that shift wraps across a row boundary are then zeroed (`|kx − p|` per row).
 #[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
 fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &mut [T]) {
-    let (w, h, p) = (g.w, g.h, g.pad);
-    let oy_lo = p.saturating_sub(ky).min(h);
-    let oy_hi = (h + p).saturating_sub(ky).min(h).max(oy_lo);
-    dst[..oy_lo * w].fill(T::ZERO);
-    dst[oy_hi * w..].fill(T::ZERO);
-    if oy_lo == oy_hi {
+    let (w, p) = (g.w, g.pad);
+    let (d0, s0, n) = same_band(g, ky);
+    dst[..d0].fill(T::ZERO);
+    dst[d0 + n..].fill(T::ZERO);
+    if n == 0 {
         return;
     }
-    let (d0, s0, n) = (oy_lo * w, (oy_lo + ky - p) * w, (oy_hi - oy_lo) * w);
     let band = &mut dst[d0..d0 + n];
     if kx >= p {
         let sh = (kx - p).min(w);
@@ -258,13 +256,11 @@ fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &m
 /// are zeroed first, so the long loop adds exactly 0 where it wraps.
 #[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
 fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, plane: &mut [T]) {
-    let (w, h, p) = (g.w, g.h, g.pad);
-    let oy_lo = p.saturating_sub(ky).min(h);
-    let oy_hi = (h + p).saturating_sub(ky).min(h).max(oy_lo);
-    if oy_lo == oy_hi {
+    let (w, p) = (g.w, g.pad);
+    let (d0, s0, n) = same_band(g, ky);
+    if n == 0 {
         return;
     }
-    let (d0, s0, n) = (oy_lo * w, (oy_lo + ky - p) * w, (oy_hi - oy_lo) * w);
     let band = &mut src[d0..d0 + n];
     if kx >= p {
         let sh = (kx - p).min(w);
@@ -279,6 +275,17 @@ fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, p
             *d += *v;
         }
     }
+}
+
+/// For kernel row `ky` of a stride-1 "same" conv: the valid output rows as `(first element in the column-matrix
+/// row, first element of the input plane, element count)`; output rows above and below read the zero padding.
+#[inline(always)]
+fn same_band(g: &Geom, ky: usize) -> (usize, usize, usize) {
+    let (w, h, p) = (g.w, g.h, g.pad);
+    let oy_lo = p.saturating_sub(ky).min(h);
+    let oy_hi = (h + p).saturating_sub(ky).min(h).max(oy_lo);
+    let s0 = if oy_lo < oy_hi { (oy_lo + ky - p) * w } else { 0 };
+    (oy_lo * w, s0, (oy_hi - oy_lo) * w)
 }
 
 /// Zeroes `cols` of every `w`-long row of `band` (one store per row for the usual single column, no memset call).
