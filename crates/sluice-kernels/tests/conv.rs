@@ -2,6 +2,8 @@
 //! gradient) on random shapes, against f64 central differences, and inside a larger autograd graph.
 #![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]
 
+mod poison;
+
 use candle_core::{DType, Device, Result, Tensor, Var};
 use sluice_kernels::conv::{conv2d, conv2d_bias, peak_workspace_bytes};
 
@@ -26,6 +28,9 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.dims(), b.dims());
     let a = a.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
     let b = b.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    if a.iter().chain(&b).any(|v| !v.is_finite()) {
+        return f64::INFINITY; // `f64::max` would skip a NaN (an element a kernel did not write).
+    }
     let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
     let scale = b.iter().map(|y| y.abs()).fold(0.0, f64::max).max(1e-30);
     diff / scale
@@ -64,6 +69,14 @@ const SHAPES: &[(usize, usize, usize, usize, usize, usize, usize, usize)] = &[
     // Enough images and a small map for the stacked-images path (several images per gemm, groups in parallel).
     (9, 6, 5, 5, 4, 3, 1, 1),
     (9, 6, 4, 4, 5, 1, 1, 0),
+    // Past the kernels' size thresholds, as in a real step: one image per gemm group (≥ 2048 output columns), batch 1
+    // split over channels, a weight gradient large enough for the parallel transpose (≥ 16 Ki elements), and a
+    // stride-2 down conv.
+    (3, 16, 48, 48, 24, 3, 1, 1),
+    (1, 8, 64, 64, 16, 3, 1, 1),
+    (2, 128, 20, 20, 160, 1, 1, 0),
+    (2, 32, 40, 40, 48, 3, 2, 1),
+    (16, 16, 24, 24, 16, 3, 1, 1),
 ];
 
 fn check_against_stock(dtype: DType, tol: f64) {
@@ -90,6 +103,11 @@ fn check_against_stock(dtype: DType, tol: f64) {
         assert!(rel_err(&ours.1, &stock.1) < tol, "grad x {shape}: {}", rel_err(&ours.1, &stock.1));
         assert!(rel_err(&ours.2, &stock.2) < tol, "grad w {shape}: {}", rel_err(&ours.2, &stock.2));
     }
+}
+
+#[test]
+fn the_poisoning_allocator_is_in_use() {
+    assert!(poison::active());
 }
 
 #[test]

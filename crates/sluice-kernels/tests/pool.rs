@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // Helpers of integration tests; clippy.toml already allows it in #[test] fns.
 
 mod common;
+mod poison;
 
 use candle_core::{DType, Tensor, Var};
 use common::{Rng, grads, numeric_grad, rel_err, rel_err_vec, values};

@@ -55,9 +55,7 @@ pub(crate) fn values(t: &Tensor) -> Vec<f64> {
 /// `max |a − b| / max(max |b|, floor)`: the error relative to the reference's scale.
 pub(crate) fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.dims(), b.dims());
-    let (a, b) = (values(a), values(b));
-    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-12);
-    a.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs())) / scale
+    rel_err_vec(&values(a), &values(b))
 }
 
 /// Gradients of `f(vars)` (a scalar) with respect to each var.
@@ -86,8 +84,13 @@ pub(crate) fn numeric_grad(inputs: &[Tensor], which: usize, h: f64, f: impl Fn(&
         .collect()
 }
 
-/// `max |a − b| / max |b|` for plain vectors.
+/// `max |a − b| / max |b|` for plain vectors; infinite when either side holds a NaN or an infinity (`f64::max`
+/// alone would skip a NaN, so an unwritten output element would pass).
 pub(crate) fn rel_err_vec(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    if a.iter().chain(b).any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
     let scale = b.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-12);
     a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs())) / scale
 }
