@@ -1,6 +1,7 @@
 //! Conv2d forward and backward (input + weight gradients) on YOLOv8n layer shapes at 320×320, batch 8: ours
 //! (`sluice_kernels::conv::conv2d`) against candle's stock conv2d in the same run. Throughput is in FLOPs, so the
-//! "elem/s" criterion prints are FLOP/s (forward `2·n·o·ho·wo·c·k²`, backward twice that).
+//! "elem/s" criterion prints are FLOP/s (forward `2·n·o·ho·wo·c·k²`, backward twice that, or as much for a layer
+//! benched without its input gradient).
 //!
 //! `SLUICE_CONV_BENCH_BATCH` overrides the batch (default 8), `SLUICE_CONV_BENCH_IMGSZ` the image size the layer
 //! shapes are taken at (default 320; 640 doubles every side, and the group names say the side).
@@ -10,14 +11,17 @@ use candle_core::{Device, Tensor, Var};
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use sluice_kernels::conv::{conv2d, peak_workspace_bytes};
 
-/// (name, c_in, c_out, kernel, stride, input side at imgsz 320) of YOLOv8n convs.
-const LAYERS: &[(&str, usize, usize, usize, usize, usize)] = &[
-    ("stem_3x3s2_3to16", 3, 16, 3, 2, 320),
-    ("down_3x3s2_16to32", 16, 32, 3, 2, 160),
-    ("c2f_3x3_32to32", 32, 32, 3, 1, 80),
-    ("c2f_3x3_64to64", 64, 64, 3, 1, 40),
-    ("c2f_1x1_96to64", 96, 64, 1, 1, 40),
-    ("sppf_1x1_256to128", 256, 128, 1, 1, 10),
+/// (name, c_in, c_out, kernel, stride, input side at imgsz 320, whether the backward computes the input gradient)
+/// of YOLOv8n convs. The stem's input is the image, which needs no gradient: its backward in a training step is the
+/// weight gradient alone, and it is benched that way (`stem_..._with_dx` adds the input gradient, for reference).
+const LAYERS: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
+    ("stem_3x3s2_3to16", 3, 16, 3, 2, 320, false),
+    ("stem_3x3s2_3to16_with_dx", 3, 16, 3, 2, 320, true),
+    ("down_3x3s2_16to32", 16, 32, 3, 2, 160, true),
+    ("c2f_3x3_32to32", 32, 32, 3, 1, 80, true),
+    ("c2f_3x3_64to64", 64, 64, 3, 1, 40, true),
+    ("c2f_1x1_96to64", 96, 64, 1, 1, 40, true),
+    ("sppf_1x1_256to128", 256, 128, 1, 1, 10, true),
 ];
 
 fn bench(c: &mut Criterion) {
@@ -25,11 +29,13 @@ fn bench(c: &mut Criterion) {
     let batch = env("SLUICE_CONV_BENCH_BATCH", 8);
     let imgsz = env("SLUICE_CONV_BENCH_IMGSZ", 320);
     let dev = Device::Cpu;
-    for &(layer, ci, co, k, s, side320) in LAYERS {
+    for &(layer, ci, co, k, s, side320, input_grad) in LAYERS {
         let side = side320 * imgsz / 320;
         let name = format!("{layer}_{side}");
         let p = k / 2;
-        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, ci, side, side), &dev).unwrap()).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (batch, ci, side, side), &dev).unwrap();
+        // A variable when the input gradient is wanted; a plain tensor (no gradient) otherwise.
+        let x = if input_grad { Var::from_tensor(&x).unwrap().as_tensor().clone() } else { x };
         let w = Var::from_tensor(&Tensor::randn(0f32, 0.1, (co, ci, k, k), &dev).unwrap()).unwrap();
         let out = (side + 2 * p - k) / s + 1;
         let flops = 2 * batch * co * out * out * ci * k * k;
@@ -39,11 +45,9 @@ fn bench(c: &mut Criterion) {
         g.warm_up_time(std::time::Duration::from_millis(500));
         g.measurement_time(std::time::Duration::from_secs(2));
         g.throughput(Throughput::Elements(flops as u64));
-        g.bench_function(BenchmarkId::new("cpu", "sluice"), |b| {
-            b.iter(|| conv2d(x.as_tensor(), w.as_tensor(), s, p).unwrap())
-        });
+        g.bench_function(BenchmarkId::new("cpu", "sluice"), |b| b.iter(|| conv2d(&x, w.as_tensor(), s, p).unwrap()));
         g.bench_function(BenchmarkId::new("cpu", "candle"), |b| {
-            b.iter(|| x.as_tensor().conv2d(w.as_tensor(), p, s, 1, 1).unwrap())
+            b.iter(|| x.conv2d(w.as_tensor(), p, s, 1, 1).unwrap())
         });
         g.finish();
 
@@ -51,11 +55,12 @@ fn bench(c: &mut Criterion) {
         g.sampling_mode(SamplingMode::Flat).sample_size(10);
         g.warm_up_time(std::time::Duration::from_millis(500));
         g.measurement_time(std::time::Duration::from_secs(2));
-        g.throughput(Throughput::Elements(2 * flops as u64));
-        // The graph is built once; each iteration runs the backward pass (both gradients) from the output.
-        let ours = conv2d(x.as_tensor(), w.as_tensor(), s, p).unwrap();
+        g.throughput(Throughput::Elements(if input_grad { 2 * flops } else { flops } as u64));
+        // The graph is built once; each iteration runs the backward pass (the weight gradient, and the input's when
+        // it is wanted) from the output.
+        let ours = conv2d(&x, w.as_tensor(), s, p).unwrap();
         g.bench_function(BenchmarkId::new("cpu", "sluice"), |b| b.iter(|| ours.backward().unwrap()));
-        let stock = x.as_tensor().conv2d(w.as_tensor(), p, s, 1, 1).unwrap();
+        let stock = x.conv2d(w.as_tensor(), p, s, 1, 1).unwrap();
         g.bench_function(BenchmarkId::new("cpu", "candle"), |b| b.iter(|| stock.backward().unwrap()));
         g.finish();
     }

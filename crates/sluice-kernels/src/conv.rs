@@ -76,7 +76,25 @@ pub fn conv2d_bias(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize
     if !(same && x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)) {
         return conv2d(x, w, stride, pad)?.broadcast_add(&b.reshape((1, geom.o, 1, 1))?);
     }
-    x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom })
+    x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom, silu: false })
+}
+
+/// `SiLU(conv2d_bias(x, w, b, stride, pad))` for inference: a folded Conv block (BatchNorm inside `w` and `b`) in
+/// one op. On contiguous CPU f32/f64 tensors the bias is added inside the gemm and the SiLU applied to each image's
+/// output while it is still in cache, so the activation is written once instead of being written, read back and
+/// written again by a separate SiLU pass. It has no backward: [`Tensor::backward`] through it is an error (train
+/// with [`conv2d_bias`] or [`conv2d`] and a separate activation). Elsewhere it is composed from
+/// [`conv2d_bias`] and `silu`.
+pub fn conv2d_bias_silu(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
+    let geom = geometry(x, w, stride, pad)?;
+    if b.dims() != [geom.o] {
+        bail!("conv2d: bias has shape {:?}, expected ({},)", b.dims(), geom.o);
+    }
+    let same = x.dtype() == w.dtype() && x.dtype() == b.dtype();
+    if !(same && x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)) {
+        return conv2d_bias(x, w, b, stride, pad)?.silu();
+    }
+    x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom, silu: true })
 }
 
 /// Whether the custom ops run for tensors like `x`: f32/f64 on the CPU, or cuDNN's dtypes on CUDA (`cudnn`).
@@ -111,10 +129,13 @@ struct Conv2dOp {
     geom: Geom,
 }
 
-/// The forward op with a bias; its backward applies [`BackwardInput`], [`BackwardWeight`] and [`BiasGrad`].
+/// The forward op with a bias; its backward applies [`BackwardInput`], [`BackwardWeight`] and [`BiasGrad`]. With
+/// `silu` ([`conv2d_bias_silu`]) the output is `SiLU` of the sum, applied in place right after each gemm, and there
+/// is no backward.
 #[derive(Debug, Clone, Copy)]
 struct Conv2dBiasOp {
     geom: Geom,
+    silu: bool,
 }
 
 /// `db` from `dy`; no backward of its own.
@@ -191,8 +212,8 @@ impl CustomOp2 for Conv2dOp {
             self.name(),
             (s1, l1),
             (s2, l2),
-            |x, w| kernels::forward(x, w, None, g),
-            |x, w| kernels::forward(x, w, None, g),
+            |x, w| kernels::forward(x, w, None, g, None),
+            |x, w| kernels::forward(x, w, None, g, None),
         )?;
         Ok((out, g.y_shape()))
     }
@@ -220,7 +241,7 @@ impl CustomOp2 for Conv2dOp {
 
 impl CustomOp3 for Conv2dBiasOp {
     fn name(&self) -> &'static str {
-        "sluice-conv2d-bias"
+        if self.silu { "sluice-conv2d-bias-silu" } else { "sluice-conv2d-bias" }
     }
 
     fn cpu_fwd(
@@ -239,10 +260,14 @@ impl CustomOp3 for Conv2dBiasOp {
         check_len(l3, g.o, "bias")?;
         let out = match (s1, s2, s3) {
             (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(b)) => {
-                CpuStorage::F32(kernels::forward(slice(x, l1, op)?, slice(w, l2, op)?, Some(slice(b, l3, op)?), g))
+                let silu: kernels::Epilogue<'_, f32> = &crate::norm::silu_in_place::<f32>;
+                let (x, w, b) = (slice(x, l1, op)?, slice(w, l2, op)?, slice(b, l3, op)?);
+                CpuStorage::F32(kernels::forward(x, w, Some(b), g, self.silu.then_some(silu)))
             }
             (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(b)) => {
-                CpuStorage::F64(kernels::forward(slice(x, l1, op)?, slice(w, l2, op)?, Some(slice(b, l3, op)?), g))
+                let silu: kernels::Epilogue<'_, f64> = &crate::norm::silu_in_place::<f64>;
+                let (x, w, b) = (slice(x, l1, op)?, slice(w, l2, op)?, slice(b, l3, op)?);
+                CpuStorage::F64(kernels::forward(x, w, Some(b), g, self.silu.then_some(silu)))
             }
             _ => bail!("{op}: expected three f32 or three f64 tensors, got {:?}", s1.dtype()),
         };
@@ -257,6 +282,9 @@ impl CustomOp3 for Conv2dBiasOp {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if self.silu {
+            bail!("conv2d_bias_silu is for inference and has no backward (train with conv2d_bias and silu)");
+        }
         let dy = dy.contiguous()?;
         let geom = self.geom;
         let dx = x.track_op().then(|| dy.apply_op2_no_bwd(w, &BackwardInput { geom })).transpose()?;

@@ -246,6 +246,14 @@ fn lane_sums<T: Elem>(s1: &[T; LANES], s2: &[T; LANES]) -> (T, T) {
     (p1, p2)
 }
 
+/// `x = SiLU(x)` in place: the inference epilogue of [`crate::conv::conv2d_bias_silu`].
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+pub(crate) fn silu_in_place<T: Elem>(x: &mut [T]) {
+    for v in x.iter_mut() {
+        *v = silu(*v);
+    }
+}
+
 /// `y = SiLU(x·a + b)` over one plane.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
 fn plane_affine_silu<T: Elem>(x: &[T], y: &mut [MaybeUninit<T>], a: T, b: T) {

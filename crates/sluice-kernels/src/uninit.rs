@@ -30,6 +30,15 @@ pub(crate) fn fill_init<T: Copy>(s: &mut [MaybeUninit<T>], v: T) -> &mut [T] {
     unsafe { &mut *(s as *mut [MaybeUninit<T>] as *mut [T]) }
 }
 
+/// A slice whose every element has been written, seen as initialised.
+///
+/// # Safety
+/// Every element of `s` must be initialised.
+pub(crate) unsafe fn assume_init_mut<T>(s: &mut [MaybeUninit<T>]) -> &mut [T] {
+    // SAFETY: the caller's contract; `MaybeUninit<T>` has the layout of `T`.
+    unsafe { &mut *(s as *mut [MaybeUninit<T>] as *mut [T]) }
+}
+
 /// Writes `src` into `dst` (the shorter length).
 pub(crate) fn write_all<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
     for (d, s) in dst.iter_mut().zip(src) {

@@ -5,7 +5,7 @@
 mod poison;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
-use sluice_kernels::conv::{conv2d, conv2d_bias, peak_workspace_bytes};
+use sluice_kernels::conv::{conv2d, conv2d_bias, conv2d_bias_silu, peak_workspace_bytes};
 
 /// Deterministic pseudo-random values in [-1, 1) (a 64-bit LCG; the tests need reproducible inputs, not quality).
 fn values(n: usize, seed: u64) -> Vec<f64> {
@@ -77,6 +77,11 @@ const SHAPES: &[(usize, usize, usize, usize, usize, usize, usize, usize)] = &[
     (2, 128, 20, 20, 160, 1, 1, 0),
     (2, 32, 40, 40, 48, 3, 2, 1),
     (16, 16, 24, 24, 16, 3, 1, 1),
+    // 3×3 stride-2 padding-1 down convs (the three kernel columns in one pass): even and odd sides, down to 1 and 2.
+    (2, 3, 8, 6, 4, 3, 2, 1),
+    (1, 2, 5, 4, 3, 3, 2, 1),
+    (2, 2, 1, 2, 3, 3, 2, 1),
+    (1, 3, 2, 1, 2, 3, 2, 1),
 ];
 
 fn check_against_stock(dtype: DType, tol: f64) {
@@ -122,8 +127,15 @@ fn f32_matches_stock_conv2d_and_its_gradients() {
 
 #[test]
 fn gradients_match_f64_central_differences() {
+    // Odd and even sides of the 3×3 stride-2 down conv (whose even sides candle's stock backward cannot check).
+    for (h, w) in [(5, 4), (4, 5), (6, 6), (1, 2)] {
+        central_differences(h, w);
+    }
+}
+
+fn central_differences(h: usize, wd: usize) {
     let (s, p) = (2, 1);
-    let x = tensor(&[2, 2, 5, 4], 7, DType::F64);
+    let x = tensor(&[2, 2, h, wd], 7, DType::F64);
     let w = tensor(&[3, 2, 3, 3], 8, DType::F64);
     let (y, dx, dw) = run(|x, w| conv2d(x, w, s, p), &x, &w, 9);
     let r = tensor(y.dims(), 9, DType::F64);
@@ -139,12 +151,12 @@ fn gradients_match_f64_central_differences() {
     let dx = dx.flatten_all().unwrap().to_vec1::<f64>().unwrap();
     for i in 0..x.elem_count() {
         let num = (loss(&bump(&x, i, eps), &w) - loss(&bump(&x, i, -eps), &w)) / (2.0 * eps);
-        assert!((num - dx[i]).abs() < 1e-7, "dx[{i}]: numeric {num} vs {}", dx[i]);
+        assert!((num - dx[i]).abs() < 1e-7, "{h}×{wd} dx[{i}]: numeric {num} vs {}", dx[i]);
     }
     let dw = dw.flatten_all().unwrap().to_vec1::<f64>().unwrap();
     for i in 0..w.elem_count() {
         let num = (loss(&x, &bump(&w, i, eps)) - loss(&x, &bump(&w, i, -eps))) / (2.0 * eps);
-        assert!((num - dw[i]).abs() < 1e-7, "dw[{i}]: numeric {num} vs {}", dw[i]);
+        assert!((num - dw[i]).abs() < 1e-7, "{h}×{wd} dw[{i}]: numeric {num} vs {}", dw[i]);
     }
 }
 
@@ -160,6 +172,28 @@ fn run_bias(
     let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
     let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
     [y, g(&vars[0]), g(&vars[1]), g(&vars[2])]
+}
+
+#[test]
+fn bias_silu_conv_matches_silu_of_the_bias_conv_and_refuses_backward() {
+    for dtype in [DType::F64, DType::F32] {
+        let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+        for (i, &(n, c, h, w, o, k, s, p)) in SHAPES.iter().enumerate() {
+            let seed = 500 + 10 * i as u64;
+            let x = tensor(&[n, c, h, w], seed, dtype);
+            let wt = tensor(&[o, c, k, k], seed + 1, dtype);
+            let b = tensor(&[o], seed + 2, dtype);
+            let fused = conv2d_bias_silu(&x, &wt, &b, s, p).unwrap();
+            let composed = conv2d(&x, &wt, s, p).unwrap().broadcast_add(&b.reshape((1, o, 1, 1)).unwrap()).unwrap();
+            let err = rel_err(&fused, &composed.silu().unwrap());
+            assert!(err < tol, "{dtype:?} x {n}×{c}×{h}×{w} w {o}×{c}×{k}×{k} s{s} p{p}: {err}");
+        }
+    }
+    // Inference only: a backward through it is a clear error, not a silently missing gradient.
+    let w = Var::from_tensor(&tensor(&[4, 3, 3, 3], 1, DType::F32)).unwrap();
+    let y = conv2d_bias_silu(&tensor(&[1, 3, 6, 6], 2, DType::F32), w.as_tensor(), &tensor(&[4], 3, DType::F32), 1, 1);
+    let err = y.unwrap().sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(err.contains("no backward"), "{err}");
 }
 
 #[test]

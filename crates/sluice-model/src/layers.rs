@@ -19,7 +19,9 @@ pub const BN_MOMENTUM: f64 = 0.03;
 /// Whether BatchNorm uses running statistics (eval) or batch statistics and updates the running ones (train).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Inference: running statistics.
+    /// Inference: running statistics, each Conv block one op (BatchNorm folded into the convolution's weight and
+    /// bias, SiLU applied in the same pass on the CPU), with no backward: a gradient through an eval-mode forward is
+    /// an error.
     Eval,
     /// Training: batch statistics (biased variance), running statistics updated with momentum 0.03 (unbiased).
     Train,
@@ -138,6 +140,21 @@ impl Conv {
     }
 
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        // Inference in the model's dtype: one conv + bias + SiLU op (`sluice_kernels::conv::conv2d_bias_silu`), with
+        // the running statistics folded into the weight and bias on the fly when the block is not fused yet.
+        if self.autocast.get().is_none_or(|half| half == x.dtype()) {
+            match (&self.bn, &self.fused_bias, mode) {
+                (None, Some(b), _) => {
+                    return sluice_kernels::conv::conv2d_bias_silu(x, &self.weight, b, self.stride, self.pad);
+                }
+                (Some(bn), _, Mode::Eval) => {
+                    let (scale, shift) = bn.eval_affine()?;
+                    let w = self.weight.broadcast_mul(&scale.reshape((scale.dim(0)?, 1, 1, 1))?)?;
+                    return sluice_kernels::conv::conv2d_bias_silu(x, &w, &shift, self.stride, self.pad);
+                }
+                _ => {}
+            }
+        }
         let y = match self.autocast.get() {
             Some(half) if half != x.dtype() => {
                 let (xh, wh) = (x.to_dtype(half)?, self.weight.to_dtype(half)?);

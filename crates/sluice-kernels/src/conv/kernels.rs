@@ -11,7 +11,7 @@ use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::workspace::Elem;
-use crate::uninit::{as_uninit, fill_init, filled_vec, write_all};
+use crate::uninit::{as_uninit, assume_init_mut, fill_init, filled_vec, write_all};
 
 /// Shape of one convolution (groups 1, dilation 1, square kernel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,10 @@ impl Geom {
     /// A stride-1 conv whose output has the input's size (odd `k`, `pad = (k − 1) / 2`, as YOLO's 3×3 convs).
     fn is_same_stride1(&self) -> bool {
         self.stride == 1 && 2 * self.pad + 1 == self.k && self.ho == self.h && self.wo == self.w
+    }
+    /// YOLO's down-sampling conv: 3×3, stride 2, padding 1 (im2col/col2im handle its three kernel columns at once).
+    fn is_down3(&self) -> bool {
+        self.k == 3 && self.stride == 2 && self.pad == 1
     }
     /// A 1×1, stride-1, unpadded conv: the input image already is the column matrix.
     fn is_pointwise(&self) -> bool {
@@ -181,6 +185,10 @@ pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: 
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
 fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
+    if g.is_down3() {
+        down3_im2col(plane, g, rows, ld, off);
+        return;
+    }
     for ky in 0..k {
         for kx in 0..k {
             let row = ky * k + kx;
@@ -277,6 +285,88 @@ fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, p
     }
 }
 
+/// The three column-matrix rows of kernel row `ky` (kernel columns 0, 1, 2), each the `ho·wo` entries of this
+/// image.
+#[inline(always)]
+fn three_rows<T>(rows: &mut [T], ld: usize, off: usize, len: usize, ky: usize) -> [&mut [T]; 3] {
+    let mut it = rows[3 * ky * ld..(3 * ky + 3) * ld].chunks_exact_mut(ld).map(|r| &mut r[off..off + len]);
+    let mut next = || it.next().unwrap_or_default();
+    [next(), next(), next()]
+}
+
+/// [`im2col_plane`] for a 3×3 stride-2 conv with padding 1. Output column `j` of kernel column `kx` reads input
+/// column `2j + kx − 1`: kernel column 1 takes the even input columns, 2 the odd ones, and 0 the odd ones shifted
+/// by one output column (its column 0 is the padding). One pass over each input row fills all three rows, as a
+/// de-interleave that vectorises, instead of three strided passes.
+#[inline(always)] // into the multiversioned caller, so it is compiled with its SIMD features
+fn down3_im2col<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize) {
+    let (w, wo) = (g.w, g.wo);
+    // Pairs (2j, 2j + 1) inside the row that also have an output column j + 1 for kernel column 0.
+    let n = (w / 2).min(wo - 1);
+    for ky in 0..3 {
+        let [r0, r1, r2] = three_rows(rows, ld, off, g.howo(), ky);
+        for oy in 0..g.ho {
+            let (c0, c1, c2) =
+                (&mut r0[oy * wo..(oy + 1) * wo], &mut r1[oy * wo..(oy + 1) * wo], &mut r2[oy * wo..(oy + 1) * wo]);
+            let iy = (2 * oy + ky) as isize - 1;
+            if iy < 0 || iy >= g.h as isize {
+                c0.fill(T::ZERO);
+                c1.fill(T::ZERO);
+                c2.fill(T::ZERO);
+                continue;
+            }
+            let src = &plane[iy as usize * w..(iy as usize + 1) * w];
+            for (((pair, a), b), c) in src.chunks_exact(2).zip(&mut c1[..n]).zip(&mut c2[..n]).zip(&mut c0[1..n + 1]) {
+                *a = pair[0];
+                *b = pair[1];
+                *c = pair[1];
+            }
+            c0[0] = T::ZERO;
+            for j in n..wo {
+                c1[j] = src[2 * j];
+                c2[j] = if 2 * j + 1 < w { src[2 * j + 1] } else { T::ZERO };
+            }
+            for j in n + 1..wo {
+                c0[j] = src[2 * j - 1];
+            }
+        }
+    }
+}
+
+/// The adjoint of [`down3_im2col`]: each input row receives its three kernel columns' contributions in one pass
+/// (even columns from kernel column 1, odd ones from 2 and from 0 one output column later), written once each.
+#[inline(always)] // into the multiversioned caller, so it is compiled with its SIMD features
+fn down3_col2im<T: Elem>(rows: &mut [T], g: &Geom, ld: usize, off: usize, plane: &mut [T]) {
+    let (w, wo) = (g.w, g.wo);
+    let n = (w / 2).min(wo - 1);
+    for ky in 0..3 {
+        let [r0, r1, r2] = three_rows(rows, ld, off, g.howo(), ky);
+        for oy in 0..g.ho {
+            let iy = (2 * oy + ky) as isize - 1;
+            if iy < 0 || iy >= g.h as isize {
+                continue;
+            }
+            let (c0, c1, c2) = (&r0[oy * wo..(oy + 1) * wo], &r1[oy * wo..(oy + 1) * wo], &r2[oy * wo..(oy + 1) * wo]);
+            let dst = &mut plane[iy as usize * w..(iy as usize + 1) * w];
+            for (((pair, a), b), c) in dst.chunks_exact_mut(2).zip(&c1[..n]).zip(&c2[..n]).zip(&c0[1..n + 1]) {
+                pair[0] += *a;
+                // Kernel column 0 before 2, the order of the one-column-at-a-time loop: the same sums bit for bit.
+                pair[1] += *c;
+                pair[1] += *b;
+            }
+            for j in n..wo {
+                dst[2 * j] += c1[j];
+                if 2 * j + 1 < w {
+                    dst[2 * j + 1] += c2[j];
+                }
+            }
+            for j in n + 1..wo {
+                dst[2 * j - 1] += c0[j];
+            }
+        }
+    }
+}
+
 /// For kernel row `ky` of a stride-1 "same" conv: the valid output rows as `(first element in the column-matrix
 /// row, first element of the input plane, element count)`; output rows above and below read the zero padding.
 #[inline(always)]
@@ -320,6 +410,10 @@ pub(crate) fn col2im<T: Elem>(col: &mut [T], g: &Geom, ld: usize, off: usize, dx
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
 fn col2im_plane<T: Elem>(rows: &mut [T], g: &Geom, ld: usize, off: usize, plane: &mut [T]) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
+    if g.is_down3() {
+        down3_col2im(rows, g, ld, off, plane);
+        return;
+    }
     for ky in 0..k {
         for kx in 0..k {
             let row = ky * k + kx;
@@ -380,9 +474,19 @@ fn gemm_par(parallel_groups: bool) -> Parallelism {
     if parallel_groups || threads <= 1 { Parallelism::None } else { Parallelism::Rayon(threads) }
 }
 
+/// An in-place activation the forward applies to each gemm's result.
+pub(crate) type Epilogue<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
+
 /// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row starts
-/// as the bias and the gemm accumulates onto it, so the bias costs no pass of its own.
-pub(crate) fn forward<T: Elem>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Geom) -> Vec<T> {
+/// as the bias and the gemm accumulates onto it, so the bias costs no pass of its own. `epilogue` (an activation,
+/// in place) runs on each gemm's result right after it, while it is in cache.
+pub(crate) fn forward<T: Elem>(
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    g: &Geom,
+    epilogue: Option<Epilogue<'_, T>>,
+) -> Vec<T> {
     let (howo, ckk, o) = (g.howo(), g.ckk(), g.o);
     let (gs, parallel) = g.plan();
     let par = gemm_par(parallel);
@@ -400,6 +504,10 @@ pub(crate) fn forward<T: Elem>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Geom) -
                         write_rows(yi, howo, b);
                     }
                     matmul((o, howo, ckk), yi, (howo, 1), bias.is_some(), w, (ckk, 1), xi, (howo, 1), par);
+                    if let Some(f) = epilogue {
+                        // SAFETY: the gemm just wrote every element of `yi`.
+                        f(unsafe { assume_init_mut(yi) });
+                    }
                 }
                 return;
             }
@@ -415,6 +523,10 @@ pub(crate) fn forward<T: Elem>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Geom) -
                     write_rows(dst, cols, b);
                 }
                 matmul((o, cols, ckk), dst, (cols, 1), bias.is_some(), w, (ckk, 1), col, (cols, 1), par);
+                if let Some(f) = epilogue {
+                    // SAFETY: the gemm just wrote every element of `dst` (`o × cols`, the whole chunk or `tmp`).
+                    f(unsafe { assume_init_mut(dst) });
+                }
                 if imgs > 1 {
                     for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
                         for (oc, row) in yi.chunks_mut(howo).enumerate() {
@@ -627,7 +739,7 @@ mod tests {
             let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
             let x = ramp(n * c * h * w, 0.01);
             let wt = ramp(o * c * k * k, 0.02);
-            let got = forward(&x, &wt, None, &g);
+            let got = forward(&x, &wt, None, &g, None);
             let want = naive(&x, &wt, &g);
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-12, "{g:?}: {a} vs {b}");
