@@ -68,15 +68,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Tenso
 /// batch and the pixels, and differentiable in all three inputs. On contiguous CPU f32/f64 tensors the bias is
 /// added inside the convolution's gemm; elsewhere the result is composed from [`conv2d`] and `broadcast_add`.
 pub fn conv2d_bias(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
-    let geom = geometry(x, w, stride, pad)?;
-    if b.dims() != [geom.o] {
-        bail!("conv2d: bias has shape {:?}, expected ({},)", b.dims(), geom.o);
-    }
-    let same = x.dtype() == w.dtype() && x.dtype() == b.dtype();
-    if !(same && x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)) {
-        return conv2d(x, w, stride, pad)?.broadcast_add(&b.reshape((1, geom.o, 1, 1))?);
-    }
-    x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom, silu: false })
+    bias_conv(x, w, b, stride, pad, false)
 }
 
 /// `SiLU(conv2d_bias(x, w, b, stride, pad))` for inference: a folded Conv block (BatchNorm inside `w` and `b`) in
@@ -86,15 +78,21 @@ pub fn conv2d_bias(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize
 /// with [`conv2d_bias`] or [`conv2d`] and a separate activation). Elsewhere it is composed from
 /// [`conv2d_bias`] and `silu`.
 pub fn conv2d_bias_silu(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
+    bias_conv(x, w, b, stride, pad, true)
+}
+
+/// [`conv2d_bias`], or [`conv2d_bias_silu`] with `silu`: the custom op on the CPU, composed elsewhere.
+fn bias_conv(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize, silu: bool) -> Result<Tensor> {
     let geom = geometry(x, w, stride, pad)?;
     if b.dims() != [geom.o] {
         bail!("conv2d: bias has shape {:?}, expected ({},)", b.dims(), geom.o);
     }
     let same = x.dtype() == w.dtype() && x.dtype() == b.dtype();
     if !(same && x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)) {
-        return conv2d_bias(x, w, b, stride, pad)?.silu();
+        let y = conv2d(x, w, stride, pad)?.broadcast_add(&b.reshape((1, geom.o, 1, 1))?)?;
+        return if silu { y.silu() } else { Ok(y) };
     }
-    x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom, silu: true })
+    x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom, silu })
 }
 
 /// Whether the custom ops run for tensors like `x`: f32/f64 on the CPU, or cuDNN's dtypes on CUDA (`cudnn`).
