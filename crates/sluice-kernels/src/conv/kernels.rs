@@ -477,6 +477,19 @@ fn gemm_par(parallel_groups: bool) -> Parallelism {
 /// An in-place activation the forward applies to each gemm's result.
 pub(crate) type Epilogue<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
 
+/// Elements per rayon task of an epilogue that runs after a gemm that used every thread.
+const EPILOGUE_CHUNK: usize = 16 * 1024;
+
+/// Applies `f` to `d`: on this thread when the groups already run in parallel (`parallel_groups`), else split over
+/// the pool, as the gemm before it was (batch 1 would otherwise run its activation on one core).
+fn run_epilogue<T: Elem>(f: Epilogue<'_, T>, d: &mut [T], parallel_groups: bool) {
+    if parallel_groups {
+        f(d);
+    } else {
+        d.par_chunks_mut(EPILOGUE_CHUNK).for_each(f);
+    }
+}
+
 /// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row starts
 /// as the bias and the gemm accumulates onto it, so the bias costs no pass of its own. `epilogue` (an activation,
 /// in place) runs on each gemm's result right after it, while it is in cache.
@@ -506,7 +519,7 @@ pub(crate) fn forward<T: Elem>(
                     matmul((o, howo, ckk), yi, (howo, 1), bias.is_some(), w, (ckk, 1), xi, (howo, 1), par);
                     if let Some(f) = epilogue {
                         // SAFETY: the gemm just wrote every element of `yi`.
-                        f(unsafe { assume_init_mut(yi) });
+                        run_epilogue(f, unsafe { assume_init_mut(yi) }, parallel);
                     }
                 }
                 return;
@@ -525,7 +538,7 @@ pub(crate) fn forward<T: Elem>(
                 matmul((o, cols, ckk), dst, (cols, 1), bias.is_some(), w, (ckk, 1), col, (cols, 1), par);
                 if let Some(f) = epilogue {
                     // SAFETY: the gemm just wrote every element of `dst` (`o × cols`, the whole chunk or `tmp`).
-                    f(unsafe { assume_init_mut(dst) });
+                    run_epilogue(f, unsafe { assume_init_mut(dst) }, parallel);
                 }
                 if imgs > 1 {
                     for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
