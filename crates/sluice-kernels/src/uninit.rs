@@ -27,7 +27,7 @@ pub(crate) fn fill_init<T: Copy>(s: &mut [MaybeUninit<T>], v: T) -> &mut [T] {
         d.write(v);
     });
     // SAFETY: every element was just written.
-    unsafe { &mut *(s as *mut [MaybeUninit<T>] as *mut [T]) }
+    unsafe { assume_init_mut(s) }
 }
 
 /// A slice whose every element has been written, seen as initialised.

@@ -90,6 +90,13 @@ impl BatchNorm {
         Ok((scale, shift))
     }
 
+    /// A conv weight (`o×c×k×k`) with this BatchNorm folded in: `(w·scale, shift)` per output channel.
+    fn fold(&self, weight: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (scale, shift) = self.eval_affine()?;
+        let w = weight.broadcast_mul(&scale.reshape((scale.dim(0)?, 1, 1, 1))?)?;
+        Ok((w, shift))
+    }
+
     /// `SiLU(BatchNorm(x))`, fused (`sluice_kernels::norm`): running statistics in eval mode; batch statistics
     /// in train mode, where the running statistics are updated too.
     fn forward_silu(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
@@ -148,8 +155,7 @@ impl Conv {
                     return sluice_kernels::conv::conv2d_bias_silu(x, &self.weight, b, self.stride, self.pad);
                 }
                 (Some(bn), _, Mode::Eval) => {
-                    let (scale, shift) = bn.eval_affine()?;
-                    let w = self.weight.broadcast_mul(&scale.reshape((scale.dim(0)?, 1, 1, 1))?)?;
+                    let (w, shift) = bn.fold(&self.weight)?;
                     return sluice_kernels::conv::conv2d_bias_silu(x, &w, &shift, self.stride, self.pad);
                 }
                 _ => {}
@@ -172,9 +178,8 @@ impl Conv {
     /// The folded copy: `w' = w·γ/√(var+eps)`, `b' = β − mean·γ/√(var+eps)`.
     pub(crate) fn fused(&self) -> Result<Self> {
         let Some(bn) = &self.bn else { return Ok(self.clone()) };
-        let (scale, shift) = bn.eval_affine()?;
-        let c2 = scale.dim(0)?;
-        let weight = self.weight.detach().broadcast_mul(&scale.detach().reshape((c2, 1, 1, 1))?)?;
+        let (weight, shift) = bn.fold(&self.weight)?;
+        let weight = weight.detach();
         // The folded copy shares no state with the original (autocast included: it runs in the model's dtype).
         Ok(Self {
             weight,
