@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]
 
 use candle_core::{Device, Tensor, Var};
-use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group};
 use sluice_kernels::conv::{conv2d, peak_workspace_bytes};
 
 /// (name, c_in, c_out, kernel, stride, input side at imgsz 320, whether the backward computes the input gradient)
@@ -68,4 +68,13 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+// The `sluice` binary's allocator and thread policy, so the figures are the binary's (`sluice_kernels::memory`).
+#[global_allocator]
+static GLOBAL: sluice_kernels::memory::MiMalloc = sluice_kernels::memory::MiMalloc;
+
+fn main() {
+    // SAFETY: first in `main`, before criterion or candle start any thread.
+    unsafe { sluice_kernels::memory::setup_process() };
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
-use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use sluice_kernels::{dfl, loss, norm, pool};
 
 const BN_EPS: f64 = 1e-3;
@@ -118,4 +118,13 @@ fn bce(c: &mut Criterion) {
 }
 
 criterion_group!(benches, batch_norm_silu, pool_upsample, dfl_decode, bce);
-criterion_main!(benches);
+// The `sluice` binary's allocator and thread policy, so the figures are the binary's (`sluice_kernels::memory`).
+#[global_allocator]
+static GLOBAL: sluice_kernels::memory::MiMalloc = sluice_kernels::memory::MiMalloc;
+
+fn main() {
+    // SAFETY: first in `main`, before criterion or candle start any thread.
+    unsafe { sluice_kernels::memory::setup_process() };
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

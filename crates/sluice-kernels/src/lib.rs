@@ -5,7 +5,7 @@
 //! ([`optim`]).
 //!
 //! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
-//! element-wise pool tamed on small machines).
+//! element-wise pool tamed on small machines), [`memory`] the allocator policy (mimalloc, freed memory kept).
 //!
 //! Every op is checked against candle's stock ops and against f64 central differences in its tests.
 #![warn(missing_docs)]
@@ -13,6 +13,7 @@
 pub mod conv;
 pub mod dfl;
 pub mod loss;
+pub mod memory;
 pub mod norm;
 pub mod optim;
 pub mod pool;

@@ -1,9 +1,9 @@
-//! Criterion bench of the model's hot path on the CPU backend: yolov8n eval forward at 320×320 (the baseline)
-//! against the Conv+BN-folded forward, measured in the same run, plus the SPPF max-pool workaround (native
+//! Criterion bench of the model's hot path on the CPU backend: yolov8n eval forward at 320×320 and at 640×640
+//! batch 1 (the baseline) against the Conv+BN-folded forward, measured in the same run, plus the SPPF max-pool workaround (native
 //! padded pool vs the differentiable shifted-maximum form), and the whole `bench_model` run (eval, fused, train step).
 
 use candle_core::{DType, Device, Tensor, Var};
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use sluice_model::{BenchOptions, Scale, YoloConfig, YoloV8, bench_model, ops};
 
 fn forward(c: &mut Criterion) {
@@ -12,6 +12,15 @@ fn forward(c: &mut Criterion) {
     let fused = model.fuse().expect("fuse");
     let x = Tensor::rand(0f32, 1.0, (1, 3, 320, 320), &dev).expect("input");
     let mut g = c.benchmark_group("yolov8n_320_cpu");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    g.bench_function("eval_forward", |b| b.iter(|| model.forward(&x).expect("forward")));
+    g.bench_function("fused_forward", |b| b.iter(|| fused.forward(&x).expect("forward")));
+    g.finish();
+
+    // The inference target of `sluice bench model` (`infer1`): one 640×640 image.
+    let x = Tensor::rand(0f32, 1.0, (1, 3, 640, 640), &dev).expect("input");
+    let mut g = c.benchmark_group("yolov8n_640_b1_cpu");
     g.throughput(Throughput::Elements(1));
     g.sample_size(10);
     g.bench_function("eval_forward", |b| b.iter(|| model.forward(&x).expect("forward")));
@@ -38,4 +47,13 @@ fn train_step(c: &mut Criterion) {
 }
 
 criterion_group!(benches, forward, train_step);
-criterion_main!(benches);
+// The `sluice` binary's allocator and thread policy, so the figures are the binary's (`sluice_kernels::memory`).
+#[global_allocator]
+static GLOBAL: sluice_kernels::memory::MiMalloc = sluice_kernels::memory::MiMalloc;
+
+fn main() {
+    // SAFETY: first in `main`, before criterion or candle start any thread.
+    unsafe { sluice_kernels::memory::setup_process() };
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

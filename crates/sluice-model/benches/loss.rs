@@ -1,7 +1,7 @@
 //! The v8 loss on one batch of yolov8n head outputs at 320 / batch 8: the host assigner path (the CPU's) against
 //! the dense tensor-op path (the GPU's), same inputs, same process.
 use candle_core::{DType, Device, Tensor};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use sluice_core::{BoxXyxy, Target};
 use sluice_model::{DenseTargets, DetectionLoss, Mode, Scale, YoloConfig, YoloV8};
 
@@ -44,4 +44,13 @@ fn loss(c: &mut Criterion) {
 }
 
 criterion_group!(benches, loss);
-criterion_main!(benches);
+// The `sluice` binary's allocator and thread policy, so the figures are the binary's (`sluice_kernels::memory`).
+#[global_allocator]
+static GLOBAL: sluice_kernels::memory::MiMalloc = sluice_kernels::memory::MiMalloc;
+
+fn main() {
+    // SAFETY: first in `main`, before criterion or candle start any thread.
+    unsafe { sluice_kernels::memory::setup_process() };
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

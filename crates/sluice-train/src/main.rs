@@ -3,27 +3,9 @@
 
 mod cmd;
 
-/// mimalloc instead of glibc's malloc: candle allocates a fresh buffer for every tensor op, and glibc serves the
-/// large ones with mmap/munmap, so each training step paid page faults, page zeroing and TLB shootdowns for
-/// memory it had just freed (see `sluice-kernels/README.md` for the measured effect).
+/// mimalloc, with freed memory kept: the policy and its measured effect are in `sluice_kernels::memory`.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// `mi_option_purge_delay` (the same index in mimalloc v2 and v3's option enum).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Keeps freed memory mapped instead of returning it to the OS 10 ms later (mimalloc's default purge): a training
-/// step frees and reallocates the same few hundred MB every step, and with purging each reuse faulted the pages
-/// back in and the kernel zeroed them again (yolov8n 320/b8: 503k page faults and 4.2 s of system time in a short
-/// bench, against 722 faults and 1.0 s without; see `sluice-kernels/README.md`). The process keeps its peak
-/// footprint, which a training run reaches in its first steps anyway. `MIMALLOC_PURGE_DELAY` in the environment
-/// still wins.
-fn keep_freed_memory() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: called first in `main`, before any other thread exists (mi_option_set is not thread safe).
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-    }
-}
+static GLOBAL: sluice_kernels::memory::MiMalloc = sluice_kernels::memory::MiMalloc;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -64,9 +46,8 @@ enum Command {
 }
 
 fn main() -> Result<()> {
-    keep_freed_memory();
     // SAFETY: at the start of `main`: no other thread exists yet and candle has not run.
-    unsafe { sluice_kernels::threads::tame_candle_pools() };
+    unsafe { sluice_kernels::memory::setup_process() };
     let cli = Cli::parse();
     match cli.command {
         Command::Train(args) => cmd::train::run(args),
