@@ -9,9 +9,16 @@
 //! destination row, which is rounded out before the next starts. Per output element the sums run in OpenCV's
 //! order (ascending source index, horizontal before vertical). All buffers are per-thread and reused, so decoding
 //! a stream of images allocates nothing once they have grown to the largest size.
+//!
+//! The horizontal pass is the cost (it reads every source pixel of every row). Each destination pixel's taps are
+//! consecutive source pixels, so for up to [`MAX_FIXED`] taps the pass runs on a fixed-width form of the table
+//! ([`Fixed`]): `k` consecutive pixels from `first[d]` with zero weights padding the shorter windows, unrolled at
+//! compile time for that `k`. The zero terms add exact zeros, so the bits are those of the tap-list form.
 
 use std::cell::RefCell;
 use std::ops::Range;
+
+use multiversion::multiversion;
 
 use sluice_core::ImageRgb8;
 
@@ -68,10 +75,49 @@ impl Table {
     }
 }
 
+/// The widest window the horizontal pass unrolls (a shrink by less than 3× has at most 4 taps); wider windows (a
+/// shrink by 3× or more that is not an integer factor) use the tap list.
+const MAX_FIXED: usize = 4;
+
+/// [`Table`] as fixed-width windows: destination pixel `d` reads source pixels `first[d]..first[d] + k` with the
+/// weights `weights[d·k..(d + 1)·k]`, zero where the pixel is not one of its taps.
+#[derive(Debug, Default)]
+struct Fixed {
+    k: usize,
+    first: Vec<usize>,
+    weights: Vec<f32>,
+}
+
+impl Fixed {
+    /// The fixed form of `t` over `src_len` source pixels, or `None` when a window is wider than [`MAX_FIXED`].
+    fn fill(&mut self, t: &Table, src_len: usize) -> Option<()> {
+        let dst_len = t.starts.len().saturating_sub(1);
+        let k = (0..dst_len).map(|d| t.range(d).len()).max()?.max(1);
+        if k > MAX_FIXED || k > src_len {
+            return None;
+        }
+        self.k = k;
+        self.first.clear();
+        self.weights.clear();
+        for d in 0..dst_len {
+            let taps = t.of(d);
+            // Windows near the right edge start early so that all `k` pixels exist; the extra ones weigh zero.
+            let first = taps.first().map_or(0, |tap| tap.src).min(src_len - k);
+            self.first.push(first);
+            self.weights
+                .extend((first..first + k).map(|src| taps.iter().find(|t| t.src == src).map_or(0.0, |t| t.weight)));
+        }
+        Some(())
+    }
+}
+
 /// The per-thread tables and rows of [`resize_area`].
 #[derive(Debug, Default)]
 struct Scratch {
     x: Table,
+    /// `x` in fixed-width form, when its windows are narrow enough (`fixed_ok`).
+    x_fixed: Fixed,
+    fixed_ok: bool,
     y: Table,
     /// Horizontal sums of source row `row_src` (`dw·3`).
     row: Vec<f32>,
@@ -85,12 +131,14 @@ thread_local! {
 }
 
 /// Rounds to nearest, ties to even (OpenCV's `saturate_cast<uchar>` through `cvRound`), after clamping to
-/// `0..=255`: adding and subtracting 1.5·2²³ leaves an f32 in this range rounded in the default rounding mode,
-/// which vectorises (`f32::round_ties_even` is a libm call on baseline x86-64).
-#[inline]
+/// `0..=255`. Adding 1.5·2²³ rounds an f32 in this range to an integer in the default rounding mode, and that
+/// integer is the low byte of the sum's mantissa. Both steps vectorise, where `f32::round_ties_even` is a libm call
+/// on baseline x86-64 and a saturating `as u8` cast is scalar code. (The sums are of bytes with finite weights,
+/// never NaN.)
+#[inline(always)]
 fn to_u8(v: f32) -> u8 {
     const MAGIC: f32 = 12_582_912.0;
-    ((v.clamp(0.0, 255.0) + MAGIC) - MAGIC) as u8
+    ((v.clamp(0.0, 255.0) + MAGIC).to_bits() & 0xFF) as u8
 }
 
 /// Horizontal sums of one RGB source row: `row[3d + ch] = Σ_taps(d) src[3·tap.src + ch] · tap.weight`.
@@ -107,6 +155,37 @@ fn horizontal(src: &[u8], x: &Table, row: &mut [f32]) {
     }
 }
 
+/// [`horizontal`] on the fixed-width table with `K == x.k` taps per destination pixel, unrolled.
+#[inline(always)]
+fn horizontal_fixed<const K: usize>(src: &[u8], x: &Fixed, row: &mut [f32]) {
+    for ((out, &first), w) in row.chunks_exact_mut(3).zip(&x.first).zip(x.weights.chunks_exact(K)) {
+        let px = &src[first * 3..first * 3 + 3 * K];
+        let mut acc = [0f32; 3];
+        for j in 0..K {
+            acc[0] += f32::from(px[3 * j]) * w[j];
+            acc[1] += f32::from(px[3 * j + 1]) * w[j];
+            acc[2] += f32::from(px[3 * j + 2]) * w[j];
+        }
+        out.copy_from_slice(&acc);
+    }
+}
+
+/// The horizontal sums of one source row through whichever form of the x table the scratch holds. Compiled for
+/// AVX-512 and AVX2 too, chosen at run time (no FMA contraction: every target gives the same bits).
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+fn horizontal_row(src: &[u8], s: &Scratch, row: &mut [f32]) {
+    if !s.fixed_ok {
+        return horizontal(src, &s.x, row);
+    }
+    match s.x_fixed.k {
+        1 => horizontal_fixed::<1>(src, &s.x_fixed, row),
+        2 => horizontal_fixed::<2>(src, &s.x_fixed, row),
+        3 => horizontal_fixed::<3>(src, &s.x_fixed, row),
+        4 => horizontal_fixed::<4>(src, &s.x_fixed, row),
+        _ => horizontal(src, &s.x, row),
+    }
+}
+
 /// Resamples the region `[0, extent_w) x [0, extent_h)` of `src` to `width x height` into `out` (already reset to
 /// that size) by area averaging. Rounds to nearest like OpenCV's `saturate_cast`.
 pub(crate) fn resize_area(src: &ImageRgb8, extent_w: f64, extent_h: f64, width: u32, height: u32, out: &mut ImageRgb8) {
@@ -116,25 +195,41 @@ pub(crate) fn resize_area(src: &ImageRgb8, extent_w: f64, extent_h: f64, width: 
         let s = &mut *guard;
         s.x.fill(extent_w, src.width() as usize, dw);
         s.y.fill(extent_h, src.height() as usize, dh);
+        s.fixed_ok = s.x_fixed.fill(&s.x, src.width() as usize).is_some();
         s.row.resize(dw * 3, 0.0);
         s.acc.resize(dw * 3, 0.0);
         s.row_src = None;
         for y in 0..dh {
             s.acc.fill(0.0);
-            for &t in s.y.of(y) {
+            for ti in s.y.range(y) {
+                let t = s.y.taps[ti];
                 if s.row_src != Some(t.src) {
-                    horizontal(src.row(t.src as u32), &s.x, &mut s.row);
+                    let mut row = std::mem::take(&mut s.row);
+                    horizontal_row(src.row(t.src as u32), s, &mut row);
+                    s.row = row;
                     s.row_src = Some(t.src);
                 }
-                for (a, r) in s.acc.iter_mut().zip(&s.row) {
-                    *a += r * t.weight;
-                }
+                accumulate(&mut s.acc, &s.row, t.weight);
             }
-            for (o, &v) in out.row_mut(y as u32).iter_mut().zip(&s.acc) {
-                *o = to_u8(v);
-            }
+            round_out(&s.acc, out.row_mut(y as u32));
         }
     });
+}
+
+/// `acc += row · weight`, element-wise (one vertical tap).
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+fn accumulate(acc: &mut [f32], row: &[f32], weight: f32) {
+    for (a, r) in acc.iter_mut().zip(row) {
+        *a += r * weight;
+    }
+}
+
+/// One finished destination row, rounded to bytes.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+fn round_out(acc: &[f32], out: &mut [u8]) {
+    for (o, &v) in out.iter_mut().zip(acc) {
+        *o = to_u8(v);
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +252,37 @@ mod tests {
         }
     }
 
+    /// The fixed-width pass gives the tap-list pass's bits, at the shrinks DCT-scaled decodes produce and at the
+    /// right edge, where windows start early.
+    #[test]
+    fn fixed_width_pass_matches_the_tap_list_bit_for_bit() {
+        let src: Vec<u8> = (0..997u32 * 3).map(|i| ((i * 73 + 11) % 256) as u8).collect();
+        for (extent, src_len, dst_len, k) in [
+            (960.0, 960, 640, 2),
+            (997.0, 997, 640, 3),
+            (500.0, 500, 333, 3),
+            (720.0, 720, 640, 2),
+            (996.5, 997, 640, 3),
+            (997.0, 997, 350, 4),
+        ] {
+            let mut t = Table::default();
+            t.fill(extent, src_len, dst_len);
+            let mut f = Fixed::default();
+            assert!(f.fill(&t, src_len).is_some(), "{extent} -> {dst_len}");
+            assert_eq!(f.k, k, "{extent} -> {dst_len}: widest window");
+            let s = Scratch { x: t, x_fixed: f, fixed_ok: true, ..Scratch::default() };
+            let (mut want, mut got) = (vec![0f32; dst_len * 3], vec![0f32; dst_len * 3]);
+            horizontal(&src[..src_len * 3], &s.x, &mut want);
+            horizontal_row(&src[..src_len * 3], &s, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{extent} -> {dst_len}");
+        }
+        // A shrink by 3.7× has windows of 5 taps: the tap list serves it.
+        let mut t = Table::default();
+        t.fill(740.0, 740, 200);
+        assert!(Fixed::default().fill(&t, 740).is_none());
+    }
+
     #[test]
     fn rounding_is_ties_to_even_and_saturates() {
         for (v, want) in [(0.5, 0), (1.5, 2), (2.5, 2), (2.4999, 2), (254.5, 254), (254.51, 255), (300.0, 255)] {
@@ -164,6 +290,9 @@ mod tests {
             assert_eq!(to_u8(v), v.round_ties_even().clamp(0.0, 255.0) as u8, "{v}");
         }
         assert_eq!(to_u8(-3.7), 0);
+        for i in 0..=255u8 {
+            assert_eq!(to_u8(f32::from(i)), i);
+        }
     }
 
     /// Against the definition, in f64: each output is `Σ_y Σ_x wy·wx·src`, from the same tables.
