@@ -138,6 +138,16 @@ pub fn validate(
     opts: ValOptions,
 ) -> Result<ValResult> {
     let start = Instant::now();
+    // The weights are fixed for the pass, so each Conv's BatchNorm is folded once here, not in every batch's
+    // forward (the eval-mode forward folds on the fly with the same `BatchNorm::fold`, so the outputs are the same
+    // bits). Under autocast the model keeps its own half-precision path, which the folded copy does not take.
+    let folded;
+    let model = if model.is_fused() || model.autocast().is_some() {
+        model
+    } else {
+        folded = model.fuse().context("validation: folding BatchNorm into the convs")?;
+        &folded
+    };
     let nc = u32::try_from(loss.nc).context("class count")?;
     let keep_batches = usize::from(opts.keep_first_batch);
     let mut validator = StreamingValidator::new(StreamConfig { workers: 2, keep_batches, ..StreamConfig::new(nc) })?;
