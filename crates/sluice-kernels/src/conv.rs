@@ -6,7 +6,10 @@
 //!
 //! - forward: per group of images, im2col into a `(c·k·k) × (g·ho·wo)` column matrix, one gemm `w · col`;
 //!   a 1×1 stride-1 unpadded conv is a plain gemm on the input image (no im2col);
-//! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`;
+//! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`.
+//!   A stride-1 "same" conv's input gradient is the forward of a "same" conv of `dy` with the kernel rotated by
+//!   180° and its channel axes swapped, so it runs as one (im2col of `dy`, a gemm reducing over `o·k·k`): no
+//!   column matrix `k²` times the size of `dx` to write and add back;
 //! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch.
 //!
 //! [`conv2d_bias`] adds a per-channel bias inside the same op (a [`CustomOp3`]): the output rows start as the

@@ -129,14 +129,18 @@ fn f32_matches_stock_conv2d_and_its_gradients() {
 fn gradients_match_f64_central_differences() {
     // Odd and even sides of the 3×3 stride-2 down conv (whose even sides candle's stock backward cannot check).
     for (h, w) in [(5, 4), (4, 5), (6, 6), (1, 2)] {
-        central_differences(h, w);
+        central_differences(h, w, 3, 2, 1);
+    }
+    // Stride-1 "same" convs, whose input gradient runs as a conv of dy with the rotated, transposed kernel: 3×3
+    // and 5×5, a map narrower than the kernel.
+    for (h, w, k) in [(5, 4, 3), (3, 7, 3), (4, 3, 5), (1, 2, 3)] {
+        central_differences(h, w, k, 1, k / 2);
     }
 }
 
-fn central_differences(h: usize, wd: usize) {
-    let (s, p) = (2, 1);
+fn central_differences(h: usize, wd: usize, k: usize, s: usize, p: usize) {
     let x = tensor(&[2, 2, h, wd], 7, DType::F64);
-    let w = tensor(&[3, 2, 3, 3], 8, DType::F64);
+    let w = tensor(&[3, 2, k, k], 8, DType::F64);
     let (y, dx, dw) = run(|x, w| conv2d(x, w, s, p), &x, &w, 9);
     let r = tensor(y.dims(), 9, DType::F64);
     let loss = |x: &Tensor, w: &Tensor| -> f64 {
