@@ -59,26 +59,26 @@ fn load() -> Vec<Vec<u8>> {
     blobs
 }
 
-fn decode(c: &mut Criterion) {
-    let blobs = load();
-    let mut group = c.benchmark_group("decode");
+/// Per compiled backend (nvjpeg only where its libraries load and a GPU is present): full decode, and for each
+/// size full decode + resize against decode-to-target.
+fn decode_cases(c: &mut Criterion, name: &str, blobs: &[Vec<u8>], sizes: &[u32]) {
+    let mut group = c.benchmark_group(name);
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
     group.throughput(Throughput::Elements(blobs.len() as u64));
-    // Compiled in and able to run here (nvjpeg only where its libraries load and a GPU is present).
     for backend in Backend::available() {
         let d = backend.decoder().expect("available backend");
         let (mut full, mut out) = (ImageRgb8::default(), ImageRgb8::default());
         group.bench_function(format!("{backend}/full"), |b| {
             b.iter(|| {
-                for blob in &blobs {
+                for blob in blobs {
                     d.decode(blob, DecodeHint::default(), &mut full).expect("decode");
                 }
             })
         });
-        for imgsz in [640u32, 320] {
+        for &imgsz in sizes {
             group.bench_function(format!("{backend}/full+resize{imgsz}"), |b| {
                 b.iter(|| {
-                    for blob in &blobs {
+                    for blob in blobs {
                         let info = d.decode(blob, DecodeHint::default(), &mut full).expect("decode");
                         resize::resize_long_side(&full, info.orig_width, info.orig_height, imgsz, false, &mut out)
                             .expect("resize");
@@ -87,7 +87,7 @@ fn decode(c: &mut Criterion) {
             });
             group.bench_function(format!("{backend}/target{imgsz}"), |b| {
                 b.iter(|| {
-                    for blob in &blobs {
+                    for blob in blobs {
                         decode_to_target(&*d, blob, TargetOptions::new(imgsz), &mut full, &mut out).expect("decode");
                     }
                 })
@@ -95,6 +95,10 @@ fn decode(c: &mut Criterion) {
         }
     }
     group.finish();
+}
+
+fn decode(c: &mut Criterion) {
+    decode_cases(c, "decode", &load(), &[640, 320]);
 }
 
 /// Camera-sized JPEGs made from `blobs` (see the header).
@@ -126,37 +130,7 @@ fn decode_large(c: &mut Criterion) {
     let blobs = large_copies(&load());
     let mb = blobs.iter().map(Vec::len).sum::<usize>() as f64 / 1e6;
     eprintln!("decode_large: {} camera-sized JPEGs ({mb:.1} MB)", blobs.len());
-    let mut group = c.benchmark_group("decode_large");
-    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
-    group.throughput(Throughput::Elements(blobs.len() as u64));
-    for backend in Backend::available() {
-        let d = backend.decoder().expect("available backend");
-        let (mut full, mut out) = (ImageRgb8::default(), ImageRgb8::default());
-        group.bench_function(format!("{backend}/full"), |b| {
-            b.iter(|| {
-                for blob in &blobs {
-                    d.decode(blob, DecodeHint::default(), &mut full).expect("decode");
-                }
-            })
-        });
-        group.bench_function(format!("{backend}/full+resize640"), |b| {
-            b.iter(|| {
-                for blob in &blobs {
-                    let info = d.decode(blob, DecodeHint::default(), &mut full).expect("decode");
-                    resize::resize_long_side(&full, info.orig_width, info.orig_height, 640, false, &mut out)
-                        .expect("resize");
-                }
-            })
-        });
-        group.bench_function(format!("{backend}/target640"), |b| {
-            b.iter(|| {
-                for blob in &blobs {
-                    decode_to_target(&*d, blob, TargetOptions::new(640), &mut full, &mut out).expect("decode");
-                }
-            })
-        });
-    }
-    group.finish();
+    decode_cases(c, "decode_large", &blobs, &[640]);
 }
 
 /// The area resize alone, on one camera-sized image: by 1.5× (OpenCV's coverage weights, what a 1/2-scale decode of
