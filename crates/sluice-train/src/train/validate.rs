@@ -157,6 +157,10 @@ pub fn validate(
     // On the device path the shrunk batch is packed, read back asynchronously and handed to the post-process
     // workers once it has landed (a batch or two later), so inference never waits on a copy.
     let mut readback = Readback::new(transfer.device()).context("validation readback")?;
+    // Sizing the shrunk batch to the counts above conf reads them on the host first: free on the CPU, a blocking
+    // sync per batch on a device. There the batch keeps every anchor (exact, a larger copy, and asynchronous), so
+    // validation has no blocking read at any image size.
+    let shrink_params = ShrinkParams { fit: transfer.device().is_cpu(), ..ShrinkParams::default() };
     let mut in_flight = InFlight::default();
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
@@ -173,7 +177,7 @@ pub fn validate(
         let out = model.forward(&x.images)?;
         let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
         // Only the anchors above the validation conf cross to the host (the whole head output stays put).
-        let shrunk = shrink(&out.y, &ShrinkParams::default())?;
+        let shrunk = shrink(&out.y, &shrink_params)?;
         model_s += t.elapsed().as_secs_f64();
         if dense {
             let (packed, dims) = shrunk.pack()?;
