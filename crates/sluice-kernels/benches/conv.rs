@@ -5,6 +5,10 @@
 //!
 //! `SLUICE_CONV_BENCH_BATCH` overrides the batch (default 8), `SLUICE_CONV_BENCH_IMGSZ` the image size the layer
 //! shapes are taken at (default 320; 640 doubles every side, and the group names say the side).
+//!
+//! `SLUICE_CONV_BENCH_RATIOS=N` adds, after the criterion groups, issue 8's backward/forward ratio measured with the
+//! two passes interleaved: N pairs (forward, then backward) per layer, so a change in the shared machine's load
+//! hits both passes of a pair alike. It prints each layer's median ratio and range.
 #![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]
 
 use candle_core::{Device, Tensor, Var};
@@ -24,22 +28,43 @@ const LAYERS: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
     ("sppf_1x1_256to128", 256, 128, 1, 1, 10, true),
 ];
 
-fn bench(c: &mut Criterion) {
-    let env = |key: &str, default: usize| std::env::var(key).ok().and_then(|s| s.parse().ok()).unwrap_or(default);
+fn env(key: &str, default: usize) -> usize {
+    std::env::var(key).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// One layer of [`LAYERS`] at the configured batch and image size.
+struct Case {
+    name: String,
+    x: Tensor,
+    w: Var,
+    s: usize,
+    p: usize,
+    flops: usize,
+    input_grad: bool,
+}
+
+fn cases() -> Vec<Case> {
     let batch = env("SLUICE_CONV_BENCH_BATCH", 8);
     let imgsz = env("SLUICE_CONV_BENCH_IMGSZ", 320);
     let dev = Device::Cpu;
-    for &(layer, ci, co, k, s, side320, input_grad) in LAYERS {
-        let side = side320 * imgsz / 320;
-        let name = format!("{layer}_{side}");
-        let p = k / 2;
-        let x = Tensor::randn(0f32, 1.0, (batch, ci, side, side), &dev).unwrap();
-        // A variable when the input gradient is wanted; a plain tensor (no gradient) otherwise.
-        let x = if input_grad { Var::from_tensor(&x).unwrap().as_tensor().clone() } else { x };
-        let w = Var::from_tensor(&Tensor::randn(0f32, 0.1, (co, ci, k, k), &dev).unwrap()).unwrap();
-        let out = (side + 2 * p - k) / s + 1;
-        let flops = 2 * batch * co * out * out * ci * k * k;
+    LAYERS
+        .iter()
+        .map(|&(layer, ci, co, k, s, side320, input_grad)| {
+            let side = side320 * imgsz / 320;
+            let p = k / 2;
+            let x = Tensor::randn(0f32, 1.0, (batch, ci, side, side), &dev).unwrap();
+            // A variable when the input gradient is wanted; a plain tensor (no gradient) otherwise.
+            let x = if input_grad { Var::from_tensor(&x).unwrap().as_tensor().clone() } else { x };
+            let w = Var::from_tensor(&Tensor::randn(0f32, 0.1, (co, ci, k, k), &dev).unwrap()).unwrap();
+            let out = (side + 2 * p - k) / s + 1;
+            let flops = 2 * batch * co * out * out * ci * k * k;
+            Case { name: format!("{layer}_{side}"), x, w, s, p, flops, input_grad }
+        })
+        .collect()
+}
 
+fn bench(c: &mut Criterion) {
+    for Case { name, x, w, s, p, flops, input_grad } in cases() {
         let mut g = c.benchmark_group(format!("conv_fwd/{name}"));
         g.sampling_mode(SamplingMode::Flat).sample_size(10);
         g.warm_up_time(std::time::Duration::from_millis(500));
@@ -77,4 +102,42 @@ fn main() {
     unsafe { sluice_kernels::memory::setup_process() };
     benches();
     Criterion::default().configure_from_args().final_summary();
+    let pairs = env("SLUICE_CONV_BENCH_RATIOS", 0);
+    if pairs > 0 {
+        interleaved_ratios(pairs);
+    }
+}
+
+/// Backward time / forward time per layer, from `pairs` interleaved (forward, backward) pairs after two untimed
+/// ones: the median of the per-pair ratios and their range, with the median times.
+fn interleaved_ratios(pairs: usize) {
+    use std::time::Instant;
+    eprintln!("backward / forward, {pairs} interleaved pairs per layer:");
+    for Case { name, x, w, s, p, .. } in cases() {
+        let ours = conv2d(&x, w.as_tensor(), s, p).unwrap();
+        let (mut ratios, mut fwd, mut bwd) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..pairs + 2 {
+            let t = Instant::now();
+            drop(conv2d(&x, w.as_tensor(), s, p).unwrap());
+            let f = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            drop(ours.backward().unwrap());
+            let b = t.elapsed().as_secs_f64();
+            if i >= 2 {
+                ratios.push(b / f);
+                fwd.push(f * 1e3);
+                bwd.push(b * 1e3);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (r, f, b) = (median(&mut ratios), median(&mut fwd), median(&mut bwd));
+        eprintln!(
+            "  {name:32} {r:.2} ({:.2}–{:.2})  forward {f:.3} ms, backward {b:.3} ms",
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
+    }
 }
