@@ -9,7 +9,9 @@
 //! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`.
 //!   A stride-1 "same" conv's input gradient is the forward of a "same" conv of `dy` with the kernel rotated by
 //!   180° and its channel axes swapped, so it runs as one (im2col of `dy`, a gemm reducing over `o·k·k`): no
-//!   column matrix `k²` times the size of `dx` to write and add back;
+//!   column matrix `k²` times the size of `dx` to write and add back. The 3×3 stride-2 conv's input gradient is
+//!   polyphase: each of the four parities of input position is a stride-1 conv of `dy` with a 1×1, 1×2, 2×1 or
+//!   2×2 sub-kernel, one gemm each on shifted copies of a band of `dy`, interleaved into `dx` (no col2im);
 //! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch.
 //!
 //! [`conv2d_bias`] adds a per-channel bias inside the same op (a [`CustomOp3`]): the output rows start as the

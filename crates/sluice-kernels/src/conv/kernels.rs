@@ -333,40 +333,6 @@ fn down3_im2col<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
     }
 }
 
-/// The adjoint of [`down3_im2col`]: each input row receives its three kernel columns' contributions in one pass
-/// (even columns from kernel column 1, odd ones from 2 and from 0 one output column later), written once each.
-#[inline(always)] // into the multiversioned caller, so it is compiled with its SIMD features
-fn down3_col2im<T: Elem>(rows: &mut [T], g: &Geom, ld: usize, off: usize, plane: &mut [T]) {
-    let (w, wo) = (g.w, g.wo);
-    let n = (w / 2).min(wo - 1);
-    for ky in 0..3 {
-        let [r0, r1, r2] = three_rows(rows, ld, off, g.howo(), ky);
-        for oy in 0..g.ho {
-            let iy = (2 * oy + ky) as isize - 1;
-            if iy < 0 || iy >= g.h as isize {
-                continue;
-            }
-            let (c0, c1, c2) = (&r0[oy * wo..(oy + 1) * wo], &r1[oy * wo..(oy + 1) * wo], &r2[oy * wo..(oy + 1) * wo]);
-            let dst = &mut plane[iy as usize * w..(iy as usize + 1) * w];
-            for (((pair, a), b), c) in dst.chunks_exact_mut(2).zip(&c1[..n]).zip(&c2[..n]).zip(&c0[1..n + 1]) {
-                pair[0] += *a;
-                // Kernel column 0 before 2, the order of the one-column-at-a-time loop: the same sums bit for bit.
-                pair[1] += *c;
-                pair[1] += *b;
-            }
-            for j in n..wo {
-                dst[2 * j] += c1[j];
-                if 2 * j + 1 < w {
-                    dst[2 * j + 1] += c2[j];
-                }
-            }
-            for j in n + 1..wo {
-                dst[2 * j - 1] += c0[j];
-            }
-        }
-    }
-}
-
 /// For kernel row `ky` of a stride-1 "same" conv: the valid output rows as `(first element in the column-matrix
 /// row, first element of the input plane, element count)`; output rows above and below read the zero padding.
 #[inline(always)]
@@ -410,10 +376,6 @@ pub(crate) fn col2im<T: Elem>(col: &mut [T], g: &Geom, ld: usize, off: usize, dx
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
 fn col2im_plane<T: Elem>(rows: &mut [T], g: &Geom, ld: usize, off: usize, plane: &mut [T]) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
-    if g.is_down3() {
-        down3_col2im(rows, g, ld, off, plane);
-        return;
-    }
     for ky in 0..k {
         for kx in 0..k {
             let row = ky * k + kx;
@@ -622,6 +584,9 @@ pub(crate) fn backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
         let transposed = Geom { c: g.o, o: g.c, ..*g };
         return forward(dy, &flipped_transposed(w, g), None, &transposed, None);
     }
+    if g.is_down3() {
+        return down3_backward_input(dy, w, g);
+    }
     let (gs, parallel) = g.plan();
     let par = gemm_par(parallel);
     // Every element is written: by the gemm (pointwise), or zeroed in the group's task (in parallel, while the
@@ -656,6 +621,136 @@ pub(crate) fn backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
             });
         });
     })
+}
+
+/// Output rows per band of [`down3_backward_input`]: enough columns for an efficient gemm, few enough that a band's
+/// shifted copies of `dy` and its four phase results stay in cache.
+const DOWN3_BAND_COLS: usize = 1024;
+
+/// The four shifted copies of `dy` that [`down3_backward_input`] reduces over, as `(row offset, column offset)`,
+/// in an order that makes each phase's set of copies contiguous: phase (0,0) reads copy 1, (0,1) copies 0–1,
+/// (1,0) copies 1–2 and (1,1) all four.
+const DOWN3_SHIFTS: [(usize, usize); 4] = [(0, 1), (0, 0), (1, 0), (1, 1)];
+
+/// Per phase `(py, px)` in row-major order: the first shifted copy it reads and how many.
+const DOWN3_PHASES: [(usize, usize); 4] = [(1, 1), (0, 2), (1, 2), (0, 4)];
+
+/// The kernel index that connects input parity `parity` with output offset `off` along one axis of a 3×3,
+/// stride-2, padding-1 conv: an even input position sees only the centre tap of the output at its half; an odd
+/// one sees tap 2 of the output at its half and tap 0 of the next.
+fn down3_tap(parity: usize, off: usize) -> usize {
+    match (parity, off) {
+        (0, _) => 1,
+        (_, 0) => 2,
+        _ => 0,
+    }
+}
+
+/// Input gradient of YOLO's 3×3 stride-2 conv, polyphase: the input positions of each parity `(py, px)` receive a
+/// stride-1 conv of `dy` with a 1×1, 1×2, 2×1 or 2×2 sub-kernel,
+/// `dx[c, 2Y+py, 2X+px] = Σ_{o, (a, b)} w[o, c, tap(py, a), tap(px, b)] · dy[o, Y + a, X + b]`.
+///
+/// Each phase is one gemm reducing over `o ×` its taps, on shifted copies of `dy` built per band of output rows
+/// ([`DOWN3_SHIFTS`]), and the four results are interleaved into `dx`: every element written once, with no
+/// column matrix `9c × ho·wo` for col2im to add up (with it the 640 down conv's backward took 2.5× its forward; now 2.1×).
+fn down3_backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
+    let (o, c, howo, chw) = (g.o, g.c, g.howo(), g.c * g.hw());
+    let parallel = rayon::current_num_threads() > 1 && g.n > 1;
+    let par = gemm_par(parallel);
+    let phases = down3_phase_weights(w, g);
+    let band = DOWN3_BAND_COLS.div_ceil(g.wo).min(g.ho);
+    let band_cols = band * g.wo;
+    filled_vec(g.n * chw, |dx| {
+        for_groups(dx, chw, parallel, |i, dxi| {
+            let dyi = &dy[i * o * howo..(i + 1) * o * howo];
+            T::with_workspace(4 * (o + c) * band_cols, |ws| {
+                let (shifted, out) = ws.split_at_mut(4 * o * band_cols);
+                for y0 in (0..g.ho).step_by(band) {
+                    let cols = band.min(g.ho - y0) * g.wo;
+                    down3_shift_dy(dyi, g, y0, cols / g.wo, &mut shifted[..4 * o * cols]);
+                    for (p, ((first, taps), wp)) in DOWN3_PHASES.iter().zip(&phases).enumerate() {
+                        let dst = as_uninit(&mut out[p * c * cols..(p + 1) * c * cols]);
+                        let rhs = &shifted[first * o * cols..];
+                        matmul((c, cols, taps * o), dst, (cols, 1), false, wp, (taps * o, 1), rhs, (cols, 1), par);
+                    }
+                    down3_interleave(&out[..4 * c * cols], g, y0, cols / g.wo, dxi);
+                }
+            });
+        });
+    })
+}
+
+/// The four phases' weight matrices for [`down3_backward_input`]: phase `(py, px)`'s is `c × taps·o`, column
+/// `t·o + oc` holding `w[oc, c, tap(py, a), tap(px, b)]` for its `t`-th shifted copy `(a, b)`.
+fn down3_phase_weights<T: Elem>(w: &[T], g: &Geom) -> [Vec<T>; 4] {
+    std::array::from_fn(|p| {
+        let (py, px) = (p / 2, p % 2);
+        let (first, taps) = DOWN3_PHASES[p];
+        let mut m = Vec::with_capacity(g.c * taps * g.o);
+        for ci in 0..g.c {
+            for &(a, b) in &DOWN3_SHIFTS[first..first + taps] {
+                let (ky, kx) = (down3_tap(py, a), down3_tap(px, b));
+                m.extend((0..g.o).map(|oc| w[((oc * g.c + ci) * 3 + ky) * 3 + kx]));
+            }
+        }
+        m
+    })
+}
+
+/// Output rows `y0 .. y0 + rows` of one image's `dy` (`o × ho × wo`) in the four [`DOWN3_SHIFTS`], each
+/// `o × rows·wo`, with zeros where a shift reads past the last row or column.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+fn down3_shift_dy<T: Elem>(dy: &[T], g: &Geom, y0: usize, rows: usize, dst: &mut [T]) {
+    let (ho, wo) = (g.ho, g.wo);
+    let cols = rows * wo;
+    for (s, &(a, b)) in DOWN3_SHIFTS.iter().enumerate() {
+        for oc in 0..g.o {
+            let plane = &dy[oc * ho * wo..(oc + 1) * ho * wo];
+            let d = &mut dst[(s * g.o + oc) * cols..(s * g.o + oc + 1) * cols];
+            for (r, row) in d.chunks_exact_mut(wo).enumerate() {
+                let y = y0 + r + a;
+                if y >= ho {
+                    row.fill(T::ZERO);
+                    continue;
+                }
+                let src = &plane[y * wo + b..(y + 1) * wo];
+                row[..wo - b].copy_from_slice(src);
+                row[wo - b..].fill(T::ZERO);
+            }
+        }
+    }
+}
+
+/// Writes the four phase results of output rows `y0 .. y0 + rows` (phase `(py, px)` at `out[(2py+px)·c·cols ..]`,
+/// each `c × rows·wo`) into their places in one image's `dx`: input rows `2·y0 ..` of every channel, each element
+/// once.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+fn down3_interleave<T: Elem>(out: &[T], g: &Geom, y0: usize, rows: usize, dx: &mut [MaybeUninit<T>]) {
+    let (c, w, wo) = (g.c, g.w, g.wo);
+    let cols = rows * wo;
+    // Column pairs (2X, 2X + 1) that lie inside the row.
+    let pairs = (w / 2).min(wo);
+    for ci in 0..c {
+        for r in 0..rows {
+            for py in 0..2 {
+                let y = 2 * (y0 + r) + py;
+                if y >= g.h {
+                    continue;
+                }
+                let at = |px: usize| &out[(2 * py + px) * c * cols + ci * cols + r * wo..][..wo];
+                let (even, odd) = (at(0), at(1));
+                let dst = &mut dx[ci * g.hw() + y * w..ci * g.hw() + (y + 1) * w];
+                for ((pair, e), o) in dst.chunks_exact_mut(2).zip(&even[..pairs]).zip(&odd[..pairs]) {
+                    pair[0].write(*e);
+                    pair[1].write(*o);
+                }
+                if pairs < wo {
+                    // An odd width: the last input column is even.
+                    dst[2 * pairs].write(even[pairs]);
+                }
+            }
+        }
+    }
 }
 
 /// Weight gradient: `dw = Σ_groups dy_g · col_gᵀ` (for a pointwise conv, `Σ_images dy_i · x_iᵀ`).
@@ -778,6 +873,61 @@ mod tests {
             let want = naive(&x, &wt, &g);
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-12, "{g:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// Direct definition of the input gradient: each output's gradient spread back over the inputs it read.
+    fn naive_input_grad(dy: &[f64], w: &[f64], g: &Geom) -> Vec<f64> {
+        let mut dx = vec![0.0; g.n * g.c * g.hw()];
+        for b in 0..g.n {
+            for oc in 0..g.o {
+                for oy in 0..g.ho {
+                    for ox in 0..g.wo {
+                        let d = dy[((b * g.o + oc) * g.ho + oy) * g.wo + ox];
+                        for ci in 0..g.c {
+                            for ky in 0..g.k {
+                                for kx in 0..g.k {
+                                    let iy = (oy * g.stride + ky) as isize - g.pad as isize;
+                                    let ix = (ox * g.stride + kx) as isize - g.pad as isize;
+                                    if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
+                                        continue;
+                                    }
+                                    dx[((b * g.c + ci) * g.h + iy as usize) * g.w + ix as usize] +=
+                                        d * w[((oc * g.c + ci) * g.k + ky) * g.k + kx];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        dx
+    }
+
+    #[test]
+    fn input_gradient_matches_the_definition() {
+        // The polyphase stride-2 path on even, odd and one-pixel sides, bands that split the map unevenly, batch 1
+        // and several images; the rotated-kernel stride-1 path; col2im (stride 2 unpadded, 1×1 stride 2).
+        for &(n, c, h, w, o, k, s, p) in &[
+            (1, 2, 6, 8, 3, 3, 2, 1),
+            (3, 3, 7, 5, 2, 3, 2, 1),
+            (2, 1, 1, 1, 2, 3, 2, 1),
+            (2, 2, 2, 3, 4, 3, 2, 1),
+            (2, 2, 301, 64, 3, 3, 2, 1),
+            (1, 3, 9, 4100, 2, 3, 2, 1),
+            (2, 3, 5, 6, 4, 3, 1, 1),
+            (2, 2, 7, 6, 3, 3, 2, 0),
+            (2, 3, 5, 5, 2, 1, 2, 0),
+        ] {
+            let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
+            let dy = ramp(n * o * g.howo(), 0.01);
+            let wt = ramp(o * c * k * k, 0.02);
+            let got = backward_input(&dy, &wt, &g);
+            let want = naive_input_grad(&dy, &wt, &g);
+            assert_eq!(got.len(), want.len());
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() < 1e-12, "{g:?} at {i}: {a} vs {b}");
             }
         }
     }
