@@ -828,14 +828,13 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
 mod tests {
     use super::*;
 
-    /// Direct definition of the convolution, for checking the im2col path on tiny shapes.
-    fn naive(x: &[f64], w: &[f64], g: &Geom) -> Vec<f64> {
-        let mut y = vec![0.0; g.n * g.o * g.howo()];
+    /// Every `(input index, weight index, output index)` that the direct definition of the conv multiplies
+    /// together, in the definition's order (padding skipped).
+    fn for_each_tap(g: &Geom, mut f: impl FnMut(usize, usize, usize)) {
         for b in 0..g.n {
             for oc in 0..g.o {
                 for oy in 0..g.ho {
                     for ox in 0..g.wo {
-                        let mut s = 0.0;
                         for ci in 0..g.c {
                             for ky in 0..g.k {
                                 for kx in 0..g.k {
@@ -844,17 +843,32 @@ mod tests {
                                     if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
                                         continue;
                                     }
-                                    s += x[((b * g.c + ci) * g.h + iy as usize) * g.w + ix as usize]
-                                        * w[((oc * g.c + ci) * g.k + ky) * g.k + kx];
+                                    f(
+                                        ((b * g.c + ci) * g.h + iy as usize) * g.w + ix as usize,
+                                        ((oc * g.c + ci) * g.k + ky) * g.k + kx,
+                                        ((b * g.o + oc) * g.ho + oy) * g.wo + ox,
+                                    );
                                 }
                             }
                         }
-                        y[((b * g.o + oc) * g.ho + oy) * g.wo + ox] = s;
                     }
                 }
             }
         }
+    }
+
+    /// Direct definition of the convolution, for checking the im2col path on tiny shapes.
+    fn naive(x: &[f64], w: &[f64], g: &Geom) -> Vec<f64> {
+        let mut y = vec![0.0; g.n * g.o * g.howo()];
+        for_each_tap(g, |xi, wi, yi| y[yi] += x[xi] * w[wi]);
         y
+    }
+
+    /// Direct definition of the input gradient: each output's gradient spread back over the inputs it read.
+    fn naive_input_grad(dy: &[f64], w: &[f64], g: &Geom) -> Vec<f64> {
+        let mut dx = vec![0.0; g.n * g.c * g.hw()];
+        for_each_tap(g, |xi, wi, yi| dx[xi] += dy[yi] * w[wi]);
+        dx
     }
 
     fn ramp(n: usize, scale: f64) -> Vec<f64> {
@@ -875,34 +889,6 @@ mod tests {
                 assert!((a - b).abs() < 1e-12, "{g:?}: {a} vs {b}");
             }
         }
-    }
-
-    /// Direct definition of the input gradient: each output's gradient spread back over the inputs it read.
-    fn naive_input_grad(dy: &[f64], w: &[f64], g: &Geom) -> Vec<f64> {
-        let mut dx = vec![0.0; g.n * g.c * g.hw()];
-        for b in 0..g.n {
-            for oc in 0..g.o {
-                for oy in 0..g.ho {
-                    for ox in 0..g.wo {
-                        let d = dy[((b * g.o + oc) * g.ho + oy) * g.wo + ox];
-                        for ci in 0..g.c {
-                            for ky in 0..g.k {
-                                for kx in 0..g.k {
-                                    let iy = (oy * g.stride + ky) as isize - g.pad as isize;
-                                    let ix = (ox * g.stride + kx) as isize - g.pad as isize;
-                                    if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
-                                        continue;
-                                    }
-                                    dx[((b * g.c + ci) * g.h + iy as usize) * g.w + ix as usize] +=
-                                        d * w[((oc * g.c + ci) * g.k + ky) * g.k + kx];
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        dx
     }
 
     #[test]
