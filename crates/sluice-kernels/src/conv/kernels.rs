@@ -69,7 +69,8 @@ impl Geom {
     fn is_same_stride1(&self) -> bool {
         self.stride == 1 && 2 * self.pad + 1 == self.k && self.ho == self.h && self.wo == self.w
     }
-    /// YOLO's down-sampling conv: 3×3, stride 2, padding 1 (im2col/col2im handle its three kernel columns at once).
+    /// YOLO's down-sampling conv: 3×3, stride 2, padding 1 (im2col handles its three kernel columns at once; its
+    /// input gradient is polyphase, [`down3_backward_input`]).
     fn is_down3(&self) -> bool {
         self.k == 3 && self.stride == 2 && self.pad == 1
     }
@@ -652,7 +653,8 @@ fn down3_tap(parity: usize, off: usize) -> usize {
 ///
 /// Each phase is one gemm reducing over `o ×` its taps, on shifted copies of `dy` built per band of output rows
 /// ([`DOWN3_SHIFTS`]), and the four results are interleaved into `dx`: every element written once, with no
-/// column matrix `9c × ho·wo` for col2im to add up (with it the 640 down conv's backward took 2.5× its forward; now 2.1×).
+/// column matrix `9c × ho·wo` for col2im to add up (with it the 640 down conv's backward took 2.5× its forward;
+/// now 2.1×).
 fn down3_backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
     let (o, c, howo, chw) = (g.o, g.c, g.howo(), g.c * g.hw());
     let parallel = rayon::current_num_threads() > 1 && g.n > 1;
@@ -666,14 +668,15 @@ fn down3_backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
             T::with_workspace(4 * (o + c) * band_cols, |ws| {
                 let (shifted, out) = ws.split_at_mut(4 * o * band_cols);
                 for y0 in (0..g.ho).step_by(band) {
-                    let cols = band.min(g.ho - y0) * g.wo;
-                    down3_shift_dy(dyi, g, y0, cols / g.wo, &mut shifted[..4 * o * cols]);
+                    let rows = band.min(g.ho - y0);
+                    let cols = rows * g.wo;
+                    down3_shift_dy(dyi, g, y0, rows, &mut shifted[..4 * o * cols]);
                     for (p, ((first, taps), wp)) in DOWN3_PHASES.iter().zip(&phases).enumerate() {
                         let dst = as_uninit(&mut out[p * c * cols..(p + 1) * c * cols]);
                         let rhs = &shifted[first * o * cols..];
                         matmul((c, cols, taps * o), dst, (cols, 1), false, wp, (taps * o, 1), rhs, (cols, 1), par);
                     }
-                    down3_interleave(&out[..4 * c * cols], g, y0, cols / g.wo, dxi);
+                    down3_interleave(&out[..4 * c * cols], g, y0, rows, dxi);
                 }
             });
         });
