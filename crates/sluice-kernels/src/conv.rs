@@ -4,8 +4,10 @@
 //! contiguous CPU f32/f64 tensors it runs as a [`CustomOp2`] whose backward pass is two more custom ops without a
 //! backward of their own:
 //!
-//! - forward: per group of images, im2col into a `(c·k·k) × (g·ho·wo)` column matrix, one gemm `w · col`;
-//!   a 1×1 stride-1 unpadded conv is a plain gemm on the input image (no im2col);
+//! - forward: per tile of output rows, im2col into a `(c·k·k) × (rows·wo)` column matrix, one gemm `w · col`
+//!   into those columns of every output channel and the epilogue (bias first, SiLU after), all while the tile is
+//!   in cache; small maps stack several images into one gemm instead. A 1×1 stride-1 unpadded conv is a plain
+//!   gemm on the input image (no im2col);
 //! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`.
 //!   A stride-1 "same" conv's input gradient is the forward of a "same" conv of `dy` with the kernel rotated by
 //!   180° and its channel axes swapped, so it runs as one (im2col of `dy`, a gemm reducing over `o·k·k`): no
@@ -26,18 +28,24 @@
 //! # Batching and workspace
 //! Images are stacked into one gemm until it has about 2048 columns (so the 10×10 and 20×20 maps of the deep layers
 //! still give the gemm a wide right-hand side), but no group's column matrix exceeds 2 M elements and the batch is
-//! split into at least as many groups as threads. The column matrix (and, for stacked images, the gathered output
-//! gradient) lives in a per-thread workspace that only ever grows: after the first step no layer allocates one
-//! ([`peak_workspace_bytes`] reports the high-water mark over all threads).
+//! split into at least as many groups as threads. Where a map alone has enough columns (one image per group), the
+//! forward is tiled instead: each image is cut into tiles of whole output rows whose column matrix is about 256 K
+//! elements (at least 256 columns, and at least as many tiles in the batch as threads). The column matrix (and,
+//! for stacked images, the gathered output gradient) lives in a per-thread workspace that only ever grows: after
+//! the first step no layer allocates one ([`peak_workspace_bytes`] reports the high-water mark over all threads).
 //!
 //! # Threads
 //! All parallelism uses rayon's *global* pool, the pool candle's own matmuls (gemm) and CPU ops already use, so
 //! there is one set of compute threads (`RAYON_NUM_THREADS` sets its size); the data loader runs on its own std
-//! threads and is not scheduled by this pool. When the batch has at least two groups, groups run in parallel
-//! (`par_chunks_mut` over images), each doing its own im2col, gemm (`Parallelism::None`) and col2im, which also
-//! parallelises the memory-bound im2col/col2im; the weight gradient folds one partial sum per rayon split and adds
-//! them. With a single group (batch 1, or one thread) the groups run in order and each gemm uses
-//! `Parallelism::Rayon(n)` over the same pool. The two policies have not yet been measured against each other.
+//! threads and is not scheduled by this pool. The tiled forward runs all tiles of the batch in one parallel loop,
+//! each tile's im2col, gemm (`Parallelism::None`) and epilogue on one thread: one fork-join per convolution. At
+//! 640/batch 1, where the whole-image plan forked for the im2col, inside the gemm and for the epilogue, and its
+//! column matrix had left the cache before the gemm read it, the fused forward went from 84 to 62 ms (README of
+//! this crate). Elsewhere, when the batch has at least two groups, groups run in parallel (`par_chunks_mut` over
+//! images), each doing its own im2col, gemm (`Parallelism::None`) and col2im, which also parallelises the
+//! memory-bound im2col/col2im; the weight gradient folds one partial sum per rayon split and adds them. With a
+//! single group (batch 1, or one thread) the groups run in order and each gemm uses `Parallelism::Rayon(n)` over
+//! the same pool.
 
 #[cfg(feature = "cudnn")]
 pub mod cudnn;

@@ -5,6 +5,7 @@
 //! column matrix is `(c·k·k) × (g·ho·wo)`, image `i` occupying columns `i·ho·wo ..`.
 
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use gemm::Parallelism;
 use multiversion::multiversion;
@@ -106,55 +107,112 @@ fn write_rows<T: Copy>(dst: &mut [MaybeUninit<T>], cols: usize, b: &[T]) {
 /// reading it, so `dst` may be uninitialised then; with `accumulate` it must be initialised.
 #[allow(clippy::too_many_arguments)]
 fn matmul<T: Elem>(
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     dst: &mut [MaybeUninit<T>],
-    (dst_rs, dst_cs): (usize, usize),
+    dst_strides: (usize, usize),
     accumulate: bool,
     lhs: &[T],
-    (lhs_rs, lhs_cs): (usize, usize),
+    lhs_strides: (usize, usize),
     rhs: &[T],
-    (rhs_rs, rhs_cs): (usize, usize),
+    rhs_strides: (usize, usize),
     par: Parallelism,
 ) {
-    if m == 0 || n == 0 {
-        return;
+    let out = SharedOut::new(dst);
+    // SAFETY: `dst` is borrowed mutably for the whole call, so no other reference reaches the elements written.
+    unsafe { out.matmul(0, mnk, dst_strides, accumulate, lhs, lhs_strides, rhs, rhs_strides, par) }
+}
+
+/// An output buffer that the tasks of one parallel loop write at once, each to its own elements (the tiles of
+/// [`forward_tiled`] interleave: a tile is a column range of every output channel's row).
+#[derive(Clone, Copy)]
+struct SharedOut<T> {
+    ptr: *mut MaybeUninit<T>,
+    len: usize,
+}
+
+// SAFETY: the pointer is only dereferenced through the unsafe methods below, whose callers guarantee that no two
+// threads touch the same element.
+unsafe impl<T: Send> Send for SharedOut<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SharedOut<T> {}
+
+impl<T: Elem> SharedOut<T> {
+    fn new(buf: &mut [MaybeUninit<T>]) -> Self {
+        Self { ptr: buf.as_mut_ptr(), len: buf.len() }
     }
-    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
-    assert!(last(m, n, dst_rs, dst_cs) < dst.len(), "conv gemm: dst out of bounds");
-    if k == 0 {
-        if !accumulate {
-            dst.iter_mut().for_each(|d| {
-                d.write(T::ZERO);
-            });
+
+    /// The elements `start..start + len`.
+    ///
+    /// # Safety
+    /// No other live reference, and no other thread, may touch these elements while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [MaybeUninit<T>] {
+        assert!(start + len <= self.len, "conv output: tile out of bounds");
+        // SAFETY: in bounds (checked); exclusive per the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+
+    /// [`matmul`] into the elements `at + i·dst_rs + j·dst_cs` (`i < m`, `j < n`).
+    ///
+    /// # Safety
+    /// No other thread, and no live reference, may touch those elements during the call.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul(
+        &self,
+        at: usize,
+        (m, n, k): (usize, usize, usize),
+        (dst_rs, dst_cs): (usize, usize),
+        accumulate: bool,
+        lhs: &[T],
+        (lhs_rs, lhs_cs): (usize, usize),
+        rhs: &[T],
+        (rhs_rs, rhs_cs): (usize, usize),
+        par: Parallelism,
+    ) {
+        if m == 0 || n == 0 {
+            return;
         }
-        return;
-    }
-    assert!(last(m, k, lhs_rs, lhs_cs) < lhs.len(), "conv gemm: lhs out of bounds");
-    assert!(last(k, n, rhs_rs, rhs_cs) < rhs.len(), "conv gemm: rhs out of bounds");
-    // SAFETY: every index the gemm touches, (i·rs + j·cs) for i < rows and j < cols, was checked above to lie
-    // inside its slice; dst is borrowed mutably, so it does not alias lhs or rhs.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr().cast::<T>(),
-            dst_cs as isize,
-            dst_rs as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
-            par,
-        );
+        let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+        assert!(at + last(m, n, dst_rs, dst_cs) < self.len, "conv gemm: dst out of bounds");
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    for j in 0..n {
+                        // SAFETY: in bounds (checked above); exclusive per the caller's contract.
+                        unsafe { self.ptr.add(at + i * dst_rs + j * dst_cs).write(MaybeUninit::new(T::ZERO)) };
+                    }
+                }
+            }
+            return;
+        }
+        assert!(last(m, k, lhs_rs, lhs_cs) < lhs.len(), "conv gemm: lhs out of bounds");
+        assert!(last(k, n, rhs_rs, rhs_cs) < rhs.len(), "conv gemm: rhs out of bounds");
+        // SAFETY: every index the gemm touches, (i·rs + j·cs) for i < rows and j < cols, was checked above to lie
+        // inside its buffer; the destination elements are exclusive to this call (the caller's contract), so they
+        // alias neither lhs nor rhs, which are shared borrows.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                self.ptr.add(at).cast::<T>(),
+                dst_cs as isize,
+                dst_rs as isize,
+                accumulate,
+                lhs.as_ptr(),
+                lhs_cs as isize,
+                lhs_rs as isize,
+                rhs.as_ptr(),
+                rhs_cs as isize,
+                rhs_rs as isize,
+                T::ONE,
+                T::ONE,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
     }
 }
 
@@ -176,31 +234,45 @@ pub(crate) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: 
     if parallel {
         col.par_chunks_mut(block)
             .zip(planes.par_chunks(g.hw()))
-            .for_each(|(rows, p)| im2col_plane(p, g, rows, ld, off));
+            .for_each(|(rows, p)| im2col_plane(p, g, rows, ld, off, 0..g.ho));
     } else {
-        col.chunks_mut(block).zip(planes.chunks(g.hw())).for_each(|(rows, p)| im2col_plane(p, g, rows, ld, off));
+        col.chunks_mut(block)
+            .zip(planes.chunks(g.hw()))
+            .for_each(|(rows, p)| im2col_plane(p, g, rows, ld, off, 0..g.ho));
     }
 }
 
-/// [`im2col`] of one input channel: `plane` (`h×w`) into its `k·k` rows of the column matrix.
+/// The output rows `oys` of image `x` as a column matrix of `oys.len()·wo` columns (`col`, row length that), all
+/// channels on this thread: one tile of [`forward`]'s tiled plan.
+fn im2col_tile<T: Elem>(x: &[T], g: &Geom, col: &mut [T], oys: Range<usize>) {
+    let ld = oys.len() * g.wo;
+    let block = g.k * g.k * ld;
+    for (rows, p) in col[..g.c * block].chunks_mut(block).zip(x[..g.c * g.hw()].chunks(g.hw())) {
+        im2col_plane(p, g, rows, ld, 0, oys.clone());
+    }
+}
+
+/// [`im2col`] of one input channel: `plane` (`h×w`) into its `k·k` rows of the column matrix, for the output rows
+/// `oys` (the columns `off..off + oys.len()·wo` of each row).
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
-fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize) {
+fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize, oys: Range<usize>) {
     let (k, s, p, wo) = (g.k, g.stride, g.pad, g.wo);
     if g.is_down3() {
-        down3_im2col(plane, g, rows, ld, off);
+        down3_im2col(plane, g, rows, ld, off, oys);
         return;
     }
+    let len = oys.len() * wo;
     for ky in 0..k {
         for kx in 0..k {
             let row = ky * k + kx;
-            let dst = &mut rows[row * ld + off..row * ld + off + g.howo()];
+            let dst = &mut rows[row * ld + off..row * ld + off + len];
             if g.is_same_stride1() {
-                same_shift_rows(plane, g, ky, kx, dst);
+                same_shift_rows(plane, g, ky, kx, dst, oys.clone());
                 continue;
             }
             let (lo, hi) = valid_range(kx, g);
-            for oy in 0..g.ho {
-                let seg = &mut dst[oy * wo..(oy + 1) * wo];
+            for oy in oys.clone() {
+                let seg = &mut dst[(oy - oys.start) * wo..(oy - oys.start + 1) * wo];
                 let iy = (oy * s + ky) as isize - p as isize;
                 if iy < 0 || iy >= g.h as isize {
                     seg.fill(T::ZERO);
@@ -235,14 +307,15 @@ fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
     }
 }
 
-/// One im2col row of a stride-1 "same" conv (`w == wo`, `h == ho`): `dst[oy·w + j] = plane[(oy + ky − p)·w + j +
-/// kx − p]`, zero outside the image. The valid output rows are one contiguous range in `dst` and, shifted by
-/// `kx − p`, in `plane`, so they are copied with a single `copy_from_slice` (instead of one per output row); the
-/// elements that shift wraps across a row boundary are then zeroed (`|kx − p|` per row).
+/// One im2col row of a stride-1 "same" conv (`w == wo`, `h == ho`) for the output rows `oys`:
+/// `dst[(oy − oys.start)·w + j] = plane[(oy + ky − p)·w + j + kx − p]`, zero outside the image. The valid output
+/// rows are one contiguous range in `dst` and, shifted by `kx − p`, in `plane`, so they are copied with a single
+/// `copy_from_slice` (instead of one per output row); the elements that shift wraps across a row boundary are
+/// then zeroed (`|kx − p|` per row).
 #[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
-fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &mut [T]) {
+fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &mut [T], oys: Range<usize>) {
     let (w, p) = (g.w, g.pad);
-    let (d0, s0, n) = same_band(g, ky);
+    let (d0, s0, n) = same_band(g, ky, oys);
     dst[..d0].fill(T::ZERO);
     dst[d0 + n..].fill(T::ZERO);
     if n == 0 {
@@ -266,7 +339,7 @@ fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &m
 #[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
 fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, plane: &mut [T]) {
     let (w, p) = (g.w, g.pad);
-    let (d0, s0, n) = same_band(g, ky);
+    let (d0, s0, n) = same_band(g, ky, 0..g.ho);
     if n == 0 {
         return;
     }
@@ -286,8 +359,8 @@ fn same_shift_rows_add<T: Elem>(src: &mut [T], g: &Geom, ky: usize, kx: usize, p
     }
 }
 
-/// The three column-matrix rows of kernel row `ky` (kernel columns 0, 1, 2), each the `ho·wo` entries of this
-/// image.
+/// The three column-matrix rows of kernel row `ky` (kernel columns 0, 1, 2), each the `len` entries of this
+/// image's output rows.
 #[inline(always)]
 fn three_rows<T>(rows: &mut [T], ld: usize, off: usize, len: usize, ky: usize) -> [&mut [T]; 3] {
     let mut it = rows[3 * ky * ld..(3 * ky + 3) * ld].chunks_exact_mut(ld).map(|r| &mut r[off..off + len]);
@@ -300,15 +373,15 @@ fn three_rows<T>(rows: &mut [T], ld: usize, off: usize, len: usize, ky: usize) -
 /// by one output column (its column 0 is the padding). One pass over each input row fills all three rows, as a
 /// de-interleave that vectorises, instead of three strided passes.
 #[inline(always)] // into the multiversioned caller, so it is compiled with its SIMD features
-fn down3_im2col<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize) {
+fn down3_im2col<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize, oys: Range<usize>) {
     let (w, wo) = (g.w, g.wo);
     // Pairs (2j, 2j + 1) inside the row that also have an output column j + 1 for kernel column 0.
     let n = (w / 2).min(wo - 1);
     for ky in 0..3 {
-        let [r0, r1, r2] = three_rows(rows, ld, off, g.howo(), ky);
-        for oy in 0..g.ho {
-            let (c0, c1, c2) =
-                (&mut r0[oy * wo..(oy + 1) * wo], &mut r1[oy * wo..(oy + 1) * wo], &mut r2[oy * wo..(oy + 1) * wo]);
+        let [r0, r1, r2] = three_rows(rows, ld, off, oys.len() * wo, ky);
+        for oy in oys.clone() {
+            let j = (oy - oys.start) * wo;
+            let (c0, c1, c2) = (&mut r0[j..j + wo], &mut r1[j..j + wo], &mut r2[j..j + wo]);
             let iy = (2 * oy + ky) as isize - 1;
             if iy < 0 || iy >= g.h as isize {
                 c0.fill(T::ZERO);
@@ -334,15 +407,16 @@ fn down3_im2col<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
     }
 }
 
-/// For kernel row `ky` of a stride-1 "same" conv: the valid output rows as `(first element in the column-matrix
-/// row, first element of the input plane, element count)`; output rows above and below read the zero padding.
+/// For kernel row `ky` of a stride-1 "same" conv and the output rows `oys`: the valid ones as `(first element in
+/// the column-matrix row, which starts at row `oys.start`; first element of the input plane; element count)`;
+/// output rows above and below read the zero padding.
 #[inline(always)]
-fn same_band(g: &Geom, ky: usize) -> (usize, usize, usize) {
+fn same_band(g: &Geom, ky: usize, oys: Range<usize>) -> (usize, usize, usize) {
     let (w, h, p) = (g.w, g.h, g.pad);
-    let oy_lo = p.saturating_sub(ky).min(h);
-    let oy_hi = (h + p).saturating_sub(ky).min(h).max(oy_lo);
+    let oy_lo = p.saturating_sub(ky).min(h).clamp(oys.start, oys.end);
+    let oy_hi = (h + p).saturating_sub(ky).min(h).clamp(oy_lo, oys.end);
     let s0 = if oy_lo < oy_hi { (oy_lo + ky - p) * w } else { 0 };
-    (oy_lo * w, s0, (oy_hi - oy_lo) * w)
+    ((oy_lo - oys.start) * w, s0, (oy_hi - oy_lo) * w)
 }
 
 /// Zeroes `cols` of every `w`-long row of `band` (one store per row for the usual single column, no memset call).
@@ -455,7 +529,8 @@ fn run_epilogue<T: Elem>(f: Epilogue<'_, T>, d: &mut [T], parallel_groups: bool)
 
 /// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row starts
 /// as the bias and the gemm accumulates onto it, so the bias costs no pass of its own. `epilogue` (an activation,
-/// in place) runs on each gemm's result right after it, while it is in cache.
+/// in place) runs on each gemm's result right after it, while it is in cache. Batches whose images are not stacked
+/// (one image per group, see [`Geom::plan`]) run as tiles ([`forward_tiled`]).
 pub(crate) fn forward<T: Elem>(
     x: &[T],
     w: &[T],
@@ -465,6 +540,10 @@ pub(crate) fn forward<T: Elem>(
 ) -> Vec<T> {
     let (howo, ckk, o) = (g.howo(), g.ckk(), g.o);
     let (gs, parallel) = g.plan();
+    if gs == 1 {
+        let rows = tile_rows(g, rayon::current_num_threads().max(1));
+        return forward_tiled(x, w, bias, g, epilogue, rows);
+    }
     let par = gemm_par(parallel);
     // Every element is written: by the gemm (which, without a bias, writes without reading) or by the copy out of
     // the stacked result, after the bias rows when there is a bias.
@@ -512,6 +591,94 @@ pub(crate) fn forward<T: Elem>(
                 }
             });
         });
+    })
+}
+
+/// Column-matrix elements one tile of [`forward_tiled`] aims for (1 MiB of f32): with the tile's output it stays
+/// in a core's L2 cache from the im2col through the gemm to the epilogue.
+const TILE_COL_ELEMS: usize = 1 << 18;
+/// Fewest output columns per tile (short of splitting a small map between threads), so the gemm stays efficient.
+const MIN_TILE_COLS: usize = 256;
+
+/// Output rows per tile of [`forward_tiled`]: about [`TILE_COL_ELEMS`] column-matrix elements, at least
+/// [`MIN_TILE_COLS`] columns, and small enough that the batch has a tile for every thread.
+fn tile_rows(g: &Geom, threads: usize) -> usize {
+    let cols = (TILE_COL_ELEMS / g.ckk().max(1)).max(MIN_TILE_COLS);
+    let per_image = threads.div_ceil(g.n);
+    (cols / g.wo).clamp(1, g.ho.div_ceil(per_image).max(1))
+}
+
+/// The forward for batches whose images are not stacked (each image's map gives the gemm enough columns): every
+/// image is cut into tiles of `rows` whole output rows ([`tile_rows`]), and each tile is one task that runs the im2col of
+/// its rows, one single-threaded gemm into its columns of every output channel, and the epilogue, while the
+/// tile is in cache. The tiles of all images are spread over the pool in one parallel loop: one fork-join per
+/// convolution (the whole-image plan forked for the im2col, inside the gemm and again for the epilogue, and its
+/// column matrix left the cache before the gemm read it).
+fn forward_tiled<T: Elem>(
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    g: &Geom,
+    epilogue: Option<Epilogue<'_, T>>,
+    rows: usize,
+) -> Vec<T> {
+    let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
+    let threads = rayon::current_num_threads();
+    let rows = rows.clamp(1, g.ho);
+    let tiles = g.ho.div_ceil(rows);
+    // Every element is written: each tile writes its columns of every output row of its image, by the gemm (over
+    // the bias where there is one), and the tiles cover every output row of every image.
+    filled_vec(g.n * o * howo, |y| {
+        let out = SharedOut::new(y);
+        let tile = |t: usize| {
+            let (img, oy0) = (t / tiles, (t % tiles) * rows);
+            let oys = oy0..(oy0 + rows).min(g.ho);
+            let cols = oys.len() * g.wo;
+            let at = img * o * howo + oy0 * g.wo;
+            let xi = &x[img * chw..(img + 1) * chw];
+            if let Some(b) = bias {
+                for (oc, &v) in b.iter().enumerate() {
+                    // SAFETY: tile `t` alone touches the columns `oys` of image `img`'s output rows.
+                    fill_init(unsafe { out.slice(at + oc * howo, cols) }, v);
+                }
+            }
+            let gemm = |rhs: &[T], rhs_rs: usize| {
+                // SAFETY: as above; the gemm writes exactly those elements.
+                unsafe {
+                    out.matmul(
+                        at,
+                        (o, cols, ckk),
+                        (howo, 1),
+                        bias.is_some(),
+                        w,
+                        (ckk, 1),
+                        rhs,
+                        (rhs_rs, 1),
+                        Parallelism::None,
+                    )
+                }
+            };
+            if g.is_pointwise() {
+                gemm(&xi[oy0 * g.wo..], howo);
+            } else {
+                T::with_workspace(ckk * cols, |col| {
+                    im2col_tile(xi, g, col, oys.clone());
+                    gemm(col, cols);
+                });
+            }
+            if let Some(f) = epilogue {
+                for oc in 0..o {
+                    // SAFETY: as above; the gemm has just written every element of the row segment.
+                    f(unsafe { assume_init_mut(out.slice(at + oc * howo, cols)) });
+                }
+            }
+        };
+        let tasks = g.n * tiles;
+        if threads > 1 && tasks > 1 {
+            (0..tasks).into_par_iter().for_each(tile);
+        } else {
+            (0..tasks).for_each(tile);
+        }
     })
 }
 
@@ -890,6 +1057,43 @@ mod tests {
             let want = naive(&x, &wt, &g);
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-12, "{g:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_forward_matches_the_definition() {
+        // Tiles of 1, 2, 3 and all output rows (splitting the map unevenly), on one thread and on two, for the
+        // three im2col paths (stride-1 "same", 3×3 stride-2 and the general one), the pointwise gemm, with the bias
+        // and the epilogue.
+        let double: Epilogue<'_, f64> = &|d: &mut [f64]| d.iter_mut().for_each(|v| *v *= 2.0);
+        for &(n, c, h, w, o, k, s, p) in &[
+            (1, 2, 7, 5, 3, 3, 1, 1),
+            (2, 3, 9, 6, 4, 3, 2, 1),
+            (1, 3, 5, 5, 2, 1, 1, 0),
+            (2, 2, 8, 7, 3, 3, 2, 0),
+            (1, 1, 1, 1, 2, 3, 2, 1),
+        ] {
+            let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
+            let x = ramp(n * c * h * w, 0.01);
+            let wt = ramp(o * c * k * k, 0.02);
+            let b = ramp(o, 0.3);
+            let mut want = naive(&x, &wt, &g);
+            for (i, v) in want.iter_mut().enumerate() {
+                *v = 2.0 * (*v + b[(i / g.howo()) % o]);
+            }
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                for rows in [1, 2, 3, g.ho] {
+                    let got = pool.install(|| forward_tiled(&x, &wt, Some(&b), &g, Some(double), rows));
+                    for (a, e) in got.iter().zip(&want) {
+                        assert!((a - e).abs() < 1e-12, "{g:?}, {rows} rows, {threads} threads: {a} vs {e}");
+                    }
+                }
+            }
+            // Without a bias the gemm writes the tile without reading it.
+            for (a, e) in forward_tiled(&x, &wt, None, &g, None, 2).iter().zip(&naive(&x, &wt, &g)) {
+                assert!((a - e).abs() < 1e-12, "{g:?} without a bias: {a} vs {e}");
             }
         }
     }
