@@ -81,20 +81,19 @@ impl BatchNorm {
         })
     }
 
-    /// Per-channel `(scale, shift)` of the eval-mode affine map `x·scale + shift`.
+    /// `[γ, β, running mean, running variance]`.
+    fn params(&self) -> [&Tensor; 4] {
+        [&self.weight, &self.bias, &self.running_mean, &self.running_var].map(|v| v.as_tensor())
+    }
+
+    /// Per-channel `(scale, shift)` of the eval-mode affine map `x·scale + shift` (Ultralytics' operation order).
     fn eval_affine(&self) -> Result<(Tensor, Tensor)> {
-        // The same operation order as Ultralytics' `fuse_conv_and_bn`, so folded weights agree to rounding.
-        let std = (self.running_var.as_tensor() + BN_EPS)?.sqrt()?;
-        let scale = self.weight.as_tensor().div(&std)?;
-        let shift = (self.bias.as_tensor() - (self.weight.as_tensor() * self.running_mean.as_tensor())?.div(&std)?)?;
-        Ok((scale, shift))
+        norm::batch_norm_eval_affine(self.params(), BN_EPS)
     }
 
     /// A conv weight (`o×c×k×k`) with this BatchNorm folded in: `(w·scale, shift)` per output channel.
     fn fold(&self, weight: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (scale, shift) = self.eval_affine()?;
-        let w = weight.broadcast_mul(&scale.reshape((scale.dim(0)?, 1, 1, 1))?)?;
-        Ok((w, shift))
+        norm::fold_batch_norm(weight, self.params(), BN_EPS)
     }
 
     /// `SiLU(BatchNorm(x))`, fused (`sluice_kernels::norm`): running statistics in eval mode; batch statistics
