@@ -14,7 +14,8 @@
 //!   column matrix `k²` times the size of `dx` to write and add back. The 3×3 stride-2 conv's input gradient is
 //!   polyphase: each of the four parities of input position is a stride-1 conv of `dy` with a 1×1, 1×2, 2×1 or
 //!   2×2 sub-kernel, one gemm each on shifted copies of a band of `dy`, interleaved into `dx` (no col2im);
-//! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch.
+//! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch, or over the forward's tiles where the
+//!   forward is tiled (each tile's column matrix reduced while it is in cache).
 //!
 //! [`conv2d_bias`] adds a per-channel bias inside the same op (a [`CustomOp3`]): the output rows start as the
 //! bias and the gemm accumulates onto them, and the bias gradient is a parallel per-channel sum; composed with
@@ -29,8 +30,10 @@
 //! Images are stacked into one gemm until it has about 2048 columns (so the 10×10 and 20×20 maps of the deep layers
 //! still give the gemm a wide right-hand side), but no group's column matrix exceeds 2 M elements and the batch is
 //! split into at least as many groups as threads. Where a map alone has enough columns (one image per group), the
-//! forward is tiled instead: each image is cut into tiles of whole output rows whose column matrix is about 256 K
-//! elements (at least 256 columns, and at least as many tiles in the batch as threads). The column matrix (and,
+//! forward and the weight gradient are tiled instead: each image is cut into tiles of whole output rows whose
+//! column matrix is about 256 K elements (at least 256 columns, and at least as many tiles in the batch as
+//! threads). The tiles were tuned at 640/batch 1 (128 K, 512 K and 1 M elements, or 1024 columns at least, were all
+//! slower by 3–8 ms on the fused forward). The column matrix (and,
 //! for stacked images, the gathered output gradient) lives in a per-thread workspace that only ever grows: after
 //! the first step no layer allocates one ([`peak_workspace_bytes`] reports the high-water mark over all threads).
 //!
@@ -38,7 +41,8 @@
 //! All parallelism uses rayon's *global* pool, the pool candle's own matmuls (gemm) and CPU ops already use, so
 //! there is one set of compute threads (`RAYON_NUM_THREADS` sets its size); the data loader runs on its own std
 //! threads and is not scheduled by this pool. The tiled forward runs all tiles of the batch in one parallel loop,
-//! each tile's im2col, gemm (`Parallelism::None`) and epilogue on one thread: one fork-join per convolution. At
+//! each tile's im2col, gemm (`Parallelism::None`) and epilogue on one thread: one fork-join per convolution (the
+//! tiled weight gradient likewise, one partial sum per rayon split). At
 //! 640/batch 1, where the whole-image plan forked for the im2col, inside the gemm and for the epilogue, and its
 //! column matrix had left the cache before the gemm read it, the fused forward went from 84 to 62 ms (README of
 //! this crate). Elsewhere, when the batch has at least two groups, groups run in parallel (`par_chunks_mut` over

@@ -931,9 +931,72 @@ fn down3_interleave<T: Elem>(out: &[T], g: &Geom, y0: usize, rows: usize, dx: &m
 /// directly, gemm (which puts the destination's contiguous dimension along its microkernel's rows) would have to
 /// repack the whole column matrix with a strided, one-element-at-a-time gather; this way it reads the column
 /// matrix as it lies and repacks only `dy`, which is `c·k·k / o` times smaller.
+///
+/// Batches whose images are not stacked (one image per group) run in the forward's tiles ([`tile_rows`]): each
+/// tile's column matrix is built and reduced against its columns of `dy` while it is in cache, instead of a whole
+/// image's (which at 640 is tens of MiB for a 3×3 conv on a big map).
 pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
-    let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
     let (gs, parallel) = g.plan();
+    let acc_t = if gs == 1 {
+        let threads = rayon::current_num_threads().max(1);
+        backward_weight_tiled(x, dy, g, tile_rows(g, threads), threads > 1)
+    } else {
+        backward_weight_grouped(x, dy, g, gs, parallel)
+    };
+    transpose_weight_grad(&acc_t, g)
+}
+
+/// `Σ_task f(task, acc)` into one `o·c·k·k` accumulator: one partial sum per rayon split, added up, with
+/// `parallel`; else in order into one.
+fn sum_tasks<T: Elem>(tasks: usize, len: usize, parallel: bool, f: impl Fn(usize, &mut [T]) + Sync + Send) -> Vec<T> {
+    let zero = || vec![T::ZERO; len];
+    if parallel && tasks > 1 {
+        (0..tasks)
+            .into_par_iter()
+            .fold(zero, |mut acc, t| {
+                f(t, &mut acc);
+                acc
+            })
+            .reduce(zero, |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += *b);
+                a
+            })
+    } else {
+        let mut acc = zero();
+        (0..tasks).for_each(|t| f(t, &mut acc));
+        acc
+    }
+}
+
+/// The tiled weight gradient of [`backward_weight`], as `dwᵀ` (`c·k·k × o`, row-major): per tile of `rows` output
+/// rows, `dwᵀ += col_tile · dy_tileᵀ` with a single-threaded gemm, tiles spread over the pool with `parallel`.
+fn backward_weight_tiled<T: Elem>(x: &[T], dy: &[T], g: &Geom, rows: usize, parallel: bool) -> Vec<T> {
+    let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
+    let rows = rows.clamp(1, g.ho);
+    let tiles = g.ho.div_ceil(rows);
+    sum_tasks(g.n * tiles, ckk * o, parallel, |t, acc_t| {
+        let (img, oy0) = (t / tiles, (t % tiles) * rows);
+        let oys = oy0..(oy0 + rows).min(g.ho);
+        let cols = oys.len() * g.wo;
+        let p0 = oy0 * g.wo;
+        // This tile's columns of every output channel of `dy`: `o` rows `howo` apart, read transposed.
+        let dyt = &dy[img * o * howo + p0..(img + 1) * o * howo];
+        let xi = &x[img * chw..(img + 1) * chw];
+        let acc = as_uninit(acc_t);
+        if g.is_pointwise() {
+            matmul((ckk, o, cols), acc, (o, 1), true, &xi[p0..], (howo, 1), dyt, (1, howo), Parallelism::None);
+        } else {
+            T::with_workspace(ckk * cols, |col| {
+                im2col_tile(xi, g, col, oys);
+                matmul((ckk, o, cols), acc, (o, 1), true, col, (cols, 1), dyt, (1, howo), Parallelism::None);
+            });
+        }
+    })
+}
+
+/// The grouped weight gradient of [`backward_weight`] (images stacked `gs` to a group), as `dwᵀ`.
+fn backward_weight_grouped<T: Elem>(x: &[T], dy: &[T], g: &Geom, gs: usize, parallel: bool) -> Vec<T> {
+    let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
     let par = gemm_par(parallel);
     let groups = g.n.div_ceil(gs);
     // Accumulates into `acc_t`, `dwᵀ` row-major (`ckk × o`).
@@ -966,23 +1029,12 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
             matmul((ckk, o, cols), as_uninit(acc_t), (o, 1), true, col, (cols, 1), dyg, (1, cols), par);
         });
     };
-    let zero = || vec![T::ZERO; o * ckk];
-    let acc_t = if parallel {
-        (0..groups)
-            .into_par_iter()
-            .fold(zero, |mut acc, gi| {
-                group(gi, &mut acc);
-                acc
-            })
-            .reduce(zero, |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += *b);
-                a
-            })
-    } else {
-        let mut acc = zero();
-        (0..groups).for_each(|gi| group(gi, &mut acc));
-        acc
-    };
+    sum_tasks(groups, o * ckk, parallel, group)
+}
+
+/// `dw` (`o × c·k·k`) from the accumulated `dwᵀ`.
+fn transpose_weight_grad<T: Elem>(acc_t: &[T], g: &Geom) -> Vec<T> {
+    let (ckk, o) = (g.ckk(), g.o);
     // The transpose writes each of the o·ckk elements once, output channels in parallel (over all the layers of
     // a step it moves as many elements as the model has weights).
     filled_vec(o * ckk, |dw| {
@@ -1097,6 +1149,37 @@ mod tests {
             for (a, e) in forward_tiled(&x, &wt, None, &g, None, 2).iter().zip(&naive(&x, &wt, &g)) {
                 assert!((a - e).abs() < 1e-12, "{g:?} without a bias: {a} vs {e}");
             }
+        }
+    }
+
+    #[test]
+    fn weight_gradient_matches_the_definition() {
+        // The tiled plan (1, 2, 3 and all output rows per tile, in order and in parallel) and the grouped one, on
+        // the three im2col paths and the pointwise gemm.
+        for &(n, c, h, w, o, k, s, p) in
+            &[(1, 2, 7, 5, 3, 3, 1, 1), (2, 3, 9, 6, 4, 3, 2, 1), (3, 3, 5, 5, 2, 1, 1, 0), (2, 2, 8, 7, 3, 3, 2, 0)]
+        {
+            let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
+            let x = ramp(n * c * h * w, 0.01);
+            let dy = ramp(n * o * g.howo(), 0.03);
+            let mut want = vec![0.0; o * g.ckk()];
+            for_each_tap(&g, |xi, wi, yi| want[wi] += dy[yi] * x[xi]);
+            let check = |got: Vec<f64>, what: &str| {
+                for (a, e) in got.iter().zip(&want) {
+                    assert!((a - e).abs() < 1e-9, "{g:?}, {what}: {a} vs {e}");
+                }
+            };
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+            for rows in [1, 2, 3, g.ho] {
+                for parallel in [false, true] {
+                    let acc_t = pool.install(|| backward_weight_tiled(&x, &dy, &g, rows, parallel));
+                    check(transpose_weight_grad(&acc_t, &g), &format!("{rows} rows, parallel {parallel}"));
+                }
+            }
+            for gs in 1..=n {
+                check(transpose_weight_grad(&backward_weight_grouped(&x, &dy, &g, gs, false), &g), "grouped");
+            }
+            check(backward_weight(&x, &dy, &g), "planned");
         }
     }
 
