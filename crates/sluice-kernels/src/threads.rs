@@ -10,6 +10,9 @@
 //! already one of the busy cores), and elsewhere its spin limit is lowered so idle workers park quickly. A value the
 //! user set in `CANDLE_NUM_THREADS` or `CANDLE_BARRIER_POOL_SPIN_LIMIT` is always kept. The effect is measured by
 //! `sluice bench model` (see the README of this crate).
+//!
+//! [`on_compute_pool`] runs a whole forward or training step on one of the pool's workers, so the kernels' parallel
+//! loops start from inside the pool instead of each parking and waking the calling thread.
 
 /// Machines with at most this many cores run candle's element-wise ops on the calling thread.
 pub const SMALL_MACHINE_CORES: usize = 4;
@@ -59,9 +62,35 @@ pub unsafe fn tame_candle_pools() -> ThreadPolicy {
     p
 }
 
+/// Runs `f` on a worker of rayon's global pool (the compute pool) and returns its result; the calling thread
+/// waits. Call it around a whole forward, training step or validation batch from a thread outside the pool.
+///
+/// Every parallel loop of the kernels started from outside the pool injects its tasks and parks the caller until
+/// a worker has run them, so each of the model's few hundred loops per forward paid a futex wake-up of the caller
+/// as well as of a sleeping worker. Started from a worker, a loop runs its first half on that worker and leaves the
+/// rest to be stolen: one wake-up per call of `f`. Inside the pool already, `f` simply runs here.
+pub fn on_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        return f();
+    }
+    rayon::scope(|_| f())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_runs_on_a_pool_worker() {
+        assert_eq!(rayon::current_thread_index(), None, "the test harness thread is not a pool worker");
+        let (index, value) = on_compute_pool(|| (rayon::current_thread_index(), 7));
+        assert!(index.is_some());
+        assert_eq!(value, 7);
+        // Nested: runs in place.
+        let (outer, inner) =
+            on_compute_pool(|| (rayon::current_thread_index(), on_compute_pool(rayon::current_thread_index)));
+        assert_eq!(outer, inner, "a nested call runs on the same worker");
+    }
 
     #[test]
     fn small_machines_run_elementwise_inline_and_user_values_win() {

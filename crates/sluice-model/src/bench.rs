@@ -9,6 +9,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Optimizer;
 use sluice_core::{BoxXyxy, Target};
+use sluice_kernels::threads::on_compute_pool;
 
 use crate::config::YoloConfig;
 use crate::error::Result;
@@ -94,8 +95,8 @@ pub fn bench_model_with<E, U>(
     make_update: impl FnOnce(&YoloV8) -> std::result::Result<U, E>,
 ) -> std::result::Result<BenchReport, E>
 where
-    E: From<crate::error::ModelError>,
-    U: FnMut(&GradStore) -> std::result::Result<(), E>,
+    E: From<crate::error::ModelError> + Send,
+    U: FnMut(&GradStore) -> std::result::Result<(), E> + Send,
 {
     let model_err = |e: candle_core::Error| E::from(e.into());
     let model = YoloV8::new(opts.config, DType::F32, device).map_err(E::from)?;
@@ -110,15 +111,20 @@ where
             ]
         })
         .collect();
-    let eval_forward_ms = median_ms(opts, || sync(device, &model.forward(&x)?.y)).map_err(E::from)?;
-    let fused_forward_ms = median_ms(opts, || sync(device, &fused.forward(&x)?.y)).map_err(E::from)?;
+    // Each timed run on a worker of the compute pool, as the trainer, validator and predictor run them.
+    let eval_forward_ms =
+        median_ms(opts, || on_compute_pool(|| sync(device, &model.forward(&x)?.y))).map_err(E::from)?;
+    let fused_forward_ms =
+        median_ms(opts, || on_compute_pool(|| sync(device, &fused.forward(&x)?.y))).map_err(E::from)?;
     let loss = DetectionLoss::new(opts.config.nc);
     let mut update = make_update(&model)?;
     let train_step_ms = median_ms(opts, || {
-        let (raw, _) = model.forward_raw(&x, Mode::Train).map_err(E::from)?;
-        let out = loss.compute(&raw, &targets).map_err(E::from)?;
-        update(&out.total.backward().map_err(model_err)?)?;
-        sync(device, &out.total).map_err(E::from)
+        on_compute_pool(|| {
+            let (raw, _) = model.forward_raw(&x, Mode::Train).map_err(E::from)?;
+            let out = loss.compute(&raw, &targets).map_err(E::from)?;
+            update(&out.total.backward().map_err(model_err)?)?;
+            sync(device, &out.total).map_err(E::from)
+        })
     })?;
     Ok(BenchReport {
         eval_forward_ms,

@@ -12,6 +12,7 @@ use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Transfer, sample_rng};
 use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};
+use sluice_kernels::threads::on_compute_pool;
 use sluice_model::candle_core::{DType, Device};
 use sluice_model::{DetectionLoss, LoadMode, Mode, YoloConfig, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
@@ -632,8 +633,13 @@ impl Trainer {
                 let x = self.transfer.transfer(&batch).context("transfer")?;
                 times.transfer_s += t.elapsed().as_secs_f64();
                 let t = Instant::now();
-                let (raw, _) = self.model.forward_raw(&x.images, Mode::Train)?;
-                let out = step_loss(&self.loss, &raw, &batch, &x, self.dense_loss)?;
+                // The forward + loss, and below the backward + update, each on a worker of the compute pool
+                // (`sluice_kernels::threads::on_compute_pool`).
+                let (model, loss, dense) = (&self.model, &self.loss, self.dense_loss);
+                let out = on_compute_pool(|| -> Result<_> {
+                    let (raw, _) = model.forward_raw(&x.images, Mode::Train)?;
+                    step_loss(loss, &raw, &batch, &x, dense)
+                })?;
                 let (ni, ep) = (self.progress.iteration as usize, epoch as usize);
                 // The CPU path reads its items now (they are logged, and they tell a non-finite loss). The device
                 // path queues them for an asynchronous read, shows the latest that has landed, and leaves the
@@ -649,7 +655,8 @@ impl Trainer {
                         (self.last_items, true)
                     }
                 };
-                let step = self.opt.batch_known_finite(&self.model, &out.total, finite, ni, ep)?;
+                let (opt, model) = (&mut self.opt, &self.model);
+                let step = on_compute_pool(|| opt.batch_known_finite(model, &out.total, finite, ni, ep))?;
                 times.model_s += t.elapsed().as_secs_f64();
                 if let Some(m) = sluice_transfer::device_memory_in_use(self.transfer.device()) {
                     memory_peak = Some(memory_peak.map_or(m, |p| p.max(m)));

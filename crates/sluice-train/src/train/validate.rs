@@ -17,6 +17,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use sluice_core::{Batch, Detection, SampleId, Target, Transfer};
 use sluice_eval::{ApReport, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
+use sluice_kernels::threads::on_compute_pool;
 use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
@@ -174,10 +175,14 @@ pub fn validate(
         }
         let t = Instant::now();
         let x = transfer.transfer(&batch).context("validation transfer")?;
-        let out = model.forward(&x.images)?;
-        let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
-        // Only the anchors above the validation conf cross to the host (the whole head output stays put).
-        let shrunk = shrink(&out.y, &shrink_params)?;
+        // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
+        let (l, shrunk) = on_compute_pool(|| -> Result<_> {
+            let out = model.forward(&x.images)?;
+            let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
+            // Only the anchors above the validation conf cross to the host (the whole head output stays put).
+            let shrunk = shrink(&out.y, &shrink_params)?;
+            Ok((l, shrunk))
+        })?;
         model_s += t.elapsed().as_secs_f64();
         if dense {
             let (packed, dims) = shrunk.pack()?;
