@@ -17,8 +17,9 @@
 //! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch, or over the forward's tiles where the
 //!   forward is tiled (each tile's column matrix reduced while it is in cache).
 //!
-//! [`conv2d_bias`] adds a per-channel bias inside the same op (a [`CustomOp3`]): the output rows start as the
-//! bias and the gemm accumulates onto them, and the bias gradient is a parallel per-channel sum; composed with
+//! [`conv2d_bias`] adds a per-channel bias inside the same op (a [`CustomOp3`]): the tiled forward adds it to each
+//! row segment the gemm has just written (still in L1), the stacked one starts the output rows as the bias for the
+//! gemm to accumulate onto, and the bias gradient is a parallel per-channel sum; composed with
 //! `broadcast_add`, candle would spend a full strided pass forward and a slow strided reduction backward.
 //!
 //! On a CUDA device with the `cudnn` feature, f32/bf16/f16 tensors take the same three ops, each through cuDNN
@@ -83,14 +84,14 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Tenso
 
 /// [`conv2d`] plus a per-channel bias `b` (`o`): equal to `conv2d(x, w, stride, pad) + b` broadcast over the
 /// batch and the pixels, and differentiable in all three inputs. On contiguous CPU f32/f64 tensors the bias is
-/// added inside the convolution's gemm; elsewhere the result is composed from [`conv2d`] and `broadcast_add`.
+/// added inside the same op, on the gemm's result while it is in cache; elsewhere the result is composed from [`conv2d`] and `broadcast_add`.
 pub fn conv2d_bias(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
     bias_conv(x, w, b, stride, pad, false)
 }
 
 /// `SiLU(conv2d_bias(x, w, b, stride, pad))` for inference: a folded Conv block (BatchNorm inside `w` and `b`) in
-/// one op. On contiguous CPU f32/f64 tensors the bias is added inside the gemm and the SiLU applied to each image's
-/// output while it is still in cache, so the activation is written once instead of being written, read back and
+/// one op. On contiguous CPU f32/f64 tensors the bias is added and the SiLU applied to each tile's (or
+/// stacked group's) output while it is still in cache, so the activation is written once instead of being written, read back and
 /// written again by a separate SiLU pass. It has no backward: [`Tensor::backward`] through it is an error (train
 /// with [`conv2d_bias`] or [`conv2d`] and a separate activation). Elsewhere it is composed from
 /// [`conv2d_bias`] and `silu`.

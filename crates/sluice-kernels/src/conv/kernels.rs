@@ -527,8 +527,8 @@ fn run_epilogue<T: Elem>(f: Epilogue<'_, T>, d: &mut [T], parallel_groups: bool)
     }
 }
 
-/// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row starts
-/// as the bias and the gemm accumulates onto it, so the bias costs no pass of its own. `epilogue` (an activation,
+/// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row of a stacked
+/// group starts as the bias and the gemm accumulates onto it (the tiled plan adds it after the gemm, in cache). `epilogue` (an activation,
 /// in place) runs on each gemm's result right after it, while it is in cache. Batches whose images are not stacked
 /// (one image per group, see [`Geom::plan`]) run as tiles ([`forward_tiled`]).
 pub(crate) fn forward<T: Elem>(
