@@ -1099,14 +1099,20 @@ mod tests {
         (0..n).map(|i| ((i * 37 % 101) as f64 - 50.0) * scale).collect()
     }
 
+    /// The geometry of `(n, c, h, w, o, k, stride, pad)` with a ramp input and a ramp weight for it.
+    fn case(
+        &(n, c, h, w, o, k, s, p): &(usize, usize, usize, usize, usize, usize, usize, usize),
+    ) -> (Geom, Vec<f64>, Vec<f64>) {
+        let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
+        (g, ramp(n * c * h * w, 0.01), ramp(o * c * k * k, 0.02))
+    }
+
     #[test]
     fn forward_matches_the_definition_on_odd_shapes() {
-        for &(n, c, h, w, o, k, s, p) in
+        for shape in
             &[(1, 2, 5, 7, 3, 3, 1, 1), (3, 3, 9, 6, 2, 3, 2, 1), (2, 4, 4, 4, 5, 1, 1, 0), (5, 1, 7, 7, 2, 3, 2, 0)]
         {
-            let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
-            let x = ramp(n * c * h * w, 0.01);
-            let wt = ramp(o * c * k * k, 0.02);
+            let (g, x, wt) = case(shape);
             let got = forward(&x, &wt, None, &g, None);
             let want = naive(&x, &wt, &g);
             for (a, b) in got.iter().zip(&want) {
@@ -1121,20 +1127,18 @@ mod tests {
         // three im2col paths (stride-1 "same", 3×3 stride-2 and the general one), the pointwise gemm, with the bias
         // and the epilogue.
         let double: Epilogue<'_, f64> = &|d: &mut [f64]| d.iter_mut().for_each(|v| *v *= 2.0);
-        for &(n, c, h, w, o, k, s, p) in &[
+        for shape in &[
             (1, 2, 7, 5, 3, 3, 1, 1),
             (2, 3, 9, 6, 4, 3, 2, 1),
             (1, 3, 5, 5, 2, 1, 1, 0),
             (2, 2, 8, 7, 3, 3, 2, 0),
             (1, 1, 1, 1, 2, 3, 2, 1),
         ] {
-            let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
-            let x = ramp(n * c * h * w, 0.01);
-            let wt = ramp(o * c * k * k, 0.02);
-            let b = ramp(o, 0.3);
+            let (g, x, wt) = case(shape);
+            let b = ramp(g.o, 0.3);
             let mut want = naive(&x, &wt, &g);
             for (i, v) in want.iter_mut().enumerate() {
-                *v = 2.0 * (*v + b[(i / g.howo()) % o]);
+                *v = 2.0 * (*v + b[(i / g.howo()) % g.o]);
             }
             for threads in [1, 2] {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -1156,13 +1160,12 @@ mod tests {
     fn weight_gradient_matches_the_definition() {
         // The tiled plan (1, 2, 3 and all output rows per tile, in order and in parallel) and the grouped one, on
         // the three im2col paths and the pointwise gemm.
-        for &(n, c, h, w, o, k, s, p) in
+        for shape in
             &[(1, 2, 7, 5, 3, 3, 1, 1), (2, 3, 9, 6, 4, 3, 2, 1), (3, 3, 5, 5, 2, 1, 1, 0), (2, 2, 8, 7, 3, 3, 2, 0)]
         {
-            let g = Geom::new((n, c, h, w), (o, c, k, k), s, p).unwrap();
-            let x = ramp(n * c * h * w, 0.01);
-            let dy = ramp(n * o * g.howo(), 0.03);
-            let mut want = vec![0.0; o * g.ckk()];
+            let (g, x, _) = case(shape);
+            let dy = ramp(g.n * g.o * g.howo(), 0.03);
+            let mut want = vec![0.0; g.o * g.ckk()];
             for_each_tap(&g, |xi, wi, yi| want[wi] += dy[yi] * x[xi]);
             let check = |got: Vec<f64>, what: &str| {
                 for (a, e) in got.iter().zip(&want) {
@@ -1176,7 +1179,7 @@ mod tests {
                     check(transpose_weight_grad(&acc_t, &g), &format!("{rows} rows, parallel {parallel}"));
                 }
             }
-            for gs in 1..=n {
+            for gs in 1..=g.n {
                 check(transpose_weight_grad(&backward_weight_grouped(&x, &dy, &g, gs, false), &g), "grouped");
             }
             check(backward_weight(&x, &dy, &g), "planned");
