@@ -63,14 +63,16 @@ pub unsafe fn tame_candle_pools() -> ThreadPolicy {
 }
 
 /// Runs `f` on a worker of rayon's global pool (the compute pool) and returns its result; the calling thread
-/// waits. Call it around a whole forward, training step or validation batch from a thread outside the pool.
+/// waits. Call it around a whole forward, training step or validation batch from a thread outside the pool. Only
+/// for the CPU `device`: elsewhere `f` runs on the calling thread, where the device's context is bound (a CUDA
+/// context is current per thread, and the CPU kernels' loops are not what such a step waits on).
 ///
 /// Every parallel loop of the kernels started from outside the pool injects its tasks and parks the caller until
 /// a worker has run them, so each of the model's few hundred loops per forward paid a futex wake-up of the caller
 /// as well as of a sleeping worker. Started from a worker, a loop runs its first half on that worker and leaves the
 /// rest to be stolen: one wake-up per call of `f`. Inside the pool already, `f` simply runs here.
-pub fn on_compute_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
+pub fn on_compute_pool<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R + Send) -> R {
+    if !device.is_cpu() || rayon::current_thread_index().is_some() {
         return f();
     }
     rayon::scope(|_| f())
@@ -83,12 +85,14 @@ mod tests {
     #[test]
     fn work_runs_on_a_pool_worker() {
         assert_eq!(rayon::current_thread_index(), None, "the test harness thread is not a pool worker");
-        let (index, value) = on_compute_pool(|| (rayon::current_thread_index(), 7));
+        let cpu = candle_core::Device::Cpu;
+        let (index, value) = on_compute_pool(&cpu, || (rayon::current_thread_index(), 7));
         assert!(index.is_some());
         assert_eq!(value, 7);
         // Nested: runs in place.
-        let (outer, inner) =
-            on_compute_pool(|| (rayon::current_thread_index(), on_compute_pool(rayon::current_thread_index)));
+        let (outer, inner) = on_compute_pool(&cpu, || {
+            (rayon::current_thread_index(), on_compute_pool(&cpu, rayon::current_thread_index))
+        });
         assert_eq!(outer, inner, "a nested call runs on the same worker");
     }
 

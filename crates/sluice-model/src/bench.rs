@@ -113,13 +113,13 @@ where
         .collect();
     // Each timed run on a worker of the compute pool, as the trainer, validator and predictor run them.
     let eval_forward_ms =
-        median_ms(opts, || on_compute_pool(|| sync(device, &model.forward(&x)?.y))).map_err(E::from)?;
+        median_ms(opts, || on_compute_pool(device, || sync(device, &model.forward(&x)?.y))).map_err(E::from)?;
     let fused_forward_ms =
-        median_ms(opts, || on_compute_pool(|| sync(device, &fused.forward(&x)?.y))).map_err(E::from)?;
+        median_ms(opts, || on_compute_pool(device, || sync(device, &fused.forward(&x)?.y))).map_err(E::from)?;
     let loss = DetectionLoss::new(opts.config.nc);
     let mut update = make_update(&model)?;
     let train_step_ms = median_ms(opts, || {
-        on_compute_pool(|| {
+        on_compute_pool(device, || {
             let (raw, _) = model.forward_raw(&x, Mode::Train).map_err(E::from)?;
             let out = loss.compute(&raw, &targets).map_err(E::from)?;
             update(&out.total.backward().map_err(model_err)?)?;

@@ -298,7 +298,8 @@ impl Predictor {
         let candle = |e: sluice_model::candle_core::Error| model_err(ModelError::from(e));
         let input = Tensor::from_vec(x, (1, 3, ch, cw), &Device::Cpu).map_err(candle)?;
         let model = &self.model;
-        let y = sluice_kernels::threads::on_compute_pool(|| model.forward(&input)).map_err(model_err)?.y;
+        let y =
+            sluice_kernels::threads::on_compute_pool(model.device(), || model.forward(&input)).map_err(model_err)?.y;
         let anchors = y.dim(2).map_err(candle)?;
         let data = y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?;
         let nms_err = |source| PredictError::Nms { path: name.to_path_buf(), source };

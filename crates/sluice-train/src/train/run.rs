@@ -636,7 +636,7 @@ impl Trainer {
                 // The forward + loss, and below the backward + update, each on a worker of the compute pool
                 // (`sluice_kernels::threads::on_compute_pool`).
                 let (model, loss, dense) = (&self.model, &self.loss, self.dense_loss);
-                let out = on_compute_pool(|| -> Result<_> {
+                let out = on_compute_pool(model.device(), || -> Result<_> {
                     let (raw, _) = model.forward_raw(&x.images, Mode::Train)?;
                     step_loss(loss, &raw, &batch, &x, dense)
                 })?;
@@ -656,7 +656,8 @@ impl Trainer {
                     }
                 };
                 let (opt, model) = (&mut self.opt, &self.model);
-                let step = on_compute_pool(|| opt.batch_known_finite(model, &out.total, finite, ni, ep))?;
+                let step =
+                    on_compute_pool(model.device(), || opt.batch_known_finite(model, &out.total, finite, ni, ep))?;
                 times.model_s += t.elapsed().as_secs_f64();
                 if let Some(m) = sluice_transfer::device_memory_in_use(self.transfer.device()) {
                     memory_peak = Some(memory_peak.map_or(m, |p| p.max(m)));

@@ -176,7 +176,7 @@ pub fn validate(
         let t = Instant::now();
         let x = transfer.transfer(&batch).context("validation transfer")?;
         // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
-        let (l, shrunk) = on_compute_pool(|| -> Result<_> {
+        let (l, shrunk) = on_compute_pool(model.device(), || -> Result<_> {
             let out = model.forward(&x.images)?;
             let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
             // Only the anchors above the validation conf cross to the host (the whole head output stays put).
