@@ -84,16 +84,17 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Result<Tenso
 
 /// [`conv2d`] plus a per-channel bias `b` (`o`): equal to `conv2d(x, w, stride, pad) + b` broadcast over the
 /// batch and the pixels, and differentiable in all three inputs. On contiguous CPU f32/f64 tensors the bias is
-/// added inside the same op, on the gemm's result while it is in cache; elsewhere the result is composed from [`conv2d`] and `broadcast_add`.
+/// added inside the same op, on the gemm's result while it is in cache; elsewhere the result is composed from
+/// [`conv2d`] and `broadcast_add`.
 pub fn conv2d_bias(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
     bias_conv(x, w, b, stride, pad, false)
 }
 
 /// `SiLU(conv2d_bias(x, w, b, stride, pad))` for inference: a folded Conv block (BatchNorm inside `w` and `b`) in
-/// one op. On contiguous CPU f32/f64 tensors the bias is added and the SiLU applied to each tile's (or
-/// stacked group's) output while it is still in cache, so the activation is written once instead of being written, read back and
-/// written again by a separate SiLU pass. It has no backward: [`Tensor::backward`] through it is an error (train
-/// with [`conv2d_bias`] or [`conv2d`] and a separate activation). Elsewhere it is composed from
+/// one op. On contiguous CPU f32/f64 tensors the bias is added and the SiLU applied to each tile's (or stacked
+/// group's) output while it is still in cache, so the activation is written once instead of being written, read
+/// back and written again by a separate SiLU pass. It has no backward: [`Tensor::backward`] through it is an error
+/// (train with [`conv2d_bias`] or [`conv2d`] and a separate activation). Elsewhere it is composed from
 /// [`conv2d_bias`] and `silu`.
 pub fn conv2d_bias_silu(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize) -> Result<Tensor> {
     bias_conv(x, w, b, stride, pad, true)

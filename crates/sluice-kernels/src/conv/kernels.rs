@@ -124,7 +124,6 @@ fn matmul<T: Elem>(
 
 /// An output buffer that the tasks of one parallel loop write at once, each to its own elements (the tiles of
 /// [`forward_tiled`] interleave: a tile is a column range of every output channel's row).
-#[derive(Clone, Copy)]
 struct SharedOut<T> {
     ptr: *mut MaybeUninit<T>,
     len: usize,
@@ -527,10 +526,10 @@ fn run_epilogue<T: Elem>(f: Epilogue<'_, T>, d: &mut [T], parallel_groups: bool)
     }
 }
 
-/// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row of a stacked
-/// group starts as the bias and the gemm accumulates onto it (the tiled plan adds it after the gemm, in cache). `epilogue` (an activation,
-/// in place) runs on each gemm's result right after it, while it is in cache. Batches whose images are not stacked
-/// (one image per group, see [`Geom::plan`]) run as tiles ([`forward_tiled`]).
+/// Forward: `y (n×o×ho×wo) = conv(x (n×c×h×w), w (o×c×k×k)) [+ bias (o)]`. With a bias, each output row of a
+/// stacked group starts as the bias and the gemm accumulates onto it (the tiled plan adds it after the gemm, in
+/// cache). `epilogue` (an activation, in place) runs on each gemm's result right after it, while it is in cache.
+/// Batches whose images are not stacked (one image per group, see [`Geom::plan`]) run as tiles ([`forward_tiled`]).
 pub(crate) fn forward<T: Elem>(
     x: &[T],
     w: &[T],
@@ -616,12 +615,37 @@ fn tile_rows(g: &Geom, threads: usize) -> usize {
     (cols / g.wo).clamp(1, g.ho.div_ceil(per_image).max(1))
 }
 
+/// A batch cut into tiles of `rows` whole output rows per image (the last tile of an image may be shorter), numbered
+/// image by image.
+struct Tiles {
+    rows: usize,
+    per_image: usize,
+}
+
+impl Tiles {
+    fn new(g: &Geom, rows: usize) -> Self {
+        let rows = rows.clamp(1, g.ho);
+        Self { rows, per_image: g.ho.div_ceil(rows) }
+    }
+
+    /// Tiles in the batch.
+    fn count(&self, g: &Geom) -> usize {
+        g.n * self.per_image
+    }
+
+    /// Tile `t`'s image and output rows.
+    fn get(&self, g: &Geom, t: usize) -> (usize, Range<usize>) {
+        let oy0 = (t % self.per_image) * self.rows;
+        (t / self.per_image, oy0..(oy0 + self.rows).min(g.ho))
+    }
+}
+
 /// The forward for batches whose images are not stacked (each image's map gives the gemm enough columns): every
-/// image is cut into tiles of `rows` whole output rows ([`tile_rows`]), and each tile is one task that runs the im2col of
-/// its rows, one single-threaded gemm into its columns of every output channel, and the epilogue, while the
-/// tile is in cache. The tiles of all images are spread over the pool in one parallel loop: one fork-join per
-/// convolution (the whole-image plan forked for the im2col, inside the gemm and again for the epilogue, and its
-/// column matrix left the cache before the gemm read it).
+/// image is cut into tiles of `rows` whole output rows ([`tile_rows`]), and each tile is one task that runs the
+/// im2col of its rows, one single-threaded gemm into its columns of every output channel, then the bias and the
+/// epilogue, while the tile is in cache. The tiles of all images are spread over the pool in one parallel loop:
+/// one fork-join per convolution (the whole-image plan forked for the im2col, inside the gemm and again for the
+/// epilogue, and its column matrix left the cache before the gemm read it).
 fn forward_tiled<T: Elem>(
     x: &[T],
     w: &[T],
@@ -631,18 +655,16 @@ fn forward_tiled<T: Elem>(
     rows: usize,
 ) -> Vec<T> {
     let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
-    let threads = rayon::current_num_threads();
-    let rows = rows.clamp(1, g.ho);
-    let tiles = g.ho.div_ceil(rows);
-    // Every element is written: each tile writes its columns of every output row of its image, by the gemm (over
-    // the bias where there is one), and the tiles cover every output row of every image.
+    let parallel = rayon::current_num_threads() > 1;
+    let tiles = Tiles::new(g, rows);
+    // Every element is written: the gemm of each tile writes its columns of every output row of its image, and the
+    // tiles cover every output row of every image.
     filled_vec(g.n * o * howo, |y| {
         let out = SharedOut::new(y);
         let tile = |t: usize| {
-            let (img, oy0) = (t / tiles, (t % tiles) * rows);
-            let oys = oy0..(oy0 + rows).min(g.ho);
-            let cols = oys.len() * g.wo;
-            let at = img * o * howo + oy0 * g.wo;
+            let (img, oys) = tiles.get(g, t);
+            let (p0, cols) = (oys.start * g.wo, oys.len() * g.wo);
+            let at = img * o * howo + p0;
             let xi = &x[img * chw..(img + 1) * chw];
             let gemm = |rhs: &[T], rhs_rs: usize| {
                 // SAFETY: tile `t` alone touches the columns `oys` of image `img`'s output rows, and the gemm writes
@@ -652,7 +674,7 @@ fn forward_tiled<T: Elem>(
                 }
             };
             if g.is_pointwise() {
-                gemm(&xi[oy0 * g.wo..], howo);
+                gemm(&xi[p0..], howo);
             } else {
                 T::with_workspace(ckk * cols, |col| {
                     im2col_tile(xi, g, col, oys.clone());
@@ -675,8 +697,8 @@ fn forward_tiled<T: Elem>(
                 }
             }
         };
-        let tasks = g.n * tiles;
-        if threads > 1 && tasks > 1 {
+        let tasks = tiles.count(g);
+        if parallel && tasks > 1 {
             (0..tasks).into_par_iter().for_each(tile);
         } else {
             (0..tasks).for_each(tile);
@@ -972,13 +994,10 @@ fn sum_tasks<T: Elem>(tasks: usize, len: usize, parallel: bool, f: impl Fn(usize
 /// rows, `dwᵀ += col_tile · dy_tileᵀ` with a single-threaded gemm, tiles spread over the pool with `parallel`.
 fn backward_weight_tiled<T: Elem>(x: &[T], dy: &[T], g: &Geom, rows: usize, parallel: bool) -> Vec<T> {
     let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
-    let rows = rows.clamp(1, g.ho);
-    let tiles = g.ho.div_ceil(rows);
-    sum_tasks(g.n * tiles, ckk * o, parallel, |t, acc_t| {
-        let (img, oy0) = (t / tiles, (t % tiles) * rows);
-        let oys = oy0..(oy0 + rows).min(g.ho);
-        let cols = oys.len() * g.wo;
-        let p0 = oy0 * g.wo;
+    let tiles = Tiles::new(g, rows);
+    sum_tasks(tiles.count(g), ckk * o, parallel, |t, acc_t| {
+        let (img, oys) = tiles.get(g, t);
+        let (p0, cols) = (oys.start * g.wo, oys.len() * g.wo);
         // This tile's columns of every output channel of `dy`: `o` rows `howo` apart, read transposed.
         let dyt = &dy[img * o * howo + p0..(img + 1) * o * howo];
         let xi = &x[img * chw..(img + 1) * chw];
