@@ -35,6 +35,10 @@ const MIN_GROUP_COLS: usize = 2048;
 const MIN_TRANSPOSE_ELEMS: usize = 16 * 1024;
 /// Upper bound on one group's column matrix, in elements.
 const MAX_GROUP_ELEMS: usize = 1 << 21;
+/// Output rows per image from which stacked groups run the row-shifted plan ([`Geom::row_shift`]). Stacked images
+/// leave `2p` rows of columns between them that the gemms compute and discard (`2p/h` more work): on YOLOv8n's
+/// 10×10 maps that made the conv 14% slower, on its 20×20 ones 3% faster (stop 24's A/B).
+const MIN_SHIFT_ROWS: usize = 16;
 
 impl Geom {
     /// The geometry, or `None` when the kernel does not fit the padded input or a size is zero.
@@ -69,6 +73,29 @@ impl Geom {
     /// A stride-1 conv whose output has the input's size (odd `k`, `pad = (k − 1) / 2`, as YOLO's 3×3 convs).
     fn is_same_stride1(&self) -> bool {
         self.stride == 1 && 2 * self.pad + 1 == self.k && self.ho == self.h && self.wo == self.w
+    }
+    /// A stride-1 "same" conv with a kernel taller than one row, which can run row-shifted: as `k` gemms, one per
+    /// kernel row `ky`, over a column matrix that holds only the kernel's columns ([`row_im2col_plane`]: `c·k` rows
+    /// instead of `c·k·k`), the gemm of kernel row `ky` reading that matrix from `ky` input rows further on. The
+    /// im2col writes a third of the elements for a 3×3 conv (plus `2p` halo rows per image), at the cost of `k`
+    /// gemms with a `k`-times shorter reduction, the later ones accumulating.
+    fn can_row_shift(&self) -> bool {
+        self.is_same_stride1() && self.k > 1
+    }
+    /// Whether stacked groups run row-shifted ([`Self::can_row_shift`]): on maps of at least [`MIN_SHIFT_ROWS`]
+    /// rows. (Tiles of a few rows would recompute their halo rows; stop 24 measured the tiled plans row-shifted as
+    /// no faster, and left them whole.)
+    fn row_shift(&self) -> bool {
+        self.can_row_shift() && self.h >= MIN_SHIFT_ROWS
+    }
+    /// Rows of the row-shifted column matrix (`c·k`).
+    fn ck(&self) -> usize {
+        self.c * self.k
+    }
+    /// Columns of one image in the row-shifted column matrix: its rows with `p` halo rows above and below, `w`
+    /// columns each.
+    fn shift_cols(&self) -> usize {
+        (self.h + 2 * self.pad) * self.w
     }
     /// YOLO's down-sampling conv: 3×3, stride 2, padding 1 (im2col handles its three kernel columns at once; its
     /// input gradient is polyphase, [`down3_backward_input`]).
@@ -251,6 +278,48 @@ fn im2col_tile<T: Elem>(x: &[T], g: &Geom, col: &mut [T], oys: Range<usize>) {
     }
 }
 
+/// The row-shifted column matrix ([`Geom::can_row_shift`]) of image `x` as the columns `off .. off + shift_cols()` of
+/// `col` (row length `ld`, `k` rows per channel), channels' row blocks in parallel with `parallel` (as [`im2col`]).
+fn row_im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: usize, parallel: bool) {
+    let block = g.k * ld;
+    let col = &mut col[..g.c * block];
+    let planes = &x[..g.c * g.hw()];
+    if parallel {
+        col.par_chunks_mut(block)
+            .zip(planes.par_chunks(g.hw()))
+            .for_each(|(rows, p)| row_im2col_plane(p, g, rows, ld, off));
+    } else {
+        col.chunks_mut(block).zip(planes.chunks(g.hw())).for_each(|(rows, p)| row_im2col_plane(p, g, rows, ld, off));
+    }
+}
+
+/// The row-shifted column matrix of one input channel: row `kx` (columns `off .. off + shift_cols()` of row length
+/// `ld`) holds the input rows `−p .. h + p`, each shifted by kernel column `kx` ([`shifted_rows`]). Output row
+/// `oy`'s kernel row `ky` reads input row `oy + ky − p`, which sits `ky` rows (`ky·w` columns) further on than
+/// output row `oy` itself.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
+fn row_im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: usize) {
+    let len = g.shift_cols();
+    for kx in 0..g.k {
+        shifted_rows(plane, g, kx, -(g.pad as isize), &mut rows[kx * ld + off..kx * ld + off + len]);
+    }
+}
+
+/// The weights as the row-shifted plan's `k` matrices, `[ky][o][c·k]`: entry `(ky, oc, ci·k + kx)` is
+/// `w[oc, ci, ky, kx]`.
+fn row_shift_weights<T: Elem>(w: &[T], g: &Geom) -> Vec<T> {
+    let (k, kk, ckk) = (g.k, g.k * g.k, g.ckk());
+    let mut out = Vec::with_capacity(w.len());
+    for ky in 0..k {
+        for oc in 0..g.o {
+            for ci in 0..g.c {
+                out.extend_from_slice(&w[oc * ckk + ci * kk + ky * k..][..k]);
+            }
+        }
+    }
+    out
+}
+
 /// [`im2col`] of one input channel: `plane` (`h×w`) into its `k·k` rows of the column matrix, for the output rows
 /// `oys` (the columns `off..off + oys.len()·wo` of each row).
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512dq+avx512vl", "x86_64+avx2+fma"))]
@@ -307,19 +376,34 @@ fn im2col_plane<T: Elem>(plane: &[T], g: &Geom, rows: &mut [T], ld: usize, off: 
 }
 
 /// One im2col row of a stride-1 "same" conv (`w == wo`, `h == ho`) for the output rows `oys`:
-/// `dst[(oy − oys.start)·w + j] = plane[(oy + ky − p)·w + j + kx − p]`, zero outside the image. The valid output
-/// rows are one contiguous range in `dst` and, shifted by `kx − p`, in `plane`, so they are copied with a single
-/// `copy_from_slice` (instead of one per output row); the elements that shift wraps across a row boundary are
-/// then zeroed (`|kx − p|` per row).
+/// `dst[(oy − oys.start)·w + j] = plane[(oy + ky − p)·w + j + kx − p]`, zero outside the image.
 #[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
 fn same_shift_rows<T: Elem>(plane: &[T], g: &Geom, ky: usize, kx: usize, dst: &mut [T], oys: Range<usize>) {
+    let dst = &mut dst[..oys.len() * g.w];
+    shifted_rows(plane, g, kx, oys.start as isize + ky as isize - g.pad as isize, dst);
+}
+
+/// Input rows `iy0 ..` of `plane` (`h×w`), as many as `dst` holds whole rows of `w`, each shifted by kernel column
+/// `kx`: `dst[r·w + j] = plane[(iy0 + r)·w + j + kx − p]`, zero outside the image (rows above or below it, columns
+/// left or right). The rows inside the image are one contiguous range in `dst` and, shifted by `kx − p`, in
+/// `plane`, so they are copied with a single `copy_from_slice` (instead of one per row); the elements that the
+/// shift wraps across a row boundary are then zeroed (`|kx − p|` per row).
+#[inline(always)] // into the multiversioned callers, so it is compiled with their SIMD features
+fn shifted_rows<T: Elem>(plane: &[T], g: &Geom, kx: usize, iy0: isize, dst: &mut [T]) {
     let (w, p) = (g.w, g.pad);
-    let (d0, s0, n) = same_band(g, ky, oys);
+    let rows = (dst.len() / w) as isize;
+    // The rows inside the image, `lo .. hi` (empty, at an end of `dst`, when none is).
+    let end = iy0 + rows;
+    let lo = iy0.max(0).min(end);
+    let hi = end.min(g.h as isize).max(lo);
+    // Their element offsets in `dst` and their element count.
+    let (d0, n) = ((lo - iy0) as usize * w, (hi - lo) as usize * w);
     dst[..d0].fill(T::ZERO);
     dst[d0 + n..].fill(T::ZERO);
     if n == 0 {
         return;
     }
+    let s0 = lo as usize * w;
     let band = &mut dst[d0..d0 + n];
     if kx >= p {
         let sh = (kx - p).min(w);
@@ -530,6 +614,7 @@ fn run_epilogue<T: Elem>(f: Epilogue<'_, T>, d: &mut [T], parallel_groups: bool)
 /// stacked group starts as the bias and the gemm accumulates onto it (the tiled plan adds it after the gemm, in
 /// cache). `epilogue` (an activation, in place) runs on each gemm's result right after it, while it is in cache.
 /// Batches whose images are not stacked (one image per group, see [`Geom::plan`]) run as tiles ([`forward_tiled`]).
+/// Stacked stride-1 "same" convs run row-shifted ([`Geom::row_shift`]).
 pub(crate) fn forward<T: Elem>(
     x: &[T],
     w: &[T],
@@ -537,23 +622,51 @@ pub(crate) fn forward<T: Elem>(
     g: &Geom,
     epilogue: Option<Epilogue<'_, T>>,
 ) -> Vec<T> {
-    let (howo, ckk, o) = (g.howo(), g.ckk(), g.o);
     let (gs, parallel) = g.plan();
     if gs == 1 {
         let rows = tile_rows(g, rayon::current_num_threads().max(1));
         return forward_tiled(x, w, bias, g, epilogue, rows);
     }
+    forward_grouped(x, w, bias, g, epilogue, (gs, parallel), g.row_shift())
+}
+
+/// The column layout of a stacked group of `imgs` images: `(columns per image in the column matrix, its row
+/// length, the gemm's columns)`. With the full im2col the images lie side by side; row-shifted, each image's
+/// segment holds its `2p` halo rows too, and the gemm's columns stop short of the last image's halo (the halo rows
+/// between two images give output columns that are discarded).
+fn stacked_cols(g: &Geom, imgs: usize, shift: bool) -> (usize, usize, usize) {
+    if shift {
+        let seg = g.shift_cols();
+        (seg, imgs * seg, imgs * seg - 2 * g.pad * g.w)
+    } else {
+        (g.howo(), imgs * g.howo(), imgs * g.howo())
+    }
+}
+
+/// The forward for stacked groups of `gs` images ([`Geom::plan`]: `parallel` runs groups in parallel, each gemm
+/// single-threaded), row-shifted with `shift` (a stride-1 "same" conv).
+fn forward_grouped<T: Elem>(
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    g: &Geom,
+    epilogue: Option<Epilogue<'_, T>>,
+    (gs, parallel): (usize, bool),
+    shift: bool,
+) -> Vec<T> {
+    let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
     let par = gemm_par(parallel);
+    let shifted_w = shift.then(|| row_shift_weights(w, g));
     // Every element is written: by the gemm (which, without a bias, writes without reading) or by the copy out of
     // the stacked result, after the bias rows when there is a bias.
     filled_vec(g.n * o * howo, |y| {
         for_groups(y, gs * o * howo, parallel, |gi, ychunk| {
             let first = gi * gs;
             let imgs = ychunk.len() / (o * howo);
-            let xs = &x[first * g.c * g.hw()..(first + imgs) * g.c * g.hw()];
+            let xs = &x[first * chw..(first + imgs) * chw];
             if g.is_pointwise() {
                 for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
-                    let xi = &xs[i * g.c * howo..(i + 1) * g.c * howo];
+                    let xi = &xs[i * chw..(i + 1) * chw];
                     if let Some(b) = bias {
                         write_rows(yi, howo, b);
                     }
@@ -565,18 +678,32 @@ pub(crate) fn forward<T: Elem>(
                 }
                 return;
             }
-            let cols = imgs * howo;
+            let (seg, ld, cols) = stacked_cols(g, imgs, shift);
+            let kdim = if shift { g.ck() } else { ckk };
             let tmp_len = if imgs > 1 { o * cols } else { 0 };
-            T::with_workspace(ckk * cols + tmp_len, |ws| {
-                let (col, tmp) = ws.split_at_mut(ckk * cols);
-                for i in 0..imgs {
-                    im2col(&xs[i * g.c * g.hw()..(i + 1) * g.c * g.hw()], g, col, cols, i * howo, !parallel);
+            T::with_workspace(kdim * ld + tmp_len, |ws| {
+                let (col, tmp) = ws.split_at_mut(kdim * ld);
+                for (i, xi) in xs.chunks(chw).enumerate() {
+                    if shift {
+                        row_im2col(xi, g, col, ld, i * seg, !parallel);
+                    } else {
+                        im2col(xi, g, col, ld, i * seg, !parallel);
+                    }
                 }
+                // One image fills the chunk exactly (`cols == howo`); several go through `tmp`.
                 let dst = if imgs == 1 { &mut *ychunk } else { as_uninit(tmp) };
                 if let Some(b) = bias {
                     write_rows(dst, cols, b);
                 }
-                matmul((o, cols, ckk), dst, (cols, 1), bias.is_some(), w, (ckk, 1), col, (cols, 1), par);
+                match &shifted_w {
+                    Some(sw) => {
+                        for ky in 0..g.k {
+                            let (acc, lhs, rhs) = (bias.is_some() || ky > 0, &sw[ky * o * kdim..], &col[ky * g.w..]);
+                            matmul((o, cols, kdim), dst, (cols, 1), acc, lhs, (kdim, 1), rhs, (ld, 1), par);
+                        }
+                    }
+                    None => matmul((o, cols, ckk), dst, (cols, 1), bias.is_some(), w, (ckk, 1), col, (ld, 1), par),
+                }
                 if let Some(f) = epilogue {
                     // SAFETY: the gemm just wrote every element of `dst` (`o × cols`, the whole chunk or `tmp`).
                     run_epilogue(f, unsafe { assume_init_mut(dst) }, parallel);
@@ -584,7 +711,7 @@ pub(crate) fn forward<T: Elem>(
                 if imgs > 1 {
                     for (i, yi) in ychunk.chunks_mut(o * howo).enumerate() {
                         for (oc, row) in yi.chunks_mut(howo).enumerate() {
-                            write_all(row, &tmp[oc * cols + i * howo..oc * cols + (i + 1) * howo]);
+                            write_all(row, &tmp[oc * cols + i * seg..oc * cols + i * seg + howo]);
                         }
                     }
                 }
@@ -740,13 +867,15 @@ fn plane_sum<T: Elem>(p: &[T]) -> T {
     s
 }
 
-/// Copies the `imgs` images of `dy` (each `o×howo`) side by side into `dst` (`o × imgs·howo`).
-fn gather_dy<T: Elem>(dy: &[T], o: usize, howo: usize, imgs: usize, dst: &mut [T]) {
-    let cols = imgs * howo;
-    for i in 0..imgs {
-        for oc in 0..o {
+/// Copies the images of `dy` (each `o×howo`) side by side into `dst` (`o` rows of `dst.len() / o`), image `i` at
+/// column `i·seg` of every row; the columns between images (`seg > howo`, the row-shifted layout) are zeroed.
+fn gather_dy<T: Elem>(dy: &[T], o: usize, howo: usize, seg: usize, dst: &mut [T]) {
+    let cols = dst.len() / o;
+    for (oc, row) in dst.chunks_exact_mut(cols).enumerate() {
+        for (i, out) in row.chunks_mut(seg).enumerate() {
             let src = &dy[(i * o + oc) * howo..(i * o + oc + 1) * howo];
-            dst[oc * cols + i * howo..oc * cols + (i + 1) * howo].copy_from_slice(src);
+            out[..howo].copy_from_slice(src);
+            out[howo..].fill(T::ZERO);
         }
     }
 }
@@ -801,7 +930,7 @@ pub(crate) fn backward_input<T: Elem>(dy: &[T], w: &[T], g: &Geom) -> Vec<T> {
             T::with_workspace(ckk * cols + tmp_len, |ws| {
                 let (dcol, tmp) = ws.split_at_mut(ckk * cols);
                 let dyg: &[T] = if imgs > 1 {
-                    gather_dy(dys, o, howo, imgs, tmp);
+                    gather_dy(dys, o, howo, howo, tmp);
                     tmp
                 } else {
                     dys
@@ -959,13 +1088,14 @@ fn down3_interleave<T: Elem>(out: &[T], g: &Geom, y0: usize, rows: usize, dx: &m
 /// image's (which at 640 is tens of MiB for a 3×3 conv on a big map).
 pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
     let (gs, parallel) = g.plan();
-    let acc_t = if gs == 1 {
+    let (acc_t, shift) = if gs == 1 {
         let threads = rayon::current_num_threads().max(1);
-        backward_weight_tiled(x, dy, g, tile_rows(g, threads), threads > 1)
+        (backward_weight_tiled(x, dy, g, tile_rows(g, threads), threads > 1), false)
     } else {
-        backward_weight_grouped(x, dy, g, gs, parallel)
+        let shift = g.row_shift();
+        (backward_weight_grouped(x, dy, g, (gs, parallel), shift), shift)
     };
-    transpose_weight_grad(&acc_t, g)
+    transpose_weight_grad(&acc_t, g, shift)
 }
 
 /// `Σ_task f(task, acc)` into one `o·c·k·k` accumulator: one partial sum per rayon split, added up, with
@@ -1013,8 +1143,10 @@ fn backward_weight_tiled<T: Elem>(x: &[T], dy: &[T], g: &Geom, rows: usize, para
     })
 }
 
-/// The grouped weight gradient of [`backward_weight`] (images stacked `gs` to a group), as `dwᵀ`.
-fn backward_weight_grouped<T: Elem>(x: &[T], dy: &[T], g: &Geom, gs: usize, parallel: bool) -> Vec<T> {
+/// The grouped weight gradient of [`backward_weight`] (images stacked `gs` to a group), as `dwᵀ`; row-shifted with
+/// `shift` ([`Geom::row_shift`]), one gemm per kernel row `ky` accumulating its `c·k × o` block (block `ky`, rows
+/// `ci·k + kx`: the layout [`transpose_weight_grad`] reads with `shift`).
+fn backward_weight_grouped<T: Elem>(x: &[T], dy: &[T], g: &Geom, (gs, parallel): (usize, bool), shift: bool) -> Vec<T> {
     let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
     let par = gemm_par(parallel);
     let groups = g.n.div_ceil(gs);
@@ -1032,35 +1164,56 @@ fn backward_weight_grouped<T: Elem>(x: &[T], dy: &[T], g: &Geom, gs: usize, para
             }
             return;
         }
-        let cols = imgs * howo;
+        let (seg, ld, cols) = stacked_cols(g, imgs, shift);
+        let kdim = if shift { g.ck() } else { ckk };
         let tmp_len = if imgs > 1 { o * cols } else { 0 };
-        T::with_workspace(ckk * cols + tmp_len, |ws| {
-            let (col, tmp) = ws.split_at_mut(ckk * cols);
-            for i in 0..imgs {
-                im2col(&xs[i * chw..(i + 1) * chw], g, col, cols, i * howo, !parallel);
+        T::with_workspace(kdim * ld + tmp_len, |ws| {
+            let (col, tmp) = ws.split_at_mut(kdim * ld);
+            for (i, xi) in xs.chunks(chw).enumerate() {
+                if shift {
+                    row_im2col(xi, g, col, ld, i * seg, !parallel);
+                } else {
+                    im2col(xi, g, col, ld, i * seg, !parallel);
+                }
             }
             let dyg: &[T] = if imgs > 1 {
-                gather_dy(dys, o, howo, imgs, tmp);
+                gather_dy(dys, o, howo, seg, tmp);
                 tmp
             } else {
                 dys
             };
-            matmul((ckk, o, cols), as_uninit(acc_t), (o, 1), true, col, (cols, 1), dyg, (1, cols), par);
+            let acc_t = as_uninit(acc_t);
+            if shift {
+                for (ky, acc) in acc_t.chunks_mut(kdim * o).enumerate() {
+                    matmul((kdim, o, cols), acc, (o, 1), true, &col[ky * g.w..], (ld, 1), dyg, (1, cols), par);
+                }
+            } else {
+                matmul((ckk, o, cols), acc_t, (o, 1), true, col, (ld, 1), dyg, (1, cols), par);
+            }
         });
     };
     sum_tasks(groups, o * ckk, parallel, group)
 }
 
-/// `dw` (`o × c·k·k`) from the accumulated `dwᵀ`.
-fn transpose_weight_grad<T: Elem>(acc_t: &[T], g: &Geom) -> Vec<T> {
-    let (ckk, o) = (g.ckk(), g.o);
+/// `dw` (`o × c·k·k`) from the accumulated `dwᵀ`: its row `ci·k·k + ky·k + kx`, or with `shift` (the
+/// row-shifted plans' layout) its row `ky·c·k + ci·k + kx`.
+fn transpose_weight_grad<T: Elem>(acc_t: &[T], g: &Geom, shift: bool) -> Vec<T> {
+    let (ckk, o, k) = (g.ckk(), g.o, g.k);
+    let src_row = |j: usize| {
+        if shift {
+            let (ci, ky, kx) = (j / (k * k), j / k % k, j % k);
+            ky * g.ck() + ci * k + kx
+        } else {
+            j
+        }
+    };
     // The transpose writes each of the o·ckk elements once, output channels in parallel (over all the layers of
     // a step it moves as many elements as the model has weights).
     filled_vec(o * ckk, |dw| {
         dw.par_chunks_mut(ckk).with_min_len(MIN_TRANSPOSE_ELEMS.div_ceil(ckk).max(1)).enumerate().for_each(
             |(oc, row)| {
                 for (j, d) in row.iter_mut().enumerate() {
-                    d.write(acc_t[j * o + oc]);
+                    d.write(acc_t[src_row(j) * o + oc]);
                 }
             },
         )
@@ -1152,6 +1305,7 @@ mod tests {
             (1, 3, 5, 5, 2, 1, 1, 0),
             (2, 2, 8, 7, 3, 3, 2, 0),
             (1, 1, 1, 1, 2, 3, 2, 1),
+            (2, 2, 6, 3, 3, 5, 1, 2),
         ] {
             let (g, x, wt) = case(shape);
             let b = ramp(g.o, 0.3);
@@ -1176,12 +1330,49 @@ mod tests {
     }
 
     #[test]
-    fn weight_gradient_matches_the_definition() {
-        // The tiled plan (1, 2, 3 and all output rows per tile, in order and in parallel) and the grouped one, on
-        // the three im2col paths and the pointwise gemm.
+    fn grouped_forward_matches_the_definition() {
+        // Stacked groups of 1 to n images (in order and in parallel), with and without the row shift where it
+        // applies (3×3, and 5×5 on a map narrower than the kernel), the strided im2col and the pointwise gemm, with
+        // and without the bias and the epilogue.
+        let double: Epilogue<'_, f64> = &|d: &mut [f64]| d.iter_mut().for_each(|v| *v *= 2.0);
         for shape in
-            &[(1, 2, 7, 5, 3, 3, 1, 1), (2, 3, 9, 6, 4, 3, 2, 1), (3, 3, 5, 5, 2, 1, 1, 0), (2, 2, 8, 7, 3, 3, 2, 0)]
+            &[(3, 2, 5, 4, 3, 3, 1, 1), (2, 2, 6, 3, 2, 5, 1, 2), (3, 3, 7, 6, 2, 3, 2, 1), (2, 3, 4, 5, 4, 1, 1, 0)]
         {
+            let (g, x, wt) = case(shape);
+            let b = ramp(g.o, 0.3);
+            let plain = naive(&x, &wt, &g);
+            let with_bias: Vec<f64> =
+                plain.iter().enumerate().map(|(i, v)| 2.0 * (v + b[(i / g.howo()) % g.o])).collect();
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+            for gs in 1..=g.n {
+                for shift in [false, g.can_row_shift()] {
+                    let plan = (gs, gs < g.n);
+                    let got = pool.install(|| forward_grouped(&x, &wt, Some(&b), &g, Some(double), plan, shift));
+                    for (a, e) in got.iter().zip(&with_bias) {
+                        assert!((a - e).abs() < 1e-12, "{g:?}, {gs} per group, shift {shift}: {a} vs {e}");
+                    }
+                    let got = pool.install(|| forward_grouped(&x, &wt, None, &g, None, plan, shift));
+                    for (a, e) in got.iter().zip(&plain) {
+                        assert!((a - e).abs() < 1e-12, "{g:?}, {gs} per group, shift {shift}, no bias: {a} vs {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weight_gradient_matches_the_definition() {
+        // The tiled plan (1, 2, 3 and all output rows per tile, in order and in parallel) and the grouped one (with
+        // and without the row shift where it applies), on the three im2col paths (the stride-1 "same" one row-shifted,
+        // 3×3 and 5×5 on a map narrower than the kernel) and the pointwise gemm.
+        for shape in &[
+            (1, 2, 7, 5, 3, 3, 1, 1),
+            (3, 2, 5, 4, 3, 3, 1, 1),
+            (2, 2, 6, 3, 2, 5, 1, 2),
+            (2, 3, 9, 6, 4, 3, 2, 1),
+            (3, 3, 5, 5, 2, 1, 1, 0),
+            (2, 2, 8, 7, 3, 3, 2, 0),
+        ] {
             let (g, x, _) = case(shape);
             let dy = ramp(g.n * g.o * g.howo(), 0.03);
             let mut want = vec![0.0; g.o * g.ckk()];
@@ -1195,11 +1386,15 @@ mod tests {
             for rows in [1, 2, 3, g.ho] {
                 for parallel in [false, true] {
                     let acc_t = pool.install(|| backward_weight_tiled(&x, &dy, &g, rows, parallel));
-                    check(transpose_weight_grad(&acc_t, &g), &format!("{rows} rows, parallel {parallel}"));
+                    let what = format!("{rows} rows, parallel {parallel}");
+                    check(transpose_weight_grad(&acc_t, &g, false), &what);
                 }
             }
             for gs in 1..=g.n {
-                check(transpose_weight_grad(&backward_weight_grouped(&x, &dy, &g, gs, false), &g), "grouped");
+                for shift in [false, g.can_row_shift()] {
+                    let acc_t = pool.install(|| backward_weight_grouped(&x, &dy, &g, (gs, gs < g.n), shift));
+                    check(transpose_weight_grad(&acc_t, &g, shift), &format!("{gs} per group, shift {shift}"));
+                }
             }
             check(backward_weight(&x, &dy, &g), "planned");
         }
