@@ -6,16 +6,21 @@
 //!
 //! - forward: per tile of output rows, im2col into a `(c·k·k) × (rows·wo)` column matrix, one gemm `w · col`
 //!   into those columns of every output channel and the epilogue (bias first, SiLU after), all while the tile is
-//!   in cache; small maps stack several images into one gemm instead. A 1×1 stride-1 unpadded conv is a plain
-//!   gemm on the input image (no im2col);
+//!   in cache; small maps stack several images into one gemm instead. Stacked, a stride-1 "same" conv with a
+//!   kernel of `k > 1` rows on a map of at least 16 rows is row-shifted: its column matrix holds only the kernel's
+//!   `k` columns per channel (`c·k` rows, each image with `p` halo rows above and below), and it runs as `k` gemms,
+//!   the one of kernel row `ky` reading the matrix `ky` input rows further on and accumulating onto the others
+//!   (for 3×3, a third of the im2col's writes). A 1×1 stride-1 unpadded conv is a plain gemm on the input image
+//!   (no im2col);
 //! - input gradient: `dcol = wᵀ · dy`, then col2im (for 1×1, `dx = wᵀ · dy` directly); no `conv_transpose2d`.
 //!   A stride-1 "same" conv's input gradient is the forward of a "same" conv of `dy` with the kernel rotated by
 //!   180° and its channel axes swapped, so it runs as one (im2col of `dy`, a gemm reducing over `o·k·k`): no
 //!   column matrix `k²` times the size of `dx` to write and add back. The 3×3 stride-2 conv's input gradient is
 //!   polyphase: each of the four parities of input position is a stride-1 conv of `dy` with a 1×1, 1×2, 2×1 or
 //!   2×2 sub-kernel, one gemm each on shifted copies of a band of `dy`, interleaved into `dx` (no col2im);
-//! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch, or over the forward's tiles where the
-//!   forward is tiled (each tile's column matrix reduced while it is in cache).
+//! - weight gradient: `dw = Σ dy · colᵀ` over the groups of the batch (row-shifted where the forward is, one gemm
+//!   per kernel row), or over the forward's tiles where the forward is tiled (each tile's column matrix reduced
+//!   while it is in cache).
 //!
 //! [`conv2d_bias`] adds a per-channel bias inside the same op (a [`CustomOp3`]): the tiled forward adds it to each
 //! row segment the gemm has just written (still in L1), the stacked one starts the output rows as the bias for the
