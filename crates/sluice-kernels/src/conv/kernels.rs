@@ -630,17 +630,52 @@ pub(crate) fn forward<T: Elem>(
     forward_grouped(x, w, bias, g, epilogue, (gs, parallel), g.row_shift())
 }
 
-/// The column layout of a stacked group of `imgs` images: `(columns per image in the column matrix, its row
-/// length, the gemm's columns)`. With the full im2col the images lie side by side; row-shifted, each image's
-/// segment holds its `2p` halo rows too, and the gemm's columns stop short of the last image's halo (the halo rows
-/// between two images give output columns that are discarded).
-fn stacked_cols(g: &Geom, imgs: usize, shift: bool) -> (usize, usize, usize) {
-    if shift {
+/// The column matrix of a stacked group.
+#[derive(Clone, Copy)]
+struct GroupCols {
+    /// Its rows: the gemm's reduction (`c·k·k`, or `c·k` row-shifted).
+    kdim: usize,
+    /// Columns per image.
+    seg: usize,
+    /// Its row length.
+    ld: usize,
+    /// The gemm's columns.
+    cols: usize,
+}
+
+/// The column matrix of the stacked images `xs` (row-shifted with `shift`) in this thread's workspace, and after it
+/// `o × cols` more elements when there are several images (for the group's output or gathered `dy`): `f` gets both
+/// and the layout. With the full im2col the images lie side by side; row-shifted, each image's segment holds its
+/// `2p` halo rows too, and the gemm's columns stop short of the last image's halo (the halo rows between two images
+/// give output columns that are discarded). The im2col runs over the channels in parallel unless `parallel` (the
+/// groups are).
+fn with_group_cols<T: Elem, R>(
+    xs: &[T],
+    g: &Geom,
+    shift: bool,
+    parallel: bool,
+    f: impl FnOnce(&[T], &mut [T], GroupCols) -> R,
+) -> R {
+    let chw = g.c * g.hw();
+    let imgs = xs.len() / chw;
+    let lay = if shift {
         let seg = g.shift_cols();
-        (seg, imgs * seg, imgs * seg - 2 * g.pad * g.w)
+        GroupCols { kdim: g.ck(), seg, ld: imgs * seg, cols: imgs * seg - 2 * g.pad * g.w }
     } else {
-        (g.howo(), imgs * g.howo(), imgs * g.howo())
-    }
+        GroupCols { kdim: g.ckk(), seg: g.howo(), ld: imgs * g.howo(), cols: imgs * g.howo() }
+    };
+    let tmp_len = if imgs > 1 { g.o * lay.cols } else { 0 };
+    T::with_workspace(lay.kdim * lay.ld + tmp_len, |ws| {
+        let (col, tmp) = ws.split_at_mut(lay.kdim * lay.ld);
+        for (i, xi) in xs.chunks(chw).enumerate() {
+            if shift {
+                row_im2col(xi, g, col, lay.ld, i * lay.seg, !parallel);
+            } else {
+                im2col(xi, g, col, lay.ld, i * lay.seg, !parallel);
+            }
+        }
+        f(col, tmp, lay)
+    })
 }
 
 /// The forward for stacked groups of `gs` images ([`Geom::plan`]: `parallel` runs groups in parallel, each gemm
@@ -678,18 +713,7 @@ fn forward_grouped<T: Elem>(
                 }
                 return;
             }
-            let (seg, ld, cols) = stacked_cols(g, imgs, shift);
-            let kdim = if shift { g.ck() } else { ckk };
-            let tmp_len = if imgs > 1 { o * cols } else { 0 };
-            T::with_workspace(kdim * ld + tmp_len, |ws| {
-                let (col, tmp) = ws.split_at_mut(kdim * ld);
-                for (i, xi) in xs.chunks(chw).enumerate() {
-                    if shift {
-                        row_im2col(xi, g, col, ld, i * seg, !parallel);
-                    } else {
-                        im2col(xi, g, col, ld, i * seg, !parallel);
-                    }
-                }
+            with_group_cols(xs, g, shift, parallel, |col, tmp, GroupCols { kdim, seg, ld, cols }| {
                 // One image fills the chunk exactly (`cols == howo`); several go through `tmp`.
                 let dst = if imgs == 1 { &mut *ychunk } else { as_uninit(tmp) };
                 if let Some(b) = bias {
@@ -1164,18 +1188,7 @@ fn backward_weight_grouped<T: Elem>(x: &[T], dy: &[T], g: &Geom, (gs, parallel):
             }
             return;
         }
-        let (seg, ld, cols) = stacked_cols(g, imgs, shift);
-        let kdim = if shift { g.ck() } else { ckk };
-        let tmp_len = if imgs > 1 { o * cols } else { 0 };
-        T::with_workspace(kdim * ld + tmp_len, |ws| {
-            let (col, tmp) = ws.split_at_mut(kdim * ld);
-            for (i, xi) in xs.chunks(chw).enumerate() {
-                if shift {
-                    row_im2col(xi, g, col, ld, i * seg, !parallel);
-                } else {
-                    im2col(xi, g, col, ld, i * seg, !parallel);
-                }
-            }
+        with_group_cols(xs, g, shift, parallel, |col, tmp, GroupCols { kdim, seg, ld, cols }| {
             let dyg: &[T] = if imgs > 1 {
                 gather_dy(dys, o, howo, seg, tmp);
                 tmp
