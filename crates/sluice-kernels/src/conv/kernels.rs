@@ -692,6 +692,7 @@ fn forward_grouped<T: Elem>(
     let (howo, ckk, o, chw) = (g.howo(), g.ckk(), g.o, g.c * g.hw());
     let par = gemm_par(parallel);
     let shifted_w = shift.then(|| row_shift_weights(w, g));
+    let wk = shifted_w.as_deref().unwrap_or(w);
     // Every element is written: by the gemm (which, without a bias, writes without reading) or by the copy out of
     // the stacked result, after the bias rows when there is a bias.
     filled_vec(g.n * o * howo, |y| {
@@ -719,14 +720,10 @@ fn forward_grouped<T: Elem>(
                 if let Some(b) = bias {
                     write_rows(dst, cols, b);
                 }
-                match &shifted_w {
-                    Some(sw) => {
-                        for ky in 0..g.k {
-                            let (acc, lhs, rhs) = (bias.is_some() || ky > 0, &sw[ky * o * kdim..], &col[ky * g.w..]);
-                            matmul((o, cols, kdim), dst, (cols, 1), acc, lhs, (kdim, 1), rhs, (ld, 1), par);
-                        }
-                    }
-                    None => matmul((o, cols, ckk), dst, (cols, 1), bias.is_some(), w, (ckk, 1), col, (ld, 1), par),
+                // One gemm per kernel row when row-shifted (the later ones accumulating), else one.
+                for ky in 0..wk.len() / (o * kdim) {
+                    let (acc, lhs, rhs) = (bias.is_some() || ky > 0, &wk[ky * o * kdim..], &col[ky * g.w..]);
+                    matmul((o, cols, kdim), dst, (cols, 1), acc, lhs, (kdim, 1), rhs, (ld, 1), par);
                 }
                 if let Some(f) = epilogue {
                     // SAFETY: the gemm just wrote every element of `dst` (`o × cols`, the whole chunk or `tmp`).
@@ -1196,12 +1193,9 @@ fn backward_weight_grouped<T: Elem>(x: &[T], dy: &[T], g: &Geom, (gs, parallel):
                 dys
             };
             let acc_t = as_uninit(acc_t);
-            if shift {
-                for (ky, acc) in acc_t.chunks_mut(kdim * o).enumerate() {
-                    matmul((kdim, o, cols), acc, (o, 1), true, &col[ky * g.w..], (ld, 1), dyg, (1, cols), par);
-                }
-            } else {
-                matmul((ckk, o, cols), acc_t, (o, 1), true, col, (ld, 1), dyg, (1, cols), par);
+            // One `c·k × o` block per kernel row when row-shifted, else one block.
+            for (ky, acc) in acc_t.chunks_mut(kdim * o).enumerate() {
+                matmul((kdim, o, cols), acc, (o, 1), true, &col[ky * g.w..], (ld, 1), dyg, (1, cols), par);
             }
         });
     };
