@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use sluice_core::Reader as _;
 use sluice_dataset::labels::to_pixel_labels;
 use sluice_decode::resize::target_size;
-use sluice_decode::{Format, ImageDecoder, ImageRgb8, Orientation, TargetOptions, decode_to_target, jpeg_orientation};
+use sluice_decode::{
+    DecodeHint, Format, ImageDecoder, ImageRgb8, Orientation, TargetOptions, dct_denominator, decode_to_target,
+    jpeg_orientation,
+};
 use sluice_storage::{PackedReader, StorageError, Verify, decode_labels};
 
 /// Formats an error the way a report would, so broken `Display` impls are found too.
@@ -223,8 +226,9 @@ const IMGSZ: [u32; 6] = [1, 7, 32, 64, 320, 640];
 /// bytes, with `imgsz`, `augment` and `dct_scaling` picked from the input's length.
 ///
 /// Checks on success: the original size is the oriented decoded size and within the pixel limit; the output has
-/// exactly `target_size`'s dimensions with a packed buffer; the backend decoded at scale 1 (no DCT scaling in
-/// zune-jpeg). Bad bytes must give an error.
+/// exactly `target_size`'s dimensions with a packed buffer; the backend decoded at scale 1, or at 1/4 or 1/8 (a
+/// JPEG through jpeg-decoder's scaled IDCT) only with `dct_scaling` on and a source at least 4× `imgsz`. Bad bytes
+/// must give an error.
 pub fn decode(data: &[u8]) {
     let k = data.len();
     let opts =
@@ -240,14 +244,21 @@ pub fn decode(data: &[u8]) {
     };
     let (ow, oh) = (info.orig_width, info.orig_height);
     assert!(ow > 0 && oh > 0 && u64::from(ow) * u64::from(oh) <= FUZZ_MAX_PIXELS, "{ow}x{oh}");
-    assert_eq!(info.dct_scale, 1.0);
+    let denominator = if opts.dct_scaling { dct_denominator(ow.max(oh), Some(opts.imgsz)) } else { 1 };
+    assert!(
+        info.dct_scale == 1.0 || (denominator >= 4 && info.dct_scale == 1.0 / denominator as f32),
+        "scale {} for {ow}x{oh} at imgsz {} (dct {})",
+        info.dct_scale,
+        opts.imgsz,
+        opts.dct_scaling
+    );
     let (r, w, h) = target_size(ow, oh, opts.imgsz);
     assert_eq!(info.ratio, r);
     assert_eq!((out.width(), out.height()), (w, h), "output size for {ow}x{oh} at imgsz {}", opts.imgsz);
     assert!(out.as_bytes().len() >= out.stride() * h as usize && out.stride() >= w as usize * 3);
     // The full-size decode the resize started from: oriented, RGB8, `orig` in size.
     let mut full = ImageRgb8::default();
-    let again = decoder.decode_rgb(data, &mut full).expect("a second decode of the same bytes");
+    let again = decoder.decode_rgb(data, DecodeHint::default(), &mut full).expect("a second decode of the same bytes");
     assert_eq!((again.orig_width, again.orig_height), (ow, oh));
     assert_eq!((full.width(), full.height()), (ow, oh));
 }

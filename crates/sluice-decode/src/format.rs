@@ -58,10 +58,13 @@ impl Format {
 pub(crate) struct JpegHeader<'a> {
     /// The TIFF payload of the first `APP1 Exif` segment, if any.
     pub(crate) exif: Option<&'a [u8]>,
+    /// Width and height from the first start-of-frame segment (as stored, before EXIF orientation), if any.
+    pub(crate) frame: Option<(u32, u32)>,
 }
 
 /// Walks the JPEG marker segments from SOI up to the first SOS (never into the entropy-coded data) and returns
-/// the EXIF payload. Malformed segment lengths end the walk quietly: the decoder reports the corruption itself.
+/// the EXIF payload and the frame size. Malformed segment lengths end the walk quietly: the decoder reports the
+/// corruption itself.
 pub(crate) fn jpeg_header(bytes: &[u8]) -> JpegHeader<'_> {
     let mut head = JpegHeader::default();
     if !bytes.starts_with(&[0xFF, 0xD8]) {
@@ -91,6 +94,15 @@ pub(crate) fn jpeg_header(bytes: &[u8]) -> JpegHeader<'_> {
         let seg = &bytes[i + 4..end];
         if marker == 0xE1 && head.exif.is_none() && seg.starts_with(b"Exif\0\0") {
             head.exif = Some(&seg[6..]);
+        }
+        // SOF0–SOF15 but DHT (C4), JPG (C8) and DAC (CC): precision, height, width, components.
+        if matches!(marker, 0xC0..=0xCF)
+            && !matches!(marker, 0xC4 | 0xC8 | 0xCC)
+            && head.frame.is_none()
+            && seg.len() >= 5
+        {
+            let (h, w) = (u16::from_be_bytes([seg[1], seg[2]]), u16::from_be_bytes([seg[3], seg[4]]));
+            head.frame = Some((u32::from(w), u32::from(h)));
         }
         i = end;
     }
@@ -133,7 +145,11 @@ pub(crate) fn non_jpeg(
     match Format::sniff(bytes) {
         Some(Format::Jpeg) => None,
         #[cfg(feature = "image")]
-        Some(_) => Some(crate::image_backend::ImageDecoder::new().with_max_pixels(max_pixels).decode_rgb(bytes, out)),
+        Some(_) => Some(crate::image_backend::ImageDecoder::new().with_max_pixels(max_pixels).decode_rgb(
+            bytes,
+            sluice_core::DecodeHint::default(),
+            out,
+        )),
         _ => {
             let _ = (max_pixels, &out);
             Some(Err(crate::DecodeError::Unsupported {
@@ -186,5 +202,21 @@ mod tests {
             Orientation::Normal
         );
         assert_eq!(jpeg_orientation(b"garbage"), Orientation::Normal);
+    }
+
+    #[test]
+    fn header_walk_reads_the_frame_size_as_stored() {
+        let frame = |name: &str| {
+            let bytes = std::fs::read(format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))).expect("fixture");
+            jpeg_header(&bytes).frame
+        };
+        assert_eq!(frame("coco_643.jpg"), Some((500, 375))); // Baseline (SOF0).
+        assert_eq!(frame("progressive.jpg"), Some((160, 120))); // SOF2.
+        assert_eq!(frame("exif_orient6.jpg"), Some((120, 160))); // Stored size, before the EXIF rotation.
+        // A DHT segment (C4) is not a frame; a frame segment too short for its sizes is ignored.
+        let dht = [0xFF, 0xD8, 0xFF, 0xC4, 0x00, 0x07, 0, 1, 2, 3, 4];
+        assert_eq!(jpeg_header(&dht).frame, None);
+        assert_eq!(jpeg_header(&[0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x05, 8, 0, 1]).frame, None);
+        assert_eq!(jpeg_header(&[0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x07, 8, 0, 2, 0, 3]).frame, Some((3, 2)));
     }
 }

@@ -547,7 +547,11 @@ impl NvJpegDecoder {
             out,
         );
         #[cfg(all(not(feature = "turbojpeg"), feature = "image"))]
-        let result = crate::image_backend::ImageDecoder::new().with_max_pixels(self.max_pixels).decode_rgb(bytes, out);
+        let result = crate::image_backend::ImageDecoder::new().with_max_pixels(self.max_pixels).decode_rgb(
+            bytes,
+            DecodeHint::default(),
+            out,
+        );
         #[cfg(any(feature = "turbojpeg", feature = "image"))]
         return result.map_err(retag);
         #[cfg(not(any(feature = "turbojpeg", feature = "image")))]

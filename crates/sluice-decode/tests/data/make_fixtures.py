@@ -55,7 +55,14 @@ cv2.imwrite("resize_area_80.png", cv2.cvtColor(cv2.resize(a, (80, 60), interpola
 cv2.imwrite("resize_linear_64.png", cv2.cvtColor(cv2.resize(a, (64, 48), interpolation=cv2.INTER_LINEAR), cv2.COLOR_RGB2BGR))
 cv2.imwrite("resize_linear_200.png", cv2.cvtColor(cv2.resize(a, (200, 150), interpolation=cv2.INTER_LINEAR), cv2.COLOR_RGB2BGR))
 
-# Half-scale DCT decode reference (libjpeg's scaled IDCT through Pillow's draft mode).
-half = Image.open("coco_643.jpg")
-half.draft("RGB", (half.width // 2, half.height // 2))
-half.convert("RGB").save("coco_643_half_ref.png", optimize=True)
+# DCT-scaled decode references at 1/2, 1/4 and 1/8 (libjpeg's scaled IDCT through Pillow's draft mode).
+for name, d in [("half", 2), ("quarter", 4), ("eighth", 8)]:
+    scaled = Image.open("coco_643.jpg")
+    scaled.draft("RGB", (scaled.width // d, scaled.height // d))
+    scaled.convert("RGB").save(f"coco_643_{name}_ref.png", optimize=True)
+
+# 1/4-scale references of the grayscale, progressive and EXIF-rotated crops (40 x 30 once upright).
+for name in ["gray", "progressive", "exif_orient6"]:
+    scaled = Image.open(f"{name}.jpg")
+    scaled.draft(scaled.mode, (scaled.width // 4, scaled.height // 4))
+    ImageOps.exif_transpose(scaled).convert("RGB").save(f"{name}_quarter_ref.png")
