@@ -225,9 +225,9 @@ fn report(what: &str, ratios: &[f64]) {
 }
 
 /// The decode ratios from interleaved pairs (`SLUICE_DECODE_BENCH_RATIOS=N`): the image backend against
-/// turbojpeg (when both are compiled in) on coco128, and per backend decode-to-target against full decode + resize
-/// on coco128 at 320 and on the camera-sized and 12 MP sets at 640 (coco128 at 640 has nothing to scale). Each
-/// line: median of the per-pair speed ratios (range).
+/// turbojpeg (when both are compiled in), full decodes of coco128 and decodes to target on every set, and per
+/// backend decode-to-target against full decode + resize on coco128 at 320 and on the camera-sized and 12 MP sets
+/// at 640 (coco128 at 640 has nothing to scale). Each line: median of the per-pair speed ratios (range).
 fn interleaved_ratios(pairs: usize) {
     let coco = load();
     let large = |(factor, count, label): (f64, usize, &str)| large_copies(&coco, factor, count, label);
@@ -240,9 +240,10 @@ fn interleaved_ratios(pairs: usize) {
     if let (Some((_, image)), Some((_, turbo))) = (image, turbo) {
         let r = paired(pairs, &mut full_pass(&**turbo, &coco, None), &mut full_pass(&**image, &coco, None));
         report("coco128 full: image vs turbojpeg", &r);
-        for imgsz in [640, 320] {
-            let r = paired(pairs, &mut target_pass(&**turbo, &coco, imgsz), &mut target_pass(&**image, &coco, imgsz));
-            report(&format!("coco128 to {imgsz}: image vs turbojpeg"), &r);
+        let to_640 = ("coco128", &coco, 640);
+        for (set, blobs, imgsz) in [to_640].into_iter().chain(sets.iter().map(|(s, b, i)| (*s, b, *i))) {
+            let r = paired(pairs, &mut target_pass(&**turbo, blobs, imgsz), &mut target_pass(&**image, blobs, imgsz));
+            report(&format!("{set} to {imgsz}: image vs turbojpeg"), &r);
         }
     }
     for (backend, d) in &backends {

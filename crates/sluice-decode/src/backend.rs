@@ -14,7 +14,8 @@ use crate::error::{DecodeError, Result};
 /// A decode backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// Pure Rust through the `image` crate (zune-jpeg, png, bmp, image-webp). Feature `image` (default).
+    /// Pure Rust through the `image` crate (zune-jpeg, png, bmp, image-webp), with jpeg-decoder's scaled IDCT for
+    /// JPEGs reduced by 4 or 8. Feature `image` (default).
     Image,
     /// libjpeg-turbo through the `turbojpeg` crate, with DCT-domain scaling. Feature `turbojpeg`.
     TurboJpeg,

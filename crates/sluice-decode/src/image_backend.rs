@@ -97,7 +97,13 @@ impl ImageDecoder {
             });
         }
         // A broken EXIF block must not fail an otherwise good image: it just means "upright".
-        let orientation = decoder.orientation().map(from_image_orientation).unwrap_or_default();
+        // A JPEG's orientation comes from the same marker walk and EXIF parser as the reduced path's and the
+        // turbojpeg backend's (the `image` crate's own reader disagrees with it on some damaged EXIF blocks); other
+        // formats' from `image`.
+        let orientation = match format {
+            Format::Jpeg => jpeg_orientation(bytes),
+            _ => decoder.orientation().map(from_image_orientation).unwrap_or_default(),
+        };
         let (ow, oh) = orientation.apply_to_size(w, h);
         let channels = match decoder.color_type() {
             ColorType::L8 => Some(1),

@@ -1,7 +1,8 @@
 //! Sluice's image decoders: encoded bytes → RGB8 pixels in a caller-owned [`ImageRgb8`], implementing
 //! [`sluice_core::Decoder`].
 //!
-//! - Backends behind features: [`ImageDecoder`] (`image`, default, pure Rust: JPEG, PNG, BMP, WebP),
+//! - Backends behind features: [`ImageDecoder`] (`image`, default, pure Rust: JPEG, PNG, BMP, WebP; JPEGs at
+//!   least 4× the requested size decoded at 1/4 or 1/8 scale through jpeg-decoder),
 //!   [`TurboJpegDecoder`] (`turbojpeg`, libjpeg-turbo with DCT-domain scaling) and `NvJpegDecoder` (`nvjpeg`,
 //!   NVIDIA nvJPEG on the GPU, full-size decodes only; libnvjpeg and libcudart are loaded at run time, so the
 //!   feature builds without CUDA). [`Backend`] lists them at run time; one that is not compiled in answers with a
