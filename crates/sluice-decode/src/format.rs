@@ -111,7 +111,14 @@ pub(crate) fn jpeg_header(bytes: &[u8]) -> JpegHeader<'_> {
 
 /// The EXIF orientation of a JPEG, or [`Orientation::Normal`] when it has no (readable) EXIF orientation tag.
 pub fn jpeg_orientation(bytes: &[u8]) -> Orientation {
-    jpeg_header(bytes).exif.map_or(Orientation::Normal, exif_orientation)
+    jpeg_header(bytes).orientation()
+}
+
+impl JpegHeader<'_> {
+    /// The EXIF orientation, or [`Orientation::Normal`] without a (readable) EXIF orientation tag.
+    pub(crate) fn orientation(&self) -> Orientation {
+        self.exif.map_or(Orientation::Normal, exif_orientation)
+    }
 }
 
 /// The orientation tag of a raw EXIF (TIFF-structured) block, parsed with kamadak-exif.

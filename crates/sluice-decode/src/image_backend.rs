@@ -18,7 +18,7 @@ use sluice_core::{DecodeHint, DecodeInfo, Decoder, ImageRgb8};
 
 use crate::DEFAULT_MAX_PIXELS;
 use crate::error::{DecodeError, Result};
-use crate::format::{Format, dct_denominator, jpeg_header, jpeg_orientation};
+use crate::format::{Format, JpegHeader, dct_denominator, jpeg_header};
 use crate::orient::{Orientation, convert_into, orient_rgb};
 
 const NAME: &str = "image";
@@ -63,8 +63,10 @@ impl ImageDecoder {
         let unsupported =
             || DecodeError::Unsupported { backend: NAME, len: bytes.len(), head: DecodeError::head(bytes) };
         let format = Format::sniff(bytes).ok_or_else(unsupported)?;
-        if format == Format::Jpeg
-            && let Some(info) = self.decode_jpeg_scaled(bytes, hint, out)?
+        // A JPEG's marker segments are walked once: the frame size for the reduced path, the orientation for both.
+        let jpeg = (format == Format::Jpeg).then(|| jpeg_header(bytes));
+        if let Some(head) = &jpeg
+            && let Some(info) = self.decode_jpeg_scaled(bytes, head, hint, out)?
         {
             return Ok(info);
         }
@@ -100,9 +102,9 @@ impl ImageDecoder {
         // A JPEG's orientation comes from the same marker walk and EXIF parser as the reduced path's and the
         // turbojpeg backend's (the `image` crate's own reader disagrees with it on some damaged EXIF blocks); other
         // formats' from `image`.
-        let orientation = match format {
-            Format::Jpeg => jpeg_orientation(bytes),
-            _ => decoder.orientation().map(from_image_orientation).unwrap_or_default(),
+        let orientation = match &jpeg {
+            Some(head) => head.orientation(),
+            None => decoder.orientation().map(from_image_orientation).unwrap_or_default(),
         };
         let (ow, oh) = orientation.apply_to_size(w, h);
         let channels = match decoder.color_type() {
@@ -145,9 +147,15 @@ impl ImageDecoder {
     /// The reduced decode through jpeg-decoder: `Some` when the hint allows 1/4 or 1/8 and jpeg-decoder decoded the
     /// file at that scale; `None` for the full-size path (smaller reductions, formats it leaves to zune-jpeg, or a
     /// file it refuses: zune-jpeg then decodes it or reports why not).
-    fn decode_jpeg_scaled(&self, bytes: &[u8], hint: DecodeHint, out: &mut ImageRgb8) -> Result<Option<DecodeInfo>> {
+    fn decode_jpeg_scaled(
+        &self,
+        bytes: &[u8],
+        head: &JpegHeader<'_>,
+        hint: DecodeHint,
+        out: &mut ImageRgb8,
+    ) -> Result<Option<DecodeInfo>> {
         use jpeg_decoder::{CodingProcess, PixelFormat};
-        let Some((w, h)) = jpeg_header(bytes).frame else { return Ok(None) };
+        let Some((w, h)) = head.frame else { return Ok(None) };
         // The long side is the same whatever the EXIF orientation.
         let denom = dct_denominator(w.max(h), hint.min_long_side);
         if denom < SCALED_MIN_DENOMINATOR || w == 0 || h == 0 {
@@ -177,7 +185,7 @@ impl ImageDecoder {
         if pixels.len() != sw as usize * sh as usize * channels {
             return Ok(None);
         }
-        let orientation = jpeg_orientation(bytes);
+        let orientation = head.orientation();
         convert_into(&pixels, sw, sh, channels, orientation, out);
         let (ow, oh) = orientation.apply_to_size(w, h);
         Ok(Some(DecodeInfo { orig_width: ow, orig_height: oh, scale: 1.0 / denom as f32 }))
