@@ -17,6 +17,29 @@ try:
     import ultralytics
 
     result["ultralytics"] = ultralytics.__version__
+    try:
+        import polars  # noqa: F401
+    except ImportError:
+        # The device image has no polars (its wheel is too large to carry beside Sluice's binary), and the trainer
+        # imports it in one place, to read results.csv back into the checkpoint's metadata. Read the same file
+        # with the csv module instead, numbers as floats, as polars would infer them.
+        from ultralytics.engine.trainer import BaseTrainer
+
+        def read_results_csv(self):
+            def num(v):
+                try:
+                    return float(v)
+                except ValueError:
+                    return v
+
+            try:
+                rows = list(csv.DictReader(open(self.csv)))
+            except OSError:
+                return {}
+            return {k: [num(r[k]) for r in rows] for k in (rows[0] if rows else {})}
+
+        BaseTrainer.read_results_csv = read_results_csv
+        result["note"] = "polars missing: BaseTrainer.read_results_csv reads results.csv with the csv module"
     model = YOLO("yolov8n.yaml")
     project = os.path.join(os.path.dirname(out), "ultralytics_runs")
     t = time.perf_counter()

@@ -1,42 +1,72 @@
 #!/usr/bin/env bash
 # Sluice's device check, prepared by `cargo xtask gpu-check` and run on the GPU machine as
 #   bash target/gpu-check/run.sh
-# Every step is time-boxed (460 s in all at most, inside the 480 s the device command allows; the most important
-# steps first) and writes its output under $OUT (JSON where the step has figures):
+# Every step is time-boxed, the most important first, and a step that would end past GPU_CHECK_BUDGET seconds
+# (default 500, inside the 560 s the printed device command allows) is skipped and recorded as such. The results
+# gather in $HERE/results and leave as one archive, $OUT/gpu-check.tgz (the device tool returns at most 8 files),
+# with log.txt, steps.jsonl, smoke.json and the two conv tables beside it:
 #   device.json      nvidia-smi, torch, libraries found / missing
-#   smoke.json       `sluice gpu smoke`: GPU vs CPU results of the model's ops, the transfer, one YOLOv8n loss
-#   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
+#   smoke.json       `sluice gpu smoke`: GPU vs CPU results of the model's ops (convolutions in f32 and bf16 on
+#                    odd shapes, stride 2, 1×1, batch 1), the transfer, one YOLOv8n loss, the cuDNN plan cache
+#   convs.json       `sluice gpu convs`: Sluice's cuDNN convolutions vs candle's stock conv2d on YOLOv8n's layers
+#   convs_torch.json the same layers with PyTorch (cuDNN heuristics, then cudnn.benchmark), ratios to Sluice's
 #   train/           `sluice train` yolov8n, 640, batch 32 on the carried coco128 slice: telemetry.jsonl holds
 #                    images/s, step time, data wait and blocking device reads per batch (training and validation)
+#   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports
+#   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
-#   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports
 #   train_amp/       one epoch of the same training with `--amp` (bf16 convolutions), for the f32 / bf16 ratio
-#   steps.jsonl      one line per step: name, exit code, seconds
+#   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"
-mkdir -p "$OUT"
+RES="$HERE/results"
+rm -rf "$RES"
+mkdir -p "$OUT" "$RES"
+# `cargo xtask gpu-check` packs the executables and libraries with xz (the tree and the carry must fit 64 MiB).
+for f in "$HERE"/sluice.xz "$HERE"/conformance.xz "$HERE"/lib/*.xz; do
+  [ -f "$f" ] || continue
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f"
+done
+chmod +x "$HERE/sluice" "$HERE/conformance" 2>/dev/null
 S="$HERE/sluice"
 DATA="$HERE/data/data.yaml"
 EPOCHS="${GPU_CHECK_EPOCHS:-3}"
+BUDGET="${GPU_CHECK_BUDGET:-500}"
+START=$(date +%s)
 
-log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/log.txt"; }
+finish() {
+  for f in log.txt steps.jsonl smoke.json convs.json convs_torch.json; do
+    [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/$f"
+  done
+  # Weights stay behind (tens of MB; the tool returns at most 16 MiB a file).
+  tar czf "$OUT/gpu-check.tgz" --exclude=weights --exclude="*.safetensors" -C "$RES" . 2>/dev/null
+}
+trap finish EXIT
 
-# step NAME LIMIT_S CMD... : run with a time box, keep stdout/stderr, append a steps.jsonl line.
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$RES/log.txt"; }
+
+# step NAME LIMIT_S CMD... : run with a time box, keep stdout/stderr, append a steps.jsonl line; skipped when it
+# could end past the budget.
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ $(( $(date +%s) - START + limit )) -gt "$BUDGET" ]; then
+    log "step $name skipped: ${limit}s would pass the ${BUDGET}s budget"
+    echo "{\"step\": \"$name\", \"rc\": -1, \"seconds\": 0}" >>"$RES/steps.jsonl"
+    return 0
+  fi
   log "step $name (limit ${limit}s): $*"
   local t0 t1 rc
   t0=$(date +%s.%N)
-  timeout -k 5 "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"
+  timeout -k 5 "$limit" "$@" >"$RES/$name.out" 2>"$RES/$name.err"
   rc=$?
   t1=$(date +%s.%N)
   python3 -c "import json,sys; print(json.dumps({'step': sys.argv[1], 'rc': int(sys.argv[2]), 'seconds': round(float(sys.argv[4]) - float(sys.argv[3]), 2)}))" \
-    "$name" "$rc" "$t0" "$t1" >>"$OUT/steps.jsonl"
+    "$name" "$rc" "$t0" "$t1" >>"$RES/steps.jsonl"
   log "  $name: exit $rc"
-  tail -n 4 "$OUT/$name.err" | sed 's/^/    /' | tee -a "$OUT/log.txt"
+  tail -n 4 "$RES/$name.err" | sed 's/^/    /' | tee -a "$RES/log.txt"
   return 0
 }
 
@@ -54,9 +84,9 @@ PY
 )
 export LD_LIBRARY_PATH="$HERE/lib:${PYLIBS}:${LD_LIBRARY_PATH:-}"
 
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
-ldd "$S" >"$OUT/ldd.txt" 2>&1
-python3 - "$OUT" <<'PY'
+nvidia-smi >"$RES/nvidia-smi.txt" 2>&1
+ldd "$S" >"$RES/ldd.txt" 2>&1
+python3 - "$RES" <<'PY'
 import json, subprocess, sys
 out = sys.argv[1]
 info = {}
@@ -80,10 +110,35 @@ PY
 log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
 step info 20 "$S" info
-step smoke 60 "$S" gpu smoke --json "$OUT/smoke.json"
-step h2d 30 "$S" gpu h2d --json "$OUT/h2d.json"
+if ! grep -q '"rc": 0' <(tail -n 1 "$RES/steps.jsonl"); then
+  log "sluice does not start here; stopping (see info.err and ldd.txt)"
+  cat "$RES/info.err" "$RES/ldd.txt"
+  exit 1
+fi
+step smoke 60 "$S" gpu smoke --json "$RES/smoke.json"
+cat "$RES/smoke.out"
+step convs 60 "$S" gpu convs --json "$RES/convs.json"
+cat "$RES/convs.out"
+if [ -f "$RES/convs.json" ]; then
+  step convs_torch 90 python3 "$HERE/convs_torch.py" "$RES/convs.json" "$RES/convs_torch.json"
+  cat "$RES/convs_torch.out"
+fi
 step train 140 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
-  --device cuda:0 --cache ram --workers 12 --project "$OUT" --name train --exist-ok --json
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train --exist-ok --json
+tail -n 3 "$RES/train.out"
+
+# Ultralytics, same settings, when its wheel was carried (installed without dependencies: the device's PyTorch,
+# NumPy, OpenCV and friends are used as they are; an import failure is recorded, not fatal).
+WHEELS=$(ls "$HERE"/wheels/*.whl 2>/dev/null)
+if [ -n "$WHEELS" ]; then
+  python3 -m pip install --quiet --no-deps --no-index --target "$HERE/pyul" $WHEELS >"$RES/ultralytics_install.txt" 2>&1
+  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 100 \
+    python3 "$HERE/ul_train.py" "$DATA" "$EPOCHS" "$RES/ultralytics.json"
+  tail -n 2 "$RES/ultralytics.out"
+else
+  log "no Ultralytics wheel carried: side-by-side skipped"
+fi
+step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
   SLUICE_REQUIRE_NVJPEG=1 SLUICE_DECODE_TEST_DATA="$HERE/../../crates/sluice-decode/tests/data" \
     step conformance 40 "$HERE/conformance" --nocapture --test-threads 1
@@ -92,18 +147,8 @@ else
 fi
 step decode_nvjpeg 30 "$S" bench decode --data "$DATA" --backend nvjpeg --threads 1 --json
 step decode_cpu 30 "$S" bench decode --data "$DATA" --backend image --threads 16 --json
-
-# Ultralytics, same settings, when its wheel was carried (installed without dependencies: the device's PyTorch,
-# NumPy, OpenCV and friends are used as they are; an import failure is recorded, not fatal).
-WHEEL=$(ls "$HERE"/wheels/ultralytics-*.whl 2>/dev/null | head -n 1)
-if [ -n "$WHEEL" ]; then
-  python3 -m pip install --quiet --no-deps --no-index --target "$HERE/pyul" "$WHEEL" >"$OUT/ultralytics_install.txt" 2>&1
-  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 90 \
-    python3 "$HERE/ul_train.py" "$DATA" "$EPOCHS" "$OUT/ultralytics.json"
-else
-  log "no Ultralytics wheel carried: side-by-side skipped"
-fi
 # Mixed precision last (the least important figure): one epoch, the same settings otherwise.
-step train_amp 20 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp \
-  --device cuda:0 --cache ram --workers 12 --project "$OUT" --name train_amp --exist-ok --json
-log "done"
+step train_amp 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp \
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_amp --exist-ok --json
+cat "$RES/steps.jsonl"
+log "done in $(( $(date +%s) - START ))s"

@@ -6,8 +6,10 @@
 //!   YOLOv8n training loss — with the largest difference relative to the CPU result's magnitude.
 //! - `h2d`: host→device bandwidth of a plain 256 MiB copy from pinned and from pageable memory, and of the
 //!   training transfer (pinned ring + copy stream + device conversion) on 640 × 640 batches of 32.
+//! - `convs`: the convolutions' speed on YOLOv8n's layer shapes, Sluice's cuDNN ops against candle's stock conv2d
+//!   ([`convs`]; needs `cudnn`).
 //!
-//! In a build without `cuda` both say so and fail.
+//! In a build without `cuda` they say so and fail.
 
 use std::path::PathBuf;
 
@@ -42,6 +44,34 @@ enum What {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Convolution forward and training-pass times on YOLOv8n's layer shapes: Sluice's ops vs candle's stock conv2d.
+    Convs {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Batch size of the layer inputs.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Image size the layer sides are taken at.
+        #[arg(long, default_value_t = 640)]
+        imgsz: usize,
+        /// Timed samples per implementation and pass.
+        #[arg(long, default_value_t = 11)]
+        samples: usize,
+        /// Also write the results as JSON here (what the device check's PyTorch script reads).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[cfg(feature = "cudnn")]
+mod convs;
+#[cfg(feature = "cudnn")]
+use convs::convs;
+
+#[cfg(all(feature = "cuda", not(feature = "cudnn")))]
+fn convs(_: usize, _: usize, _: usize, _: usize, _: Option<&std::path::Path>) -> Result<()> {
+    anyhow::bail!("`sluice gpu convs` times Sluice's cuDNN convolutions: build with `--features cuda,cudnn`")
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -55,6 +85,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
     match args.what {
         What::Smoke { device, json } => imp::smoke(device, json.as_deref()),
         What::H2d { device, json } => imp::h2d(device, json.as_deref()),
+        What::Convs { device, batch, imgsz, samples, json } => convs(device, batch, imgsz, samples, json.as_deref()),
     }
 }
 
@@ -100,7 +131,7 @@ mod imp {
 
     /// Outputs and the gradients of `sum(y · r)` for each `Var`.
     fn with_grads(ys: &[Tensor], r: &[Tensor], vars: &[&Var]) -> Result<Vec<Tensor>> {
-        let mut l = Tensor::zeros((), DType::F32, ys[0].device())?;
+        let mut l = Tensor::zeros((), ys[0].dtype(), ys[0].device())?;
         for (y, r) in ys.iter().zip(r) {
             l = (l + (y * r.to_device(y.device())?)?.sum_all()?)?;
         }
@@ -181,6 +212,36 @@ mod imp {
             let y = conv::conv2d(xv.as_tensor(), wv.as_tensor(), 1, 0)?;
             with_grads(&[y], std::slice::from_ref(&r1), &[&xv, &wv])
         }));
+        // The geometries the kernels' CPU tests cover, on the device: batch 1, odd sizes and channel counts, stride
+        // 2, no padding, 1×1 with stride 2 and a 5×5 — forward, input and weight gradients, against the CPU op
+        // (which its own tests hold equal to candle's stock conv2d). In bf16 too (the `--amp` path): bf16 keeps 8
+        // bits, so those checks allow 3e-2.
+        const GEOMS: &[(usize, usize, usize, usize, usize, usize, usize, usize)] = &[
+            // (n, c, h, w, o, k, stride, pad)
+            (1, 3, 37, 53, 8, 3, 2, 1),
+            (2, 5, 17, 17, 7, 3, 1, 1),
+            (3, 16, 20, 20, 24, 1, 1, 0),
+            (2, 8, 15, 11, 6, 3, 1, 0),
+            (2, 4, 9, 9, 4, 1, 2, 0),
+            (2, 6, 13, 13, 9, 5, 1, 2),
+        ];
+        for &(n, c, h, wd, o, k, s, p) in GEOMS {
+            let xi = rand_tensor(&mut rng, &[n, c, h, wd], -1.0, 1.0)?;
+            let wi = rand_tensor(&mut rng, &[o, c, k, k], -0.3, 0.3)?;
+            let (ho, wo) = ((h + 2 * p - k) / s + 1, (wd + 2 * p - k) / s + 1);
+            let ri = rand_tensor(&mut rng, &[n, o, ho, wo], -1.0, 1.0)?;
+            for (dtype, tol) in [(DType::F32, 5e-3), (DType::BF16, 3e-2)] {
+                let name = format!("conv {n}x{c}x{h}x{wd} -> {o} k{k} s{s} p{p} {dtype:?} fwd+bwd");
+                checks.push(compare(&name, tol, &gpu, |d| {
+                    // The CPU runs f32 (the reference), the GPU the dtype under test.
+                    let dt = if d.is_cuda() { dtype } else { DType::F32 };
+                    let (xv, wv) = (var_on(&xi.to_dtype(dt)?, d)?, var_on(&wi.to_dtype(dt)?, d)?);
+                    let y = conv::conv2d(xv.as_tensor(), wv.as_tensor(), s, p)?;
+                    let out = with_grads(&[y], &[ri.to_dtype(dt)?], &[&xv, &wv])?;
+                    out.iter().map(|t| Ok(t.to_dtype(DType::F32)?)).collect()
+                }));
+            }
+        }
         // With the `cudnn` feature the passes above went through Sluice's cuDNN ops: each shape and pass is tuned
         // once, so running them again must add no plan.
         #[cfg(feature = "cudnn")]
