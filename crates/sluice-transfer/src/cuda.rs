@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DriverError, HostSlice, LaunchConfig, PinnedHostSlice,
+    PushKernelArg, SyncOnDrop,
 };
 use sluice_core::syncs::{self, Site};
 use sluice_core::{Batch, Error, Result, Transfer};
@@ -148,6 +148,35 @@ fn ensure_device<T: cudarc::driver::DeviceRepr>(
     Ok(true)
 }
 
+/// The first `len` elements of a pinned buffer, as the source of a host→device copy. A slot's staging keeps the
+/// size of the largest batch it has seen, so a smaller batch (fewer targets, the last batch of an epoch) must copy
+/// only its own prefix: cudarc copies a whole [`PinnedHostSlice`] and asserts the destination holds it. The
+/// buffer's event is waited on and recorded as for the whole buffer.
+struct PinnedPrefix<'a, T> {
+    buf: &'a mut PinnedHostSlice<T>,
+    len: usize,
+}
+
+impl<T> HostSlice<T> for PinnedPrefix<'_, T> {
+    fn len(&self) -> usize {
+        self.len.min(self.buf.len())
+    }
+
+    unsafe fn stream_synced_slice<'b>(&'b self, stream: &'b CudaStream) -> (&'b [T], SyncOnDrop<'b>) {
+        let len = self.len();
+        // SAFETY: forwarded; the caller uses the slice on `stream` only.
+        let (s, sync) = unsafe { self.buf.stream_synced_slice(stream) };
+        (&s[..len], sync)
+    }
+
+    unsafe fn stream_synced_mut_slice<'b>(&'b mut self, stream: &'b CudaStream) -> (&'b mut [T], SyncOnDrop<'b>) {
+        let len = self.len();
+        // SAFETY: as above.
+        let (s, sync) = unsafe { self.buf.stream_synced_mut_slice(stream) };
+        (&mut s[..len], sync)
+    }
+}
+
 impl CudaTransfer {
     /// Ring slots used by [`CudaTransfer::new`].
     pub const SLOTS: usize = 3;
@@ -259,8 +288,9 @@ impl Transfer for CudaTransfer {
             k.copy_from_slice(&mask);
         }
         // Copy stream: H2D of both, then `copied`.
-        self.copy.memcpy_htod(ph, &mut pd.slice_mut(..pixels.len())).map_err(drv("H2D pixels"))?;
-        self.copy.memcpy_htod(th, &mut td.slice_mut(..tlen)).map_err(drv("H2D targets"))?;
+        let (ph, th) = (PinnedPrefix { buf: ph, len: pixels.len() }, PinnedPrefix { buf: th, len: tlen });
+        self.copy.memcpy_htod(&ph, &mut pd.slice_mut(..pixels.len())).map_err(drv("H2D pixels"))?;
+        self.copy.memcpy_htod(&th, &mut td.slice_mut(..tlen)).map_err(drv("H2D targets"))?;
         slot.copied.record(&self.copy).map_err(drv("transfer event"))?;
         // Compute stream: wait on the device, convert, copy the targets out, then `consumed`.
         self.compute.wait(&slot.copied).map_err(drv("transfer event"))?;
