@@ -58,6 +58,14 @@ fn backends_agree_on_every_real_jpeg() {
     }
 }
 
+/// (mean, over8) allowed against Pillow on a 4:2:0 JPEG. nvJPEG upsamples subsampled chroma its own way, not with
+/// libjpeg-turbo's triangle ("fancy") filter: on an H200 (2026-12-04, `docs/gpu-results.md`) it was bit-identical
+/// to Pillow on the 4:4:4 fixtures and off by mean 1.18–1.19, 1.2–1.3 % of values by more than 8, on the 4:2:0
+/// ones. A one-pixel shift gives a mean of 11–25, so this still catches misalignment and channel swaps.
+fn chroma_420_tolerance(d: &dyn Decoder) -> (f64, f64) {
+    if d.name() == "nvjpeg" { (1.5, 0.02) } else { (1.0, 0.01) }
+}
+
 #[test]
 fn grayscale_cmyk_and_progressive_jpegs_become_rgb() {
     for d in decoders() {
@@ -67,7 +75,8 @@ fn grayscale_cmyk_and_progressive_jpegs_become_rgb() {
         let (cmyk, _) = decode(&*d, "cmyk.jpg", FULL);
         assert_close("cmyk", &*d, &cmyk, &reference("cmyk_ref.png"), 1.0, 0.01);
         let (prog, _) = decode(&*d, "progressive.jpg", FULL);
-        assert_close("progressive", &*d, &prog, &reference("progressive_ref.png"), 1.0, 0.01);
+        let (mean, over8) = chroma_420_tolerance(&*d);
+        assert_close("progressive", &*d, &prog, &reference("progressive_ref.png"), mean, over8);
     }
 }
 
@@ -77,7 +86,8 @@ fn exif_orientation_is_applied() {
         // Stored 120 x 160 with orientation 6: displayed 160 x 120.
         let (img, info) = decode(&*d, "exif_orient6.jpg", FULL);
         assert_eq!((img.width(), img.height(), info.orig_width, info.orig_height), (160, 120, 160, 120));
-        assert_close("exif", &*d, &img, &reference("exif_orient6_ref.png"), 1.0, 0.01);
+        let (mean, over8) = chroma_420_tolerance(&*d);
+        assert_close("exif", &*d, &img, &reference("exif_orient6_ref.png"), mean, over8);
         // The hint is about the displayed long side; orientation also holds for reduced decodes.
         let (small, info) = decode(&*d, "exif_orient6.jpg", DecodeHint { min_long_side: Some(40) });
         assert!(small.width() > small.height() && small.width() >= 40, "{small:?}");
