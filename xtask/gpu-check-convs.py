@@ -46,6 +46,11 @@ try:
             x = torch.randn(n, c, h, w, device=dev).to(dt).requires_grad_(row["input_grad"])
             wt = torch.randn(o, c, k, k, device=dev).mul(0.1).to(dt).requires_grad_(True)
             r = torch.randn(n, o, ho, ho, device=dev).to(dt)
+            yv = torch.randn(n, o, ho, ho, device=dev).to(dt).requires_grad_(True)
+
+            def loss():
+                yv.grad = None
+                (yv * r).sum().backward()
 
             def fwd():
                 with torch.no_grad():
@@ -60,24 +65,29 @@ try:
                 fwd()
                 fwdbwd()
             reps = row["reps"]
-            f, fb = [], []
+            f, fb, ls = [], [], []
             for i in range(samples):
+                ls.append(per_rep(reps, loss))
                 order = [(fwd, f), (fwdbwd, fb)]
                 for fn, acc in order[i % 2:] + order[: i % 2]:
                     acc.append(per_rep(reps, fn))
             entry = {"layer": row["layer"], "dtype": row["dtype"], "geom": row["geom"], "benchmark": benchmark,
                      "reps": reps, "fwd_ms": spread(f), "fwdbwd_ms": spread(fb),
-                     "bwd_ms": statistics.median([a - b for a, b in zip(fb, f)])}
+                     "bwd_ms": statistics.median([a - b for a, b in zip(fb, f)]), "loss_ms": spread(ls),
+                     "conv_bwd_ms": statistics.median([a - b - c for a, b, c in zip(fb, f, ls)])}
             ours = row.get("sluice")
             if ours:
                 entry["torch_over_sluice_fwd"] = entry["fwd_ms"]["median"] / ours["fwd_ms"]["median"]
                 entry["torch_over_sluice_fwdbwd"] = entry["fwdbwd_ms"]["median"] / ours["fwdbwd_ms"]["median"]
+                entry["torch_over_sluice_conv_bwd"] = entry["conv_bwd_ms"] / ours["conv_bwd_ms"]
             rows.append(entry)
             print(f'{row["layer"]:<20} {row["dtype"]:<5} bench={int(benchmark)} torch fwd {entry["fwd_ms"]["median"]:.3f} '
                   f'f+b {entry["fwdbwd_ms"]["median"]:.3f} ms; torch/sluice fwd '
                   f'{entry.get("torch_over_sluice_fwd", float("nan")):.2f} f+b '
-                  f'{entry.get("torch_over_sluice_fwdbwd", float("nan")):.2f}', flush=True)
-            del x, wt, r
+                  f'{entry.get("torch_over_sluice_fwdbwd", float("nan")):.2f} conv bwd '
+                  f'{entry.get("torch_over_sluice_conv_bwd", float("nan")):.2f}; loss {entry["loss_ms"]["median"]:.3f} '
+                  f'(Sluice/candle {row["loss_ms"]["median"]:.3f})', flush=True)
+            del x, wt, r, yv
     result["rows"] = rows
 except Exception as e:  # noqa: BLE001
     result["error"] = repr(e)

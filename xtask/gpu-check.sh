@@ -8,6 +8,7 @@
 #   device.json      nvidia-smi, torch, libraries found / missing
 #   smoke.json       `sluice gpu smoke`: GPU vs CPU results of the model's ops (convolutions in f32 and bf16 on
 #                    odd shapes, stride 2, 1×1, batch 1), the transfer, one YOLOv8n loss, the cuDNN plan cache
+#   amp_torch.json   PyTorch's bf16 autocast on the smoke's autocast check (Ultralytics' YOLOv8n), its reference
 #   convs.json       `sluice gpu convs`: Sluice's cuDNN convolutions vs candle's stock conv2d on YOLOv8n's layers
 #   convs_torch.json the same layers with PyTorch (cuDNN heuristics, then cudnn.benchmark), ratios to Sluice's
 #   train/           `sluice train` yolov8n, 640, batch 32 on the carried coco128 slice: telemetry.jsonl holds
@@ -18,6 +19,7 @@
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
 #   train_amp/       one epoch of the same training with `--amp` (bf16 convolutions), for the f32 / bf16 ratio
 #   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
+# GPU_CHECK_ONLY="smoke convs ..." runs only the steps named (info always runs).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"
@@ -32,12 +34,12 @@ done
 chmod +x "$HERE/sluice" "$HERE/conformance" 2>/dev/null
 S="$HERE/sluice"
 DATA="$HERE/data/data.yaml"
-EPOCHS="${GPU_CHECK_EPOCHS:-3}"
+EPOCHS="${GPU_CHECK_EPOCHS:-6}"
 BUDGET="${GPU_CHECK_BUDGET:-500}"
 START=$(date +%s)
 
 finish() {
-  for f in log.txt steps.jsonl smoke.json convs.json convs_torch.json; do
+  for f in log.txt steps.jsonl smoke.json amp_torch.json convs.json convs_torch.json; do
     [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/$f"
   done
   # Weights stay behind (tens of MB; the tool returns at most 16 MiB a file).
@@ -52,6 +54,9 @@ log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$RES/log.txt"; }
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && ! [[ " $GPU_CHECK_ONLY " == *" $name "* ]]; then
+    return 0
+  fi
   if [ $(( $(date +%s) - START + limit )) -gt "$BUDGET" ]; then
     log "step $name skipped: ${limit}s would pass the ${BUDGET}s budget"
     echo "{\"step\": \"$name\", \"rc\": -1, \"seconds\": 0}" >>"$RES/steps.jsonl"
@@ -109,32 +114,38 @@ print(json.dumps(info))
 PY
 log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
-step info 20 "$S" info
+GPU_CHECK_ONLY_SAVED="${GPU_CHECK_ONLY:-}"
+GPU_CHECK_ONLY="" step info 20 "$S" info
+GPU_CHECK_ONLY="$GPU_CHECK_ONLY_SAVED"
 if ! grep -q '"rc": 0' <(tail -n 1 "$RES/steps.jsonl"); then
   log "sluice does not start here; stopping (see info.err and ldd.txt)"
   cat "$RES/info.err" "$RES/ldd.txt"
   exit 1
 fi
 step smoke 60 "$S" gpu smoke --json "$RES/smoke.json"
-cat "$RES/smoke.out"
-step convs 60 "$S" gpu convs --json "$RES/convs.json"
-cat "$RES/convs.out"
-if [ -f "$RES/convs.json" ]; then
-  step convs_torch 90 python3 "$HERE/convs_torch.py" "$RES/convs.json" "$RES/convs_torch.json"
-  cat "$RES/convs_torch.out"
-fi
-step train 140 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
-  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train --exist-ok --json
-tail -n 3 "$RES/train.out"
-
-# Ultralytics, same settings, when its wheel was carried (installed without dependencies: the device's PyTorch,
-# NumPy, OpenCV and friends are used as they are; an import failure is recorded, not fatal).
+cat "$RES/smoke.out" 2>/dev/null
 WHEELS=$(ls "$HERE"/wheels/*.whl 2>/dev/null)
 if [ -n "$WHEELS" ]; then
   python3 -m pip install --quiet --no-deps --no-index --target "$HERE/pyul" $WHEELS >"$RES/ultralytics_install.txt" 2>&1
+  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step amp_torch 60 python3 "$HERE/amp_torch.py" "$RES/amp_torch.json"
+  cat "$RES/amp_torch.out" 2>/dev/null
+fi
+step convs 60 "$S" gpu convs --json "$RES/convs.json"
+cat "$RES/convs.out" 2>/dev/null
+if [ -f "$RES/convs.json" ]; then
+  step convs_torch 90 python3 "$HERE/convs_torch.py" "$RES/convs.json" "$RES/convs_torch.json"
+  cat "$RES/convs_torch.out" 2>/dev/null
+fi
+step train 140 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train --exist-ok --json
+tail -n 3 "$RES/train.out" 2>/dev/null
+
+# Ultralytics, same settings, when its wheel was carried (installed without dependencies: the device's PyTorch,
+# NumPy, OpenCV and friends are used as they are; an import failure is recorded, not fatal).
+if [ -n "$WHEELS" ]; then
   PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 100 \
     python3 "$HERE/ul_train.py" "$DATA" "$EPOCHS" "$RES/ultralytics.json"
-  tail -n 2 "$RES/ultralytics.out"
+  tail -n 2 "$RES/ultralytics.out" 2>/dev/null
 else
   log "no Ultralytics wheel carried: side-by-side skipped"
 fi

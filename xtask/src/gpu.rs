@@ -206,6 +206,7 @@ pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
 const SCRIPT: &str = include_str!("../gpu-check.sh");
 const UL_SCRIPT: &str = include_str!("../gpu-check-ultralytics.py");
 const CONVS_SCRIPT: &str = include_str!("../gpu-check-convs.py");
+const AMP_SCRIPT: &str = include_str!("../gpu-check-amp.py");
 /// Images of coco128 carried to the device (about 11 MB of JPEGs).
 const CHECK_IMAGES: usize = 64;
 /// The Ultralytics release the peers' figures were made with.
@@ -342,6 +343,7 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str) ->
     std::fs::write(dir.join("run.sh"), SCRIPT).context("writing run.sh")?;
     std::fs::write(dir.join("ul_train.py"), UL_SCRIPT).context("writing ul_train.py")?;
     std::fs::write(dir.join("convs_torch.py"), CONVS_SCRIPT).context("writing convs_torch.py")?;
+    std::fs::write(dir.join("amp_torch.py"), AMP_SCRIPT).context("writing amp_torch.py")?;
     let wheels = dir.join("wheels");
     let mut pip = Command::new("python3");
     pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"]).arg(&wheels).arg(ULTRALYTICS);

@@ -41,7 +41,7 @@ enum Command {
     /// Detect objects in images (`--weights W --source img|dir [--save] [--coco-json out.json]`).
     Predict(cmd::predict::Args),
     /// GPU checks (builds with `cuda`): `gpu smoke` (GPU vs CPU results of the model's ops), `gpu h2d`
-    /// (host→device bandwidth, plain and through the training transfer).
+    /// (host→device bandwidth, plain and through the training transfer), `gpu convs` (conv speed, with `cudnn`).
     Gpu(cmd::gpu::Args),
 }
 

@@ -299,14 +299,20 @@ mod imp {
             with_grads(&[y], std::slice::from_ref(&z), &[&xv])
         }));
 
-        // argsort under candle's one-block limit, then the validation shrink at 8400 anchors.
+        // argsort under candle's one-block limit, then the validation shrink at 8400 anchors. 8000 random f32 in
+        // [0, 1) hold a few equal values per row, which two correct sorts may order differently: the check is on
+        // the values the indices gather (the sorted rows) and on the indices being a permutation (their sorted
+        // row is 0..n), not on the indices themselves.
+        let sorted = |s: &Tensor, d: &Device| -> Result<Vec<Tensor>> {
+            let s = s.to_device(d)?;
+            let idx = s.arg_sort_last_dim(false)?;
+            let perm = idx.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.sort_last_dim(true)?.0;
+            Ok(vec![s.gather(&idx, D::Minus1)?, perm])
+        };
         let scores = rand_tensor(&mut rng, &[4, 8000], 0.0, 1.0)?;
-        checks.push(compare("argsort 8000 columns", 0.0, &gpu, |d| {
-            Ok(vec![scores.to_device(d)?.arg_sort_last_dim(false)?.to_dtype(DType::F32)?])
-        }));
+        checks.push(compare("argsort 8000 columns (sorted values, permutation)", 0.0, &gpu, |d| sorted(&scores, d)));
         let mut c = compare("argsort 8400 columns (candle's limit is 8192)", 0.0, &gpu, |d| {
-            let s = rand_tensor(&mut sample_rng(1, 0, 0), &[2, 8400], 0.0, 1.0)?;
-            Ok(vec![s.to_device(d)?.arg_sort_last_dim(false)?.to_dtype(DType::F32)?])
+            sorted(&rand_tensor(&mut sample_rng(1, 0, 0), &[2, 8400], 0.0, 1.0)?, d)
         });
         c.note = Some("informational: the shrink avoids sorting beyond 8192 columns on the GPU".into());
         checks.push(c);
@@ -334,13 +340,19 @@ mod imp {
                     let cls = (g.gt_classes.to_device(&Device::Cpu)? - &c.gt_classes)?.abs()?.sum_all()?;
                     diffs.push(f64::from(cls.to_scalar::<f32>()?));
                 }
-                let st = cuda.stats();
-                if st.staging_allocs != 4 * CudaTransfer::SLOTS as u64 {
-                    bail!(
-                        "{} staging allocations for one batch size (want {})",
-                        st.staging_allocs,
-                        4 * CudaTransfer::SLOTS
-                    );
+                // Staging grows only when a batch needs more (the batches above differ in target count): once
+                // every slot has held the largest, more batches of the same size allocate nothing.
+                let big = random_batch(&mut rng, 4, 64)?;
+                for _ in 0..CudaTransfer::SLOTS {
+                    cuda.transfer(&big)?;
+                }
+                let before = cuda.stats().staging_allocs;
+                for _ in 0..2 * CudaTransfer::SLOTS {
+                    cuda.transfer(&big)?;
+                }
+                let after = cuda.stats().staging_allocs;
+                if after != before {
+                    bail!("{} staging allocations in steady state (want none)", after - before);
                 }
                 Ok(diffs)
             })();
@@ -382,9 +394,25 @@ mod imp {
                 Ok(vec![out, gw])
             };
             let (f, h) = (run(None)?, run(Some(DType::BF16))?);
-            f.iter().zip(&h).map(|(f, h)| rel(h, f)).collect()
+            let cos = |a: &Tensor, b: &Tensor| -> Result<f64> {
+                let (a, b) = (a.to_dtype(DType::F64)?.flatten_all()?, b.to_dtype(DType::F64)?.flatten_all()?);
+                let dot = (&a * &b)?.sum_all()?.to_scalar::<f64>()?;
+                let na = a.sqr()?.sum_all()?.sqrt()?.to_scalar::<f64>()?;
+                let nb = b.sqr()?.sum_all()?.sqrt()?.to_scalar::<f64>()?;
+                Ok(dot / (na * nb).max(1e-300))
+            };
+            Ok(vec![rel(&h[0], &f[0])?, 1.0 - cos(&h[1], &f[1])?])
         })();
-        checks.push(Check::of("yolov8n bf16 autocast vs f32 at 320 (outputs, conv0 grad)".into(), 0.1, result));
+        // The outputs by their largest difference, the gradient by its direction (1 − cosine): a bf16 gradient
+        // summed over 2 × 320² positions is far off in its small, cancelling elements. The tolerances come from
+        // PyTorch's autocast on the same check (`xtask/gpu-check-amp.py`: Ultralytics' YOLOv8n, three seeds, H200,
+        // 2026-12-04): outputs 0.025–0.032, 1 − cosine 0.072–0.103 (Sluice: 0.029 and 0.074).
+        let (outputs, grad) = match result {
+            Ok(v) => (Ok(vec![v[0]]), Ok(vec![v[1]])),
+            Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
+        };
+        checks.push(Check::of("yolov8n bf16 autocast vs f32 at 320 (outputs)".into(), 0.05, outputs));
+        checks.push(Check::of("yolov8n bf16 autocast vs f32 at 320 (1 - cos of conv0 grad)".into(), 0.15, grad));
 
         // The caching pool: the release threshold takes, and the reserved bytes can be read.
         let result = (|| -> Result<Vec<f64>> {

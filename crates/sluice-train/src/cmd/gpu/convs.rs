@@ -6,8 +6,13 @@
 //! Each layer is timed as a forward (`y = conv(x, w)`) and as a training pass (`sum(y · r)` and its backward, which
 //! computes the weight gradient and, except for the stem, the input gradient). The backward's time is the
 //! difference. Timing is the host's clock around a device synchronisation, over enough repetitions that a sample
-//! lasts about 3 ms; the implementations and passes are interleaved sample by sample (rotated each time), so a
-//! change of clocks or load hits all of them alike. Medians with the range over the samples.
+//! lasts about 3 ms (each implementation its own count); the implementations and passes are interleaved sample by
+//! sample (rotated each time), so a change of clocks or load hits all of them alike. Medians with the range over
+//! the samples. The loss alone (`sum(y · r)` and its backward on a variable of `y`'s shape, candle's element-wise
+//! ops, the same for both implementations) is timed in the same samples, so `conv_bwd_ms` (training pass −
+//! forward − loss) is the convolution's two gradients alone. candle's stock backward can take half a second a layer: where its training pass is over 50 ms it
+//! is timed in the first 3 samples only. The device's memory pool keeps freed memory, as the trainer sets it up
+//! (`retain_device_pool`), so allocations are the stream-ordered pool's, not the driver's.
 //!
 //! The JSON it writes (`--json`) names every shape, repetition count and sample count, so that the device check's
 //! PyTorch script (`xtask/gpu-check-convs.py`) times exactly the same work with `torch.nn.functional.conv2d`.
@@ -60,6 +65,9 @@ struct Timing {
     /// Median of (training pass − forward) over the samples.
     bwd_ms: f64,
     bwd_over_fwd: f64,
+    /// Median of (training pass − forward − loss) over the samples: the two gradients alone.
+    conv_bwd_ms: f64,
+    conv_bwd_over_fwd: f64,
     fwd_tflops: f64,
 }
 
@@ -71,7 +79,11 @@ struct Row {
     geom: [usize; 8],
     input_grad: bool,
     fwd_gflop: f64,
+    /// Repetitions per sample of Sluice's passes (the PyTorch script uses the same).
     reps: usize,
+    candle_reps: usize,
+    /// The loss's element-wise ops and their backward alone (candle's; both implementations run them).
+    loss_ms: Option<Spread>,
     sluice: Option<Timing>,
     candle: Option<Timing>,
     /// candle's training pass over Sluice's (how much faster Sluice's is).
@@ -134,11 +146,12 @@ impl Passes<'_> {
 /// `sluice gpu convs`.
 pub(super) fn convs(ordinal: usize, batch: usize, imgsz: usize, samples: usize, json: Option<&Path>) -> Result<()> {
     let gpu = Device::new_cuda(ordinal).context("opening the CUDA device")?;
+    sluice_transfer::retain_device_pool(&gpu).context("the device memory pool")?;
     let samples = samples.max(3);
     let mut rows = Vec::new();
     println!(
-        "{:<20} {:<5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6}",
-        "layer", "dtype", "reps", "sl fwd", "cd fwd", "sl f+b", "cd f+b", "cd/sl", "sl b/f", "TF/s"
+        "{:<20} {:<5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}",
+        "layer", "dtype", "reps", "sl fwd", "cd fwd", "sl f+b", "cd f+b", "loss", "cd/sl", "sl b/f", "TF/s"
     );
     for dtype in [DType::F32, DType::BF16] {
         for &Layer(layer, c, o, k, s, side640, input_grad) in LAYERS {
@@ -154,6 +167,8 @@ pub(super) fn convs(ordinal: usize, batch: usize, imgsz: usize, samples: usize, 
                 input_grad,
                 fwd_gflop,
                 reps: 1,
+                candle_reps: 1,
+                loss_ms: None,
                 sluice: None,
                 candle: None,
                 candle_over_sluice_fwdbwd: None,
@@ -164,15 +179,22 @@ pub(super) fn convs(ordinal: usize, batch: usize, imgsz: usize, samples: usize, 
             let w = Tensor::randn(0f32, 0.1, (o, c, k, k), &gpu)?.to_dtype(dtype)?;
             let r = Tensor::randn(0f32, 1.0, (batch, o, ho, ho), &gpu)?.to_dtype(dtype)?;
             let (xv, wv) = (Var::from_tensor(&x)?, Var::from_tensor(&w)?);
+            let yv = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, o, ho, ho), &gpu)?.to_dtype(dtype)?)?;
+            let loss = || -> Result<()> {
+                let g = (yv.as_tensor() * &r)?.sum_all()?.backward()?;
+                g.get(yv.as_tensor()).context("no gradient of y")?;
+                Ok(())
+            };
+            loss()?;
             let impls: [(&str, Conv); 2] = [("sluice", sluice_conv), ("candle", candle_conv)];
             let passes: Vec<Passes> = impls
                 .iter()
                 .map(|&(_, conv)| Passes { conv, x: &x, xv: input_grad.then_some(&xv), wv: &wv, r: &r, s, p })
                 .collect();
             // Warm up (the first call of a shape makes cuDNN's plans), drop an implementation that fails, and size
-            // the repetitions from the slowest training pass.
+            // each implementation's repetitions from its training pass.
             let mut ok = [true; 2];
-            let mut slowest = 0f64;
+            let mut pass_s = [0f64; 2];
             for (i, ps) in passes.iter().enumerate() {
                 let warm = (|| -> Result<f64> {
                     for _ in 0..2 {
@@ -182,29 +204,32 @@ pub(super) fn convs(ordinal: usize, batch: usize, imgsz: usize, samples: usize, 
                     per_rep(&gpu, 1, &mut || ps.fwdbwd())
                 })();
                 match warm {
-                    Ok(t) => slowest = slowest.max(t),
+                    Ok(t) => pass_s[i] = t,
                     Err(e) => {
                         ok[i] = false;
                         row.errors.push(format!("{}: {e:#}", impls[i].0));
                     }
                 }
             }
-            let reps = ((3e-3 / slowest.max(1e-6)).ceil() as usize).clamp(1, 200);
-            row.reps = reps;
-            // times[impl][pass] in ms per repetition, one entry per sample.
+            let reps = pass_s.map(|t| ((3e-3 / t.max(1e-6)).ceil() as usize).clamp(1, 200));
+            (row.reps, row.candle_reps) = (reps[0], reps[1]);
+            let wanted = pass_s.map(|t| if t > 0.05 { 3.min(samples) } else { samples });
+            // times[impl][pass] in ms per repetition, one entry per sample; the loss alone in Sluice's repetitions.
             let mut times = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+            let mut loss_times = Vec::new();
             for sample in 0..samples {
+                loss_times.push(per_rep(&gpu, reps[0], &mut || loss())? * 1e3);
                 for j in 0..4 {
                     let slot = (j + sample) % 4;
                     let (i, pass) = (slot / 2, slot % 2);
-                    if !ok[i] {
+                    if !ok[i] || sample >= wanted[i] {
                         continue;
                     }
                     let ps = &passes[i];
                     let t = if pass == 0 {
-                        per_rep(&gpu, reps, &mut || ps.fwd())
+                        per_rep(&gpu, reps[i], &mut || ps.fwd())
                     } else {
-                        per_rep(&gpu, reps, &mut || ps.fwdbwd())
+                        per_rep(&gpu, reps[i], &mut || ps.fwdbwd())
                     };
                     match t {
                         Ok(t) => times[i][pass].push(t * 1e3),
@@ -217,20 +242,24 @@ pub(super) fn convs(ordinal: usize, batch: usize, imgsz: usize, samples: usize, 
             }
             let timing = |i: usize| -> Option<Timing> {
                 let [f, fb] = &times[i];
-                if !ok[i] || f.len() != samples || fb.len() != samples {
+                if !ok[i] || f.len() != wanted[i] || fb.len() != wanted[i] {
                     return None;
                 }
                 let fwd = spread(f.clone());
                 let fwdbwd = spread(fb.clone());
                 let bwd = spread(fb.iter().zip(f).map(|(a, b)| a - b).collect()).median;
+                let conv_bwd = spread(fb.iter().zip(f).zip(&loss_times).map(|((a, b), l)| a - b - l).collect()).median;
                 Some(Timing {
                     fwd_ms: fwd,
                     fwdbwd_ms: fwdbwd,
                     bwd_ms: bwd,
                     bwd_over_fwd: bwd / fwd.median,
+                    conv_bwd_ms: conv_bwd,
+                    conv_bwd_over_fwd: conv_bwd / fwd.median,
                     fwd_tflops: fwd_gflop / fwd.median,
                 })
             };
+            row.loss_ms = Some(spread(loss_times.clone()));
             row.sluice = timing(0);
             row.candle = timing(1);
             if let (Some(sl), Some(cd)) = (&row.sluice, &row.candle) {
@@ -240,16 +269,17 @@ pub(super) fn convs(ordinal: usize, batch: usize, imgsz: usize, samples: usize, 
             let ms =
                 |t: &Option<Timing>, f: fn(&Timing) -> f64| t.as_ref().map_or("-".into(), |t| format!("{:.3}", f(t)));
             println!(
-                "{:<20} {:<5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6}{}",
+                "{:<20} {:<5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}{}",
                 layer,
                 row.dtype,
-                reps,
+                row.reps,
                 ms(&row.sluice, |t| t.fwd_ms.median),
                 ms(&row.candle, |t| t.fwd_ms.median),
                 ms(&row.sluice, |t| t.fwdbwd_ms.median),
                 ms(&row.candle, |t| t.fwdbwd_ms.median),
+                row.loss_ms.map_or("-".into(), |l| format!("{:.3}", l.median)),
                 row.candle_over_sluice_fwdbwd.map_or("-".into(), |v| format!("{v:.2}")),
-                ms(&row.sluice, |t| t.bwd_over_fwd),
+                ms(&row.sluice, |t| t.conv_bwd_over_fwd),
                 ms(&row.sluice, |t| t.fwd_tflops),
                 if row.errors.is_empty() { String::new() } else { format!("  errors: {}", row.errors.join("; ")) },
             );
