@@ -212,8 +212,9 @@ mod imp {
             let y = conv::conv2d(xv.as_tensor(), wv.as_tensor(), 1, 0)?;
             with_grads(&[y], std::slice::from_ref(&r1), &[&xv, &wv])
         }));
-        // The geometries the kernels' CPU tests cover, on the device: batch 1, odd sizes and channel counts, stride
-        // 2, no padding, 1×1 with stride 2 and a 5×5 — forward, input and weight gradients, against the CPU op
+        // The kinds of geometry the kernels' CPU tests cover (`sluice-kernels/tests/conv.rs`), on the device: batch
+        // 1, odd sizes and channel counts, stride 2, no padding, 1×1 with stride 2 and a 5×5 — forward, input and
+        // weight gradients, against the CPU op
         // (which its own tests hold equal to candle's stock conv2d). In bf16 too (the `--amp` path): bf16 keeps 8
         // bits, so those checks allow 3e-2.
         const GEOMS: &[(usize, usize, usize, usize, usize, usize, usize, usize)] = &[
