@@ -13,9 +13,11 @@
 //!   builds the graph for inference as well when the parameters are variables).
 //!
 //! Both run on contiguous f32/f64 CPU storage and parallelise over `(n, c)` planes with rayon's global pool (the
-//! pool candle's own CPU kernels use, so the two never oversubscribe each other). Anything else (another device or
-//! dtype) falls back to the composed candle ops, which are also public ([`batch_norm_silu_train_composed`],
-//! [`affine_silu_composed`]) as the reference the tests and benches compare against.
+//! pool candle's own CPU kernels use, so the two never oversubscribe each other). With the `cuda` feature,
+//! [`batch_norm_silu_train`] on f32 CUDA tensors runs the same sweeps as device kernels (`norm/cuda.rs`), its
+//! statistics staying on the device. Anything else (another device or dtype) falls back to the composed candle
+//! ops, which are also public ([`batch_norm_silu_train_composed`], [`affine_silu_composed`]) as the reference the
+//! tests and benches compare against.
 //!
 //! The per-plane loops are compiled for AVX-512 and AVX2+FMA as well as baseline x86-64 and picked at run time
 //! (`multiversion`). No clone contracts `a·b + c` into an FMA or reorders a sum, so every clone gives the same bits.
@@ -28,6 +30,9 @@ use multiversion::multiversion;
 use rayon::prelude::*;
 
 use crate::uninit::filled_vec;
+
+#[cfg(feature = "cuda")]
+mod cuda;
 
 /// Lanes of the per-element loops: written as fixed-size arrays so LLVM vectorises them (one AVX-512 register of
 /// f32, two AVX2 ones).
@@ -318,6 +323,9 @@ struct Stats {
 struct BnSiluTrain {
     eps: f64,
     stats: Arc<OnceLock<Stats>>,
+    /// The statistics of a forward on a CUDA device, kept there.
+    #[cfg(feature = "cuda")]
+    device_stats: Arc<OnceLock<cuda::DeviceStats>>,
 }
 
 const BN_OP: &str = "batch_norm_silu_train";
@@ -482,6 +490,23 @@ impl CustomOp3 for BnSiluTrain {
         Ok((out, l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, c, h, w) = nchw(l1.shape(), BN_OP)?;
+        let (y, st) = cuda::forward((s1, l1), (s2, l2), (s3, l3), (n, c, h * w), self.eps)?;
+        // A second forward through the same op value would be a caller bug; keep the first statistics then.
+        let _ = self.device_stats.set(st);
+        Ok((y, l1.shape().clone()))
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -490,6 +515,15 @@ impl CustomOp3 for BnSiluTrain {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let Some(st) = self.device_stats.get() else {
+                candle_core::bail!("{BN_OP}: backward before forward");
+            };
+            let c = gamma.dim(0)?;
+            let (dx, dgb) = cuda::backward(x, grad, gamma, st)?;
+            return Ok((Some(dx), Some(dgb.narrow(0, 0, c)?), Some(dgb.narrow(0, c, c)?)));
+        }
         let [dx, dg, db] = match x.dtype() {
             DType::F32 => self.bwd_typed::<f32>(x, gamma, beta, grad)?,
             DType::F64 => self.bwd_typed::<f64>(x, gamma, beta, grad)?,
@@ -503,16 +537,33 @@ impl CustomOp3 for BnSiluTrain {
 /// biased `var` are the per-channel batch statistics, shape `(C,)`, detached (for the running-stat update).
 ///
 /// `x` is NCHW, `gamma`/`beta` have shape `(C,)` and `x`'s dtype. The fused kernel runs for f32/f64 on the CPU
-/// (gradients for `x`, `gamma` and `beta`); other devices and dtypes use [`batch_norm_silu_train_composed`].
+/// and, with the `cuda` feature, for f32 on a CUDA device (gradients for `x`, `gamma` and `beta`); other devices
+/// and dtypes use [`batch_norm_silu_train_composed`].
 pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<(Tensor, Tensor, Tensor)> {
     let (_, c, _, _) = nchw(x.shape(), BN_OP)?;
     check_param(gamma, c, x.dtype(), BN_OP, "gamma")?;
     check_param(beta, c, x.dtype(), BN_OP, "beta")?;
+    #[cfg(feature = "cuda")]
+    if cuda::supports(x) {
+        let device_stats = Arc::new(OnceLock::new());
+        let op = BnSiluTrain { eps, stats: Arc::new(OnceLock::new()), device_stats: Arc::clone(&device_stats) };
+        let y = x.contiguous()?.apply_op3(&gamma.contiguous()?, &beta.contiguous()?, op)?;
+        let (Some(st), candle_core::Device::Cuda(dev)) = (device_stats.get(), x.device()) else {
+            candle_core::bail!("{BN_OP}: the forward pass left no statistics");
+        };
+        let mv = cuda::mean_var(st, dev, c)?;
+        return Ok((y, mv.narrow(0, 0, c)?, mv.narrow(0, c, c)?));
+    }
     if !fused_supported(x) {
         return batch_norm_silu_train_composed(x, gamma, beta, eps);
     }
     let stats = Arc::new(OnceLock::new());
-    let op = BnSiluTrain { eps, stats: Arc::clone(&stats) };
+    let op = BnSiluTrain {
+        eps,
+        stats: Arc::clone(&stats),
+        #[cfg(feature = "cuda")]
+        device_stats: Arc::new(OnceLock::new()),
+    };
     let y = x.contiguous()?.apply_op3(&gamma.contiguous()?, &beta.contiguous()?, op)?;
     let Some(st) = stats.get() else {
         candle_core::bail!("{BN_OP}: the forward pass left no statistics");

@@ -1,9 +1,10 @@
 //! `sluice gpu smoke|h2d`: the device checks that `cargo xtask gpu-check`'s script runs first (feature `cuda`).
 //!
 //! - `smoke`: every op the model and the validation use, run on the GPU and on the CPU from the same inputs —
-//!   convolution forward and backward, training BatchNorm + SiLU, max-pool, nearest upsample, DFL decode, BCE,
-//!   argsort / the validation shrink at 8400 anchors, the CUDA transfer (bit-identical to the CPU one) and one
-//!   YOLOv8n training loss — with the largest difference relative to the CPU result's magnitude.
+//!   convolution forward and backward, training BatchNorm + SiLU (Sluice's fused CUDA kernels), max-pool,
+//!   nearest upsample, DFL decode, BCE, argsort / the validation shrink at 8400 anchors, the CUDA transfer
+//!   (bit-identical to the CPU one) and one YOLOv8n training loss — with the largest difference relative to the
+//!   CPU result's magnitude.
 //! - `h2d`: host→device bandwidth of a plain 256 MiB copy from pinned and from pageable memory, and of the
 //!   training transfer (pinned ring + copy stream + device conversion) on 640 × 640 batches of 32.
 //! - `convs`: the convolutions' speed on YOLOv8n's layer shapes, Sluice's cuDNN ops against candle's stock conv2d
@@ -274,6 +275,21 @@ mod imp {
             out.extend([mean, var]);
             Ok(out)
         }));
+        // Odd sizes and channel count, and a map large enough that each channel's sums are split over blocks.
+        for dims in [[3, 5, 37, 53], [8, 16, 96, 96]] {
+            let xb = rand_tensor(&mut rng, &dims, -2.0, 3.0)?;
+            let (gb, bb) =
+                (rand_tensor(&mut rng, &[dims[1]], 0.5, 1.5)?, rand_tensor(&mut rng, &[dims[1]], -0.5, 0.5)?);
+            let rb = rand_tensor(&mut rng, &dims, -1.0, 1.0)?;
+            let name = format!("batchnorm+silu train fwd+bwd {dims:?}");
+            checks.push(compare(&name, 1e-4, &gpu, |d| {
+                let (xv, gv, bv) = (var_on(&xb, d)?, var_on(&gb, d)?, var_on(&bb, d)?);
+                let (y, mean, var) = norm::batch_norm_silu_train(xv.as_tensor(), gv.as_tensor(), bv.as_tensor(), 1e-3)?;
+                let mut out = with_grads(&[y], std::slice::from_ref(&rb), &[&xv, &gv, &bv])?;
+                out.extend([mean, var]);
+                Ok(out)
+            }));
+        }
         checks.push(compare("maxpool5 fwd+bwd", 1e-5, &gpu, |d| {
             let xv = var_on(&x, d)?;
             let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;
