@@ -218,16 +218,16 @@ mod imp {
         // weight gradients, against the CPU op
         // (which its own tests hold equal to candle's stock conv2d). In bf16 too (the `--amp` path): bf16 keeps 8
         // bits, so those checks allow 3e-2.
-        const GEOMS: &[(usize, usize, usize, usize, usize, usize, usize, usize)] = &[
+        const GEOMS: &[[usize; 8]] = &[
             // (n, c, h, w, o, k, stride, pad)
-            (1, 3, 37, 53, 8, 3, 2, 1),
-            (2, 5, 17, 17, 7, 3, 1, 1),
-            (3, 16, 20, 20, 24, 1, 1, 0),
-            (2, 8, 15, 11, 6, 3, 1, 0),
-            (2, 4, 9, 9, 4, 1, 2, 0),
-            (2, 6, 13, 13, 9, 5, 1, 2),
+            [1, 3, 37, 53, 8, 3, 2, 1],
+            [2, 5, 17, 17, 7, 3, 1, 1],
+            [3, 16, 20, 20, 24, 1, 1, 0],
+            [2, 8, 15, 11, 6, 3, 1, 0],
+            [2, 4, 9, 9, 4, 1, 2, 0],
+            [2, 6, 13, 13, 9, 5, 1, 2],
         ];
-        for &(n, c, h, wd, o, k, s, p) in GEOMS {
+        for &[n, c, h, wd, o, k, s, p] in GEOMS {
             let xi = rand_tensor(&mut rng, &[n, c, h, wd], -1.0, 1.0)?;
             let wi = rand_tensor(&mut rng, &[o, c, k, k], -0.3, 0.3)?;
             let (ho, wo) = ((h + 2 * p - k) / s + 1, (wd + 2 * p - k) / s + 1);
