@@ -380,7 +380,10 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str) ->
     let rel = dir.strip_prefix(root).unwrap_or(&dir);
     println!("Run it on the device machine with the device tool:");
     println!("  run(command=\"bash {}/run.sh\", carry=[\"{}\"], timeout_s=560)", rel.display(), rel.display());
-    println!("Results come back under the run's files (smoke.json, h2d.json, train/telemetry.jsonl, ...).");
+    println!(
+        "Results come back as the run's files: gpu-check.tgz (every step's output, weights left out) and, beside it, \
+         log.txt, steps.jsonl, smoke.json, amp_torch.json, convs.json and convs_torch.json."
+    );
     Ok(())
 }
 
