@@ -11,6 +11,7 @@ pub mod error;
 pub mod geometry;
 pub mod image;
 pub mod labels;
+pub mod locations;
 pub mod pool;
 pub mod runner;
 pub mod sampler;
