@@ -69,7 +69,7 @@ impl StageReport {
 }
 
 /// The whole pipeline's telemetry, as printed every epoch.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PipelineReport {
     /// One entry per stage, source first.
     pub stages: Vec<StageReport>,

@@ -1,13 +1,12 @@
-//! Sluice's trainer library: the pieces the `sluice` binary wires together — the training and validation loaders
-//! (the sampler's recipes executed on the pipeline runner, with a shared decoded-image cache), the optimizer, EMA
-//! and checkpoints ([`optim`]), the training loop with validation, telemetry and resume ([`train`]), the dataset
-//! tools (split indexing, packing, the augmented-batch preview: [`data`]) and the stage benchmarks ([`bench`]).
+//! Sluice's trainer library: the training loop in phases (train epoch, validate, end of epoch) with telemetry,
+//! checkpoints and resume ([`train`]), the optimizer, its parameter groups, schedules, EMA and checkpoint files
+//! ([`optim`]), and inference on images for prediction ([`predict`]). It reports through the [`train::Observer`]
+//! callbacks and returns [`Error`]s; the `sluice` binary (sluice-cli) draws, prints and parses arguments.
 #![warn(missing_docs)]
 
-pub mod bench;
-pub mod data;
-pub mod loader;
+pub mod error;
 pub mod optim;
-pub mod plots;
 pub mod predict;
 pub mod train;
+
+pub use error::{Error, Result};

@@ -1,5 +1,5 @@
-//! End to end on a tiny generated dataset: two epochs with validation, checkpoints, plots (the first val batch's
-//! labels and predictions among them) and telemetry; the same run interrupted in the middle of epoch 2 and
+//! End to end on a tiny generated dataset: two epochs with validation, checkpoints, the batches handed out for
+//! the plots (the first training batch, the first val batch with its predictions) and telemetry; the same run interrupted in the middle of epoch 2 and
 //! resumed from `last.safetensors` gives the same loss sequence, bit for bit. The run trains with multi-scale on
 //! (`multi_scale: 0.5` at imgsz 64: batches of 32, 64 or 96 px), so the model, the loss and the assigner also take
 //! batches at other sizes than `imgsz`, and the resume repeats the sizes too.
@@ -13,8 +13,9 @@ use sluice_model::Scale;
 use sluice_model::candle_core::Device;
 use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
-use sluice_train::train::run::load_model;
-use sluice_train::train::{BatchEvent, FinalEvalEvent, Observer, TrainConfig, Trainer};
+use sluice_train::train::{
+    BatchEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer, load_model,
+};
 
 #[derive(Default)]
 struct Record {
@@ -24,6 +25,12 @@ struct Record {
     stop: Option<Arc<AtomicBool>>,
     /// (epoch, mAP50, mAP50-95) of each final validation of `best`.
     final_evals: Vec<(u32, f64, f64)>,
+    /// (images, canvas side) of each first training batch handed out.
+    first_batches: Vec<(usize, usize)>,
+    /// (images, canvas side, images with detections listed) of each final validation's first batch.
+    first_val_batches: Vec<(usize, usize, usize)>,
+    /// The summaries the run finished with.
+    finished: Vec<TrainSummary>,
 }
 
 impl Observer for Record {
@@ -36,9 +43,20 @@ impl Observer for Record {
         }
     }
 
+    fn first_batch(&mut self, e: &FirstBatchEvent<'_>) {
+        self.first_batches.push((e.batch.len(), e.batch.shape().width));
+    }
+
     fn final_eval(&mut self, e: &FinalEvalEvent<'_>) {
         let r = &e.result.report;
         self.final_evals.push((e.epoch, r.map50, r.map50_95));
+        if let Some(first) = &e.result.first_batch {
+            self.first_val_batches.push((first.batch.len(), first.batch.shape().width, first.detections.len()));
+        }
+    }
+
+    fn finished(&mut self, summary: &TrainSummary) {
+        self.finished.push(summary.clone());
     }
 }
 
@@ -98,19 +116,13 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     let (epoch, map50, map50_95) = full.final_evals[0];
     assert_eq!(epoch, summary.best_epoch);
     assert_eq!((map50, map50_95), (summary.best_metrics.map50, summary.best_metrics.map50_95));
-    for plot in ["train_batch0.jpg", "PR_curve.png", "results.png"] {
-        assert!(t.paths().dir.join(plot).exists(), "{plot} missing");
-    }
-    // The final validation's first batch: the 4 square val images in one rect batch, whose canvas is
-    // ceil(64 / 32 + 0.5) * 32 = 96 px a side (Ultralytics' rect shapes pad half a stride), drawn as a 2 x 2 grid,
-    // once with the ground truth and once with the predictions.
-    for plot in ["val_batch0_labels.jpg", "val_batch0_pred.jpg"] {
-        let path = t.paths().dir.join(plot);
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{plot}: {e}"));
-        assert_eq!(image::guess_format(&bytes).unwrap(), image::ImageFormat::Jpeg, "{plot}");
-        let img = image::load_from_memory(&bytes).unwrap();
-        assert_eq!((img.width(), img.height()), (192, 192), "{plot}");
-    }
+    // With plots on, the first training batch (4 images) is handed out once, and the final validation's first
+    // batch: the 4 square val images in one rect batch, whose canvas is ceil(64 / 32 + 0.5) * 32 = 96 px a side
+    // (Ultralytics' rect shapes pad half a stride), with a detection list per image.
+    assert_eq!(full.first_batches.len(), 1);
+    assert_eq!(full.first_batches[0].0, 4);
+    assert_eq!(full.first_val_batches, vec![(4, 96, 4)]);
+    assert_eq!(full.finished, vec![summary.clone()]);
     // The checkpoint serves `sluice val` and `sluice predict` (its EMA weights).
     let m = load_model(&summary.best, None, 6, &Device::Cpu).unwrap();
     assert_eq!(m.config().nc, 6);
@@ -168,4 +180,47 @@ fn a_final_batch_of_one_at_a_tiny_size_is_refused_like_ultralytics() {
     assert!(format!("{e:#}").contains("BatchNorm"), "{e:#}");
     let c = TrainConfig { multi_scale: 0.0, ..config(&data, &dir.path().join("runs"), "bn") };
     assert!(Trainer::new(c).is_ok(), "at imgsz 64 without multi-scale the final batch of 1 is allowed");
+}
+
+/// The same run read from a packed shard (`source: packed`: each split packed beside its label cache, then read
+/// from the shard's mmap) equals the run from the image files, epoch for epoch: the same loss sequence bit for
+/// bit and the same validation metrics.
+#[test]
+fn a_run_from_a_packed_shard_equals_the_run_from_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth =
+        SynthConfig { out: dir.path().join("data"), seed: 9, train: 8, val: 4, imgsz: 64, ..Default::default() };
+    let data = generate(&synth).unwrap().data_yaml;
+    let project = dir.path().join("runs");
+    let run = |name: &str, source: ReadFrom| {
+        let mut rec = Record::default();
+        let c = TrainConfig { source, multi_scale: 0.0, ..config(&data, &project, name) };
+        let mut t = Trainer::new(c).unwrap();
+        let s = t.run(&mut rec).unwrap();
+        (rec.losses, ResultsCsv::read(&t.paths().results).unwrap(), s)
+    };
+    let (files_losses, files_rows, _) = run("files", ReadFrom::Files);
+    let (packed_losses, packed_rows, _) = run("packed", ReadFrom::Packed);
+    let shards: Vec<_> =
+        walk(dir.path()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "sluice")).collect();
+    assert_eq!(shards.len(), 2, "one shard per split: {shards:?}");
+    assert_eq!(files_losses.len(), 4);
+    assert_eq!(files_losses, packed_losses);
+    let metrics = |rows: &[sluice_train::train::results::EpochRow]| {
+        rows.iter().map(|r| (r.epoch, r.train_loss, r.metrics, r.val_loss)).collect::<Vec<_>>()
+    };
+    assert_eq!(metrics(&files_rows), metrics(&packed_rows));
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

@@ -3,7 +3,7 @@
 //! of the model, fitted with a straight line; on the CPU, Ultralytics' default of 16. The choice is printed and
 //! stored in the run's configuration (so a resume keeps it).
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use sluice_model::{DenseTargets, DetectionLoss, Mode, YoloConfig, YoloV8};
 
@@ -23,7 +23,7 @@ pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<usize
         return Ok(CPU_BATCH);
     };
     let model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, device, cfg.seed)?;
-    model.set_autocast(super::run::amp_dtype(cfg, device))?;
+    model.set_autocast(super::setup::amp_dtype(cfg, device))?;
     let loss = DetectionLoss::new(nc);
     let side = cfg.imgsz as usize;
     let mut points = Vec::new();

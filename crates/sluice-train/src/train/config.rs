@@ -4,65 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result};
 use serde::{Deserialize, Serialize};
 use sluice_augment::Hyp;
 use sluice_model::{LossGains, Scale};
 
 use crate::optim::OptimSettings;
-
-/// Where decoded images are kept between epochs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum CacheMode {
-    /// Decode every epoch.
-    #[default]
-    None,
-    /// Keep decoded (resized) images in memory.
-    Ram,
-}
-
-impl CacheMode {
-    /// `none` or `ram`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Ram => "ram",
-        }
-    }
-
-    /// The decoded-image cache's byte budget in this mode.
-    pub fn budget_bytes(self) -> usize {
-        match self {
-            Self::None => 0,
-            Self::Ram => crate::loader::RAM_CACHE_BYTES,
-        }
-    }
-}
-
-/// A `--cache` value that is neither `ram` nor `none`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cache '{0}': expected ram or none")]
-pub struct ParseCacheModeError(String);
-
-impl std::str::FromStr for CacheMode {
-    type Err = ParseCacheModeError;
-
-    /// `ram` / `true` or `none` / `false` (Ultralytics' `cache=True` means RAM).
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "ram" | "true" => Ok(Self::Ram),
-            "none" | "false" => Ok(Self::None),
-            other => Err(ParseCacheModeError(other.to_string())),
-        }
-    }
-}
-
-impl std::fmt::Display for CacheMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use sluice_loader::{CacheMode, ParseCacheModeError, ReadFrom};
 
 /// Everything a training run needs. Missing keys take Ultralytics' defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +40,9 @@ pub struct TrainConfig {
     pub workers: usize,
     /// Decoded-image cache.
     pub cache: CacheMode,
+    /// Where the images' bytes are read from: `files` (the image files, or the shard a split of the data YAML
+    /// names) or `packed` (each split packed into a shard beside its label cache first, then read from it).
+    pub source: ReadFrom,
     /// `cpu` or `cuda:N`.
     pub device: String,
     /// Run seed (sampling, augmentation, initialisation).
@@ -214,6 +165,7 @@ impl Default for TrainConfig {
             batch: 16,
             workers: 0,
             cache: CacheMode::None,
+            source: ReadFrom::Files,
             device: "cpu".into(),
             seed: 0,
             project: PathBuf::from("runs"),
@@ -252,7 +204,7 @@ impl TrainConfig {
                 .map(|k| serde_yaml_ng::to_string(k).unwrap_or_default().trim().to_string())
                 .collect();
             if !unknown.is_empty() {
-                bail!("unknown key(s): {}", unknown.join(", "));
+                crate::bail!("unknown key(s): {}", unknown.join(", "));
             }
         }
         Ok(cfg)
@@ -274,22 +226,22 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<()> {
         self.scale()?;
         if self.epochs == 0 {
-            bail!("epochs must be at least 1");
+            crate::bail!("epochs must be at least 1");
         }
         if self.imgsz < 32 || !self.imgsz.is_multiple_of(32) {
-            bail!("imgsz {} must be a positive multiple of 32", self.imgsz);
+            crate::bail!("imgsz {} must be a positive multiple of 32", self.imgsz);
         }
         if !(0.0..=1.0).contains(&self.multi_scale) {
-            bail!("multi_scale {} must be in [0, 1] (a fraction of imgsz; 0 = off)", self.multi_scale);
+            crate::bail!("multi_scale {} must be in [0, 1] (a fraction of imgsz; 0 = off)", self.multi_scale);
         }
         if self.val_interval == 0 {
-            bail!("val_interval must be at least 1");
+            crate::bail!("val_interval must be at least 1");
         }
         if !(self.val_fraction > 0.0 && self.val_fraction <= 1.0) {
-            bail!("val_fraction {} must be in (0, 1]", self.val_fraction);
+            crate::bail!("val_fraction {} must be in (0, 1]", self.val_fraction);
         }
         if self.device != "cpu" && !self.device.starts_with("cuda") {
-            bail!("device '{}': expected cpu or cuda:N", self.device);
+            crate::bail!("device '{}': expected cpu or cuda:N", self.device);
         }
         self.hyp.validate().context("augmentation settings")?;
         Ok(())

@@ -3,7 +3,7 @@
 //! but the three loss items to the host. `SLUICE_DENSE_LOSS=1` takes the device path on the CPU too (the two
 //! agree to float rounding; the tests check it), which is how the GPU path is exercised end to end here.
 
-use anyhow::Result;
+use crate::error::Result;
 use candle_core::{DType, Device, Tensor};
 use sluice_core::Batch;
 use sluice_core::syncs::{self, Site};
@@ -41,7 +41,7 @@ impl Items {
             Items::Device(t) => {
                 syncs::record_if(!t.device().is_cpu(), Site::LossItems);
                 let v: Vec<f32> = t.to_dtype(DType::F32)?.to_vec1()?;
-                anyhow::ensure!(v.len() == 3, "loss items: {} values", v.len());
+                crate::ensure!(v.len() == 3, "loss items: {} values", v.len());
                 Ok([f64::from(v[0]), f64::from(v[1]), f64::from(v[2])])
             }
         }

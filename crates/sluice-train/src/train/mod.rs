@@ -1,13 +1,21 @@
-//! Training: the configuration ([`config`]), the loop with validation, checkpoints and resume ([`run`]), the
-//! per-epoch records ([`results`]), where the time went ([`telemetry`]) and the validation pass ([`validate`]).
+//! Training: the configuration ([`config`]), the run and its phases ([`run`], [`epoch`]), what it tells its caller
+//! ([`events`]), its state on disk and checkpoints ([`state`]), the per-epoch records ([`results`]), where the time
+//! went ([`telemetry`]), the validation pass ([`validate`]) and the pieces a run is built from ([`setup`]).
 
 pub mod autobatch;
 pub mod config;
+pub mod epoch;
+pub mod events;
 pub mod loss_path;
 pub mod results;
 pub mod run;
+pub mod setup;
+pub mod state;
 pub mod telemetry;
 pub mod validate;
 
-pub use config::{CacheMode, TrainConfig, parse_multi_scale};
-pub use run::{BatchEvent, EpochEvent, FinalEvalEvent, Metrics, Observer, Quiet, TrainSummary, Trainer, find_resume};
+pub use config::{CacheMode, ReadFrom, TrainConfig, parse_multi_scale};
+pub use events::{BatchEvent, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, Quiet};
+pub use run::Trainer;
+pub use setup::{load_model, validate_weights};
+pub use state::{Metrics, Progress, RunPaths, TrainSummary, checkpoint_config, find_resume};

@@ -16,25 +16,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use sluice_core::PipelineReport;
 use sluice_eval::StreamStats;
-
-/// Above this fraction of the loop's time spent waiting for batches, the run is data-bound.
-pub const DATA_BOUND_WAIT: f64 = 0.10;
-
-/// One stage's share of an epoch.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct StageShare {
-    /// `read`, `decode`, `augment`, `transfer`, `model`, `post-process`.
-    pub stage: String,
-    /// Worker threads (1 for the loop's own stages).
-    pub workers: usize,
-    /// Busy seconds, summed over workers.
-    pub busy_s: f64,
-    /// Busy seconds over wall seconds (can exceed 1 with several workers).
-    pub busy_fraction: f64,
-}
-
-/// Where collate's time is accounted: the augment stage writes each sample straight into its batch slot.
-pub const COLLATE: &str = "in augment";
+pub use sluice_loader::telemetry::{COLLATE, DATA_BOUND_WAIT, EpochShares, LoopTimes, StageShare};
 
 /// The figures of one validation pass.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -172,33 +154,19 @@ impl ValTelemetry {
     }
 }
 
-/// The figures of one epoch.
+/// The figures of one epoch: the loader-side shares ([`EpochShares`], flattened into the same JSON object) and
+/// the trainer's own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EpochTelemetry {
-    /// 1-based epoch.
-    pub epoch: u32,
-    /// Training images processed.
-    pub images: u64,
-    /// Wall seconds of the training loop (without validation).
-    pub train_s: f64,
-    /// Training images per second.
-    pub images_per_s: f64,
-    /// Mean seconds per batch of forward + loss + backward + optimizer.
-    pub step_s: f64,
-    /// Seconds the loop waited for the next batch.
-    pub data_wait_s: f64,
-    /// `data_wait_s / train_s`.
-    pub data_wait_fraction: f64,
+    /// Images/s, step, data wait, stage shares and the bottleneck.
+    #[serde(flatten)]
+    pub shares: EpochShares,
     /// Validation wall seconds (0 when not validated).
     pub val_s: f64,
     /// Steps skipped for a non-finite loss or gradient.
     pub nonfinite_steps: u64,
     /// Samples the loader skipped for bad input (this epoch).
     pub skipped_samples: u64,
-    /// Per-stage shares.
-    pub stages: Vec<StageShare>,
-    /// Where collate's time is: [`COLLATE`] (no separate step, so no share of its own).
-    pub collate: &'static str,
     /// The validation pass of this epoch (`None` when not validated).
     pub val: Option<ValTelemetry>,
     /// Host-blocking device reads during the training loop (all zero on the CPU, where nothing waits).
@@ -208,110 +176,38 @@ pub struct EpochTelemetry {
     /// Device allocations in the driver's sense: the steps in which the stream-ordered pool had to reserve more
     /// memory (CUDA only; near zero once the pool holds the working set).
     pub device_pool: Option<PoolTelemetry>,
-    /// The limiting stage.
-    pub bottleneck: String,
-    /// What to do about it.
-    pub hint: String,
-}
-
-/// Loop-side timings of an epoch.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LoopTimes {
-    /// Images trained on.
-    pub images: u64,
-    /// Batches trained on.
-    pub batches: u64,
-    /// Wall seconds of the loop.
-    pub wall_s: f64,
-    /// Waiting for the loader.
-    pub data_wait_s: f64,
-    /// Host → device.
-    pub transfer_s: f64,
-    /// Forward + loss + backward + optimizer.
-    pub model_s: f64,
 }
 
 impl EpochTelemetry {
     /// Combines the loader's pipeline report, the source's read/decode seconds of this epoch and the loop's times.
     pub fn new(epoch: u32, times: LoopTimes, loader: &PipelineReport, read_s: f64, decode_s: f64) -> Self {
-        let wall = times.wall_s.max(1e-9);
-        let share = |stage: &str, workers: usize, busy_s: f64| StageShare {
-            stage: stage.to_string(),
-            workers,
-            busy_s,
-            busy_fraction: busy_s / wall,
-        };
-        let workers_of = |name: &str| loader.stages.iter().find(|s| s.name == name).map_or(1, |s| s.workers);
-        let busy_of = |name: &str| loader.stages.iter().find(|s| s.name == name).map_or(0.0, |s| s.busy_s);
-        let stages = vec![
-            share("read", workers_of("decode"), read_s),
-            share("decode", workers_of("decode"), decode_s),
-            share("augment", workers_of("augment"), busy_of("augment")),
-            share("transfer", 1, times.transfer_s),
-            share("model", 1, times.model_s),
-        ];
-        let data_wait_fraction = times.data_wait_s / wall;
-        let (bottleneck, hint) = if data_wait_fraction > DATA_BOUND_WAIT {
-            // The loader's slowest stage, split into read vs decode by where the decode stage spent its time.
-            let stage = match loader.bottleneck.as_str() {
-                "decode" if read_s > decode_s => "read",
-                "consumer" | "" => "decode",
-                s => s,
-            };
-            let hint = match stage {
-                "read" => "read-bound: use --cache ram, pack the dataset (sluice pack) or faster storage",
-                "decode" => "decode-bound: raise --workers or use --cache ram",
-                _ => "augment-bound: raise --workers or lower mosaic/affine augmentation",
-            };
-            (stage.to_string(), hint.to_string())
-        } else {
-            ("model".to_string(), "compute-bound: the data pipeline keeps up; the model step is the limit".to_string())
-        };
         Self {
-            epoch,
-            images: times.images,
-            train_s: times.wall_s,
-            images_per_s: times.images as f64 / wall,
-            step_s: times.model_s / (times.batches.max(1) as f64),
-            data_wait_s: times.data_wait_s,
-            data_wait_fraction,
+            shares: EpochShares::new(epoch, times, loader, read_s, decode_s),
             val_s: 0.0,
             nonfinite_steps: 0,
             skipped_samples: 0,
-            stages,
-            collate: COLLATE,
             val: None,
             blocking_syncs: SyncTelemetry::default(),
             device_memory_peak_bytes: None,
             device_pool: None,
-            bottleneck,
-            hint,
         }
     }
 
     /// The short table printed after the epoch.
     pub fn table(&self) -> String {
+        let e = &self.shares;
         let mut s = String::new();
         let _ = writeln!(
             s,
             "  {:.1} img/s · step {:.0} ms · data wait {:.1}% · val {:.1} s · bottleneck: {} ({})",
-            self.images_per_s,
-            self.step_s * 1e3,
-            self.data_wait_fraction * 100.0,
+            e.images_per_s,
+            e.step_s * 1e3,
+            e.data_wait_fraction * 100.0,
             self.val_s,
-            self.bottleneck,
-            self.hint
+            e.bottleneck,
+            e.hint
         );
-        let _ = write!(s, "  busy:");
-        for st in &self.stages {
-            let _ = write!(s, " {} {:.0}%", st.stage, st.busy_fraction * 100.0);
-            if st.workers > 1 {
-                let _ = write!(s, "/{}w", st.workers);
-            }
-            if st.stage == "augment" {
-                let _ = write!(s, " collate ({})", self.collate);
-            }
-        }
+        s.push_str(&e.busy_line());
         if let Some(v) = &self.val {
             let _ = write!(s, "\n{}", v.line());
         }
@@ -373,19 +269,6 @@ mod tests {
             consumer_wait_fraction: 0.5,
             bottleneck: bottleneck.into(),
         }
-    }
-
-    #[test]
-    fn data_bound_epochs_name_the_loader_stage() {
-        let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 5.0, transfer_s: 0.1, model_s: 4.0 };
-        let e = EpochTelemetry::new(1, t, &report("decode"), 1.0, 7.0);
-        assert_eq!(e.bottleneck, "decode");
-        assert!(e.hint.contains("--workers"));
-        assert!((e.images_per_s - 8.0).abs() < 1e-9);
-        assert!((e.step_s - 0.4).abs() < 1e-9);
-        let e = EpochTelemetry::new(1, t, &report("decode"), 7.0, 1.0);
-        assert_eq!(e.bottleneck, "read");
-        assert!(e.table().contains("bottleneck: read"));
     }
 
     #[test]
@@ -464,13 +347,5 @@ mod tests {
         // Both above their thresholds: the longer wait wins.
         assert_eq!(ValTelemetry::new(10, 2.0, 0.3, 1.0, &stats(500, 2)).bound, "post-process");
         assert_eq!(ValTelemetry::new(10, 2.0, 0.9, 1.0, &stats(500, 2)).bound, "data");
-    }
-
-    #[test]
-    fn compute_bound_epochs_name_the_model() {
-        let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 0.2, transfer_s: 0.1, model_s: 9.5 };
-        let e = EpochTelemetry::new(1, t, &report("consumer"), 1.0, 1.0);
-        assert_eq!(e.bottleneck, "model");
-        assert!(e.stages.iter().any(|s| s.stage == "model" && (s.busy_fraction - 0.95).abs() < 1e-9));
     }
 }

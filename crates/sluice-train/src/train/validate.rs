@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use crate::error::{Context, Result};
 use sluice_core::{Batch, Detection, SampleId, Target, Transfer};
 use sluice_eval::{ApReport, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
 use sluice_kernels::threads::on_compute_pool;
@@ -23,7 +23,7 @@ use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::loss_path::{Items, dense_on, step_loss};
 
-use crate::loader::ValLoader;
+use sluice_loader::ValLoader;
 
 /// What a validation pass should keep besides the metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -220,7 +220,7 @@ pub fn validate(
     let report = validator.finish()?;
     let first_batch = match (first, report.kept.into_iter().next()) {
         (Some(batch), Some(kept)) => {
-            ensure!(
+            crate::ensure!(
                 kept.ids == batch.sample_ids,
                 "validation: the kept detections are of samples {:?}, the first batch holds {:?}",
                 kept.ids,

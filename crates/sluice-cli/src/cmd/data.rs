@@ -1,0 +1,171 @@
+//! `sluice data`: dataset tools. `check` indexes a split of a `data.yaml` and reports images, boxes, per-class
+//! counts and problems; `gen` writes the synthetic shapes dataset; `preview` draws one augmented training batch of
+//! the real training loader (the trainer's `train_batch0.jpg`). The logic lives in `sluice-dataset` and
+//! `sluice-loader` (the preview in this crate).
+
+use std::path::PathBuf;
+
+use crate::preview::{PreviewOptions, preview};
+use anyhow::{Context, Result};
+use sluice_augment::Hyp;
+use sluice_dataset::synth::{SynthConfig, generate};
+use sluice_dataset::{IndexOptions, Split, check};
+
+/// Arguments of `sluice data`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    cmd: DataCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum DataCmd {
+    /// Index a split and report images, labelled images, boxes, per-class counts and problems.
+    Check {
+        /// The dataset YAML (Ultralytics format).
+        #[arg(long)]
+        data: PathBuf,
+        /// The split: train, val or test.
+        #[arg(long, default_value = "train")]
+        split: String,
+        /// Neither read nor write the label cache.
+        #[arg(long)]
+        no_cache: bool,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate the synthetic shapes dataset (deterministic from the seed). A preset gives every setting; the
+    /// flags override it.
+    Gen {
+        /// `quick`: the embedded default of `cargo xtask train` (400/100 images at 256 px, 1–6 objects of 8–50% of
+        /// the side); `default`: 256/64 images at 320 px, 1–8 objects of 4–60%.
+        #[arg(long, default_value = "quick")]
+        preset: Preset,
+        /// Output folder.
+        #[arg(long, default_value = "datasets/synthetic")]
+        out: PathBuf,
+        /// Seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Train images.
+        #[arg(long)]
+        train: Option<usize>,
+        /// Val images.
+        #[arg(long)]
+        val: Option<usize>,
+        /// Image side in pixels.
+        #[arg(long)]
+        imgsz: Option<u32>,
+        /// Smallest object side, as a fraction of the image side.
+        #[arg(long)]
+        min_size: Option<f32>,
+        /// Largest object side, as a fraction of the image side.
+        #[arg(long)]
+        max_size: Option<f32>,
+        /// Most objects per image.
+        #[arg(long)]
+        max_objects: Option<usize>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draw one augmented training batch (mosaic, perspective, HSV, flips; Ultralytics' default settings) with its
+    /// boxes and class names, as the trainer's train_batch0.jpg.
+    Preview {
+        /// The dataset YAML (its train split is drawn from).
+        #[arg(long)]
+        data: PathBuf,
+        /// The image to write (.jpg, .jpeg or .png).
+        #[arg(long, default_value = "batch0.jpg")]
+        out: PathBuf,
+        /// Training size.
+        #[arg(long, default_value_t = 640)]
+        imgsz: u32,
+        /// Images per batch (at most 16 are drawn).
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Run seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The 0-based epoch whose first batch is drawn.
+        #[arg(long, default_value_t = 0)]
+        epoch: u32,
+        /// The run's epochs (mosaic is off in the last 10, Ultralytics' close_mosaic).
+        #[arg(long, default_value_t = 100)]
+        epochs: u32,
+        /// Loader workers per stage.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A synthetic dataset preset.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Preset {
+    /// The embedded default of `cargo xtask train`.
+    Quick,
+    /// The generator's defaults.
+    Default,
+}
+
+pub(crate) fn run(args: Args) -> Result<()> {
+    match args.cmd {
+        DataCmd::Check { data, split, no_cache, json } => {
+            let split: Split = split.parse()?;
+            let opts = IndexOptions { cache: !no_cache, ..IndexOptions::default() };
+            let (report, _) =
+                check::check(&data, split, &opts).with_context(|| format!("checking {}", data.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.to_text());
+            }
+        }
+        DataCmd::Gen { preset, out, seed, train, val, imgsz, min_size, max_size, max_objects, json } => {
+            let mut cfg = match preset {
+                Preset::Quick => SynthConfig::quick(out),
+                Preset::Default => SynthConfig { out, ..SynthConfig::default() },
+            };
+            cfg.seed = seed.unwrap_or(cfg.seed);
+            cfg.train = train.unwrap_or(cfg.train);
+            cfg.val = val.unwrap_or(cfg.val);
+            cfg.imgsz = imgsz.unwrap_or(cfg.imgsz);
+            cfg.objects.min_size = min_size.unwrap_or(cfg.objects.min_size);
+            cfg.objects.max_size = max_size.unwrap_or(cfg.objects.max_size);
+            cfg.objects.max_count = max_objects.unwrap_or(cfg.objects.max_count);
+            let s = generate(&cfg).with_context(|| format!("generating into {}", cfg.out.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "wrote {} ({} train + {} val images, {} boxes)",
+                    s.data_yaml.display(),
+                    s.train_images,
+                    s.val_images,
+                    s.boxes
+                );
+            }
+        }
+        DataCmd::Preview { data, out, imgsz, batch, seed, epoch, epochs, workers, json } => {
+            let opts = PreviewOptions { data, out, imgsz, batch, seed, epoch, epochs, hyp: Hyp::default(), workers };
+            let s = preview(&opts).with_context(|| format!("previewing a batch of {}", opts.data.display()))?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "wrote {} (epoch {}, {} images, {} boxes, mosaic {})",
+                    s.out.display(),
+                    s.epoch,
+                    s.images,
+                    s.boxes,
+                    if s.mosaic { "on" } else { "off" }
+                );
+            }
+        }
+    }
+    Ok(())
+}

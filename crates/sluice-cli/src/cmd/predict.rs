@@ -1,0 +1,257 @@
+//! `sluice predict`: detections on an image, a folder of images or a `.txt` list, with Ultralytics' predict
+//! defaults (`--imgsz 640 --conf 0.25 --iou 0.7 --max-det 300`). Prints one line per image (or one JSON object
+//! with `--json`); `--save` writes each image with its boxes and labels into a fresh run folder
+//! (`runs/predict`, `runs/predict2`, …), `--coco-json` writes the detections in COCO's results format. The work
+//! is in `sluice_train::predict` and `crate::plots::annotate` (plots).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::plots::{Annotation, annotate, save_rgb};
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use sluice_model::Scale;
+use sluice_train::predict::{PredictOptions, Prediction, Predictor, coco_results, list_sources, next_run_dir};
+
+/// Arguments of `sluice predict`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Weights in safetensors with Ultralytics key names.
+    #[arg(long)]
+    weights: PathBuf,
+    /// yolov8n, yolov8s, yolov8m, yolov8l or yolov8x (`.yaml` accepted).
+    #[arg(long, default_value = "yolov8n")]
+    model: String,
+    /// An image, a folder of images (searched recursively) or a .txt list of image paths.
+    #[arg(long)]
+    source: PathBuf,
+    /// Inference size (long side), rounded up to a multiple of 32.
+    #[arg(long, default_value_t = 640)]
+    imgsz: u32,
+    /// Confidence threshold.
+    #[arg(long, default_value_t = 0.25)]
+    conf: f32,
+    /// NMS IoU threshold.
+    #[arg(long, default_value_t = 0.7)]
+    iou: f32,
+    /// Most detections per image.
+    #[arg(long, default_value_t = 300)]
+    max_det: usize,
+    /// Class-agnostic NMS.
+    #[arg(long)]
+    agnostic_nms: bool,
+    /// Number of classes (default: read from the weights).
+    #[arg(long)]
+    nc: Option<usize>,
+    /// A dataset YAML whose `names` label the classes (default: class numbers).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Write the images with their boxes drawn into PROJECT/NAME (incremented when it exists).
+    #[arg(long)]
+    save: bool,
+    /// Folder of the run folders.
+    #[arg(long, default_value = "runs")]
+    project: PathBuf,
+    /// Run folder name.
+    #[arg(long, default_value = "predict")]
+    name: String,
+    /// Write the detections as COCO results JSON (`image_id` from a numeric file stem, else the image's
+    /// position; `category_id` = class + 1; `bbox` = [x, y, w, h]).
+    #[arg(long)]
+    coco_json: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct DetJson<'a> {
+    class: u32,
+    name: &'a str,
+    score: f32,
+    /// `[x1, y1, x2, y2]` in original pixels.
+    bbox: [f32; 4],
+}
+
+#[derive(Serialize)]
+struct ImageJson<'a> {
+    file: &'a Path,
+    width: u32,
+    height: u32,
+    ms: f64,
+    detections: Vec<DetJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    model: String,
+    weights: &'a Path,
+    nc: usize,
+    imgsz: u32,
+    conf: f32,
+    iou: f32,
+    images: Vec<ImageJson<'a>>,
+    detections: usize,
+    save_dir: Option<&'a Path>,
+    coco_json: Option<&'a Path>,
+    load_s: f64,
+    predict_s: f64,
+    images_per_s: f64,
+}
+
+/// Ultralytics' per-image summary: `2 circles, 1 square` (or `(no detections)`).
+fn summary(p: &Prediction, names: &[String]) -> String {
+    let mut counts = std::collections::BTreeMap::<u32, usize>::new();
+    for d in &p.detections {
+        *counts.entry(d.class).or_insert(0) += 1;
+    }
+    if counts.is_empty() {
+        return "(no detections)".into();
+    }
+    let name = |c: u32| names.get(c as usize).cloned().unwrap_or_else(|| c.to_string());
+    counts
+        .iter()
+        .map(|(&c, &n)| format!("{n} {}{}", name(c), if n > 1 { "s" } else { "" }))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where `--save` writes the drawing of `image`: the same file name, PNG kept, everything else as JPEG.
+fn saved_name(dir: &Path, image: &Path, used: &mut std::collections::HashSet<PathBuf>) -> PathBuf {
+    let stem = image.file_stem().map_or_else(|| "image".into(), |s| s.to_string_lossy().into_owned());
+    let ext = match image.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("png") => "png",
+        _ => "jpg",
+    };
+    let mut out = dir.join(format!("{stem}.{ext}"));
+    // Two sources with one name (from different sub-folders) must not overwrite each other.
+    let mut k = 2;
+    while !used.insert(out.clone()) {
+        out = dir.join(format!("{stem}_{k}.{ext}"));
+        k += 1;
+    }
+    out
+}
+
+pub(crate) fn run(a: Args) -> Result<()> {
+    let t0 = Instant::now();
+    let scale = Scale::from_model(&a.model)?;
+    let sources = list_sources(&a.source)?;
+    let names = match &a.data {
+        Some(yaml) => sluice_dataset::DataConfig::load(yaml)?.names,
+        None => Vec::new(),
+    };
+    let opts =
+        PredictOptions { imgsz: a.imgsz, conf: a.conf, iou: a.iou, max_det: a.max_det, agnostic: a.agnostic_nms };
+    let mut predictor = Predictor::load(&a.weights, scale, a.nc, opts).context("loading the model")?;
+    if !names.is_empty() && names.len() != predictor.num_classes() {
+        bail!(
+            "{} names {} classes, the weights {} have {}",
+            a.data.as_deref().unwrap_or(Path::new("")).display(),
+            names.len(),
+            a.weights.display(),
+            predictor.num_classes()
+        );
+    }
+    let opts = predictor.options();
+    if opts.imgsz != a.imgsz && !a.json {
+        eprintln!("warning: --imgsz {} is not a multiple of 32, using {}", a.imgsz, opts.imgsz);
+    }
+    let save_dir = if a.save {
+        let dir = next_run_dir(&a.project, &a.name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Some(dir)
+    } else {
+        None
+    };
+    let load_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut preds = Vec::with_capacity(sources.len());
+    let mut times = Vec::with_capacity(sources.len());
+    let mut used = std::collections::HashSet::new();
+    for (i, path) in sources.iter().enumerate() {
+        let ti = Instant::now();
+        let (pred, mut image) = predictor.predict_file(path)?;
+        let ms = ti.elapsed().as_secs_f64() * 1e3;
+        if let Some(dir) = &save_dir {
+            let boxes: Vec<Annotation> = pred.detections.iter().map(Annotation::from).collect();
+            annotate(&mut image, &boxes, &names).with_context(|| format!("drawing {}", path.display()))?;
+            let out = saved_name(dir, path, &mut used);
+            let packed: Vec<u8> = (0..image.height()).flat_map(|y| image.row(y).iter().copied()).collect();
+            save_rgb(&packed, image.width(), image.height(), &out)?;
+        }
+        if !a.json {
+            println!(
+                "image {}/{} {}: {}x{} {}, {ms:.1}ms",
+                i + 1,
+                sources.len(),
+                path.display(),
+                pred.letterbox.canvas.1,
+                pred.letterbox.canvas.0,
+                summary(&pred, &names)
+            );
+        }
+        preds.push(pred);
+        times.push(ms);
+    }
+    let predict_s = t1.elapsed().as_secs_f64();
+    if let Some(out) = &a.coco_json {
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        sluice_dataset::coco::write_json(out, &coco_results(&preds, &names))?;
+    }
+    let detections: usize = preds.iter().map(|p| p.detections.len()).sum();
+    let images_per_s = if predict_s > 0.0 { preds.len() as f64 / predict_s } else { 0.0 };
+    if a.json {
+        let no_name = String::new();
+        let images = preds
+            .iter()
+            .zip(&times)
+            .map(|(p, &ms)| ImageJson {
+                file: &p.path,
+                width: p.width,
+                height: p.height,
+                ms,
+                detections: p
+                    .detections
+                    .iter()
+                    .map(|d| DetJson {
+                        class: d.class,
+                        name: names.get(d.class as usize).unwrap_or(&no_name),
+                        score: d.score,
+                        bbox: [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2],
+                    })
+                    .collect(),
+            })
+            .collect();
+        let report = Report {
+            model: scale.name(),
+            weights: &a.weights,
+            nc: predictor.num_classes(),
+            imgsz: opts.imgsz,
+            conf: opts.conf,
+            iou: opts.iou,
+            images,
+            detections,
+            save_dir: save_dir.as_deref(),
+            coco_json: a.coco_json.as_deref(),
+            load_s,
+            predict_s,
+            images_per_s,
+        };
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{} images, {detections} detections in {predict_s:.2}s ({images_per_s:.1} images/s, model load {load_s:.2}s)",
+            preds.len()
+        );
+        if let Some(dir) = &save_dir {
+            println!("Results saved to {}", dir.display());
+        }
+        if let Some(out) = &a.coco_json {
+            println!("COCO detections written to {}", out.display());
+        }
+    }
+    Ok(())
+}

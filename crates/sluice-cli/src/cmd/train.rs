@@ -1,0 +1,304 @@
+//! `sluice train`: train a YOLOv8 detector. Settings come from Ultralytics' defaults, then a YAML config
+//! (`--config`), then the flags given here. Ctrl-C saves `last` and exits; `--resume` continues it.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_train::train::checkpoint_config;
+use sluice_train::train::{
+    BatchEvent, CacheMode, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary,
+    Trainer, find_resume, parse_multi_scale,
+};
+
+use crate::plots::{plot_batch, plot_pr_curve, plot_results};
+
+/// Arguments of `sluice train`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// A YAML file of settings (Ultralytics' keys); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Dataset YAML.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// yolov8n|s|m|l|x[.yaml].
+    #[arg(long)]
+    model: Option<String>,
+    /// Initial weights (safetensors, Ultralytics key names).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    #[arg(long)]
+    epochs: Option<u32>,
+    #[arg(long)]
+    imgsz: Option<u32>,
+    /// Multi-scale training: per-batch sizes within imgsz x (1 ± RANGE), stride 32 (0 = off; true = 1).
+    #[arg(long, value_name = "RANGE", value_parser = parse_multi_scale)]
+    multi_scale: Option<f64>,
+    /// Images per batch; -1: AutoBatch (60% of the GPU's memory; 16 on the CPU).
+    #[arg(long, allow_negative_numbers = true, value_parser = sluice_train::train::config::parse_batch)]
+    batch: Option<usize>,
+    /// Loader workers per stage (0: about 80% of the cores).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// ram or none.
+    #[arg(long)]
+    cache: Option<CacheMode>,
+    /// files (the image files, or the shard a split of the data YAML names) or packed (each split packed into a
+    /// `.sluice` shard beside its label cache, then read from it).
+    #[arg(long)]
+    source: Option<ReadFrom>,
+    /// cpu or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long)]
+    project: Option<PathBuf>,
+    #[arg(long)]
+    name: Option<String>,
+    /// Reuse runs/<name> if it exists.
+    #[arg(long)]
+    exist_ok: bool,
+    /// Validate every N epochs (and after the last).
+    #[arg(long)]
+    val_interval: Option<u32>,
+    /// Validate on this seed-determined fraction of the val split.
+    #[arg(long)]
+    val_fraction: Option<f64>,
+    /// Stop on the first bad sample.
+    #[arg(long)]
+    strict: bool,
+    /// Mixed precision on a CUDA device (bf16 convolutions, f32 weights and loss); ignored on the CPU.
+    #[arg(long)]
+    amp: bool,
+    /// Continue a run: a checkpoint, a run folder, or (no value) the latest run under --project.
+    #[arg(long, num_args = 0..=1, default_missing_value = "")]
+    resume: Option<PathBuf>,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Args {
+    fn resolve(&self) -> Result<TrainConfig> {
+        let mut c = match &self.config {
+            Some(p) => TrainConfig::from_yaml(p)?,
+            None => TrainConfig::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
+        }
+        set!(
+            data,
+            model,
+            epochs,
+            imgsz,
+            multi_scale,
+            batch,
+            workers,
+            device,
+            seed,
+            project,
+            name,
+            val_interval,
+            val_fraction
+        );
+        if let Some(w) = &self.weights {
+            c.weights = Some(w.clone());
+        }
+        if let Some(cache) = self.cache {
+            c.cache = cache;
+        }
+        if let Some(source) = self.source {
+            c.source = source;
+        }
+        c.exist_ok |= self.exist_ok;
+        c.strict |= self.strict;
+        c.amp |= self.amp;
+        Ok(c)
+    }
+}
+
+/// Progress bar per epoch and a table after it; with `plots` on, the run's plots (Ultralytics' files).
+struct Console {
+    bar: Option<ProgressBar>,
+    epochs: u32,
+    plots: bool,
+}
+
+impl Console {
+    /// A plot that could not be drawn is a warning, never the end of the run.
+    fn plotted(&mut self, out: &std::path::Path, r: Result<(), crate::plots::PlotError>) {
+        if let Err(e) = r {
+            self.warn(&format!("{}: {e}", out.display()));
+        }
+    }
+}
+
+impl Observer for Console {
+    fn batch(&mut self, e: &BatchEvent) {
+        let bar = self.bar.get_or_insert_with(|| {
+            let bar = ProgressBar::new(e.batches as u64);
+            bar.set_style(
+                ProgressStyle::with_template("{prefix:>9} {bar:25} {pos}/{len} {msg} [{elapsed}<{eta}]")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_prefix(format!("{}/{}", e.epoch + 1, self.epochs));
+            bar.set_position(e.batch as u64);
+            bar
+        });
+        bar.set_position(e.batch as u64 + 1);
+        let [b, c, d] = e.mean_loss;
+        bar.set_message(format!(
+            "size {} · box {b:.3} cls {c:.3} dfl {d:.3} · {:.1} img/s · data wait {:.0}%",
+            e.side,
+            e.images_per_s,
+            e.data_wait_fraction * 100.0
+        ));
+    }
+
+    fn epoch(&mut self, e: &EpochEvent) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        let r = &e.row;
+        eprintln!(
+            "epoch {}/{} · loss box {:.3} cls {:.3} dfl {:.3} · P {:.3} R {:.3} mAP50 {:.3} mAP50-95 {:.3}{}",
+            r.epoch,
+            self.epochs,
+            r.train_loss[0],
+            r.train_loss[1],
+            r.train_loss[2],
+            r.metrics[0],
+            r.metrics[1],
+            r.metrics[2],
+            r.metrics[3],
+            if e.best { " (best)" } else { "" }
+        );
+        eprintln!("{}", e.telemetry.table());
+    }
+
+    fn first_batch(&mut self, e: &FirstBatchEvent<'_>) {
+        let out = e.run_dir.join("train_batch0.jpg");
+        self.plotted(&out, plot_batch(e.batch, e.names, None, &out));
+    }
+
+    fn final_eval(&mut self, e: &FinalEvalEvent<'_>) {
+        eprintln!("\nvalidating {} (epoch {}):", e.weights.display(), e.epoch);
+        eprint!("{}", e.result.class_table(e.names));
+        if self.plots {
+            let out = e.run_dir.join("PR_curve.png");
+            self.plotted(&out, plot_pr_curve(&e.result.report, e.names, &out));
+            if let Some(first) = &e.result.first_batch {
+                for (file, dets) in
+                    [("val_batch0_labels.jpg", None), ("val_batch0_pred.jpg", Some(&first.detections[..]))]
+                {
+                    let out = e.run_dir.join(file);
+                    self.plotted(&out, plot_batch(&first.batch, e.names, dets, &out));
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, summary: &TrainSummary) {
+        if self.plots {
+            let out = summary.run_dir.join("results.png");
+            self.plotted(&out, plot_results(&summary.run_dir.join("results.csv"), &out));
+        }
+    }
+
+    fn warn(&mut self, message: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("warning: {message}")),
+            None => eprintln!("warning: {message}"),
+        }
+    }
+}
+
+/// Prints where everything went.
+pub(crate) fn print_summary(s: &TrainSummary) {
+    eprintln!(
+        "\n{} epochs in {:.1} s ({:.1} s training, {:.1} img/s, data wait {:.1}%, bottleneck: {})",
+        s.epochs,
+        s.wall_s,
+        s.train_s,
+        s.mean_images_per_s,
+        s.mean_data_wait_fraction * 100.0,
+        s.bottleneck
+    );
+    let f = &s.final_metrics;
+    eprintln!(
+        "final: P {:.3} R {:.3} mAP50 {:.3} mAP50-95 {:.3} · best epoch {}: mAP50 {:.3} mAP50-95 {:.3}",
+        f.precision, f.recall, f.map50, f.map50_95, s.best_epoch, s.best_metrics.map50, s.best_metrics.map50_95
+    );
+    if s.nonfinite_steps > 0 || s.skipped_samples > 0 {
+        eprintln!("skipped: {} non-finite steps, {} bad samples", s.nonfinite_steps, s.skipped_samples);
+    }
+    eprintln!("results: {}", s.run_dir.display());
+    eprintln!("  weights: {} and {}", s.last.display(), s.best.display());
+    eprintln!("  results.csv, telemetry.jsonl, summary.json, args.yaml");
+    let plots: Vec<&str> =
+        ["results.png", "PR_curve.png", "train_batch0.jpg", "val_batch0_labels.jpg", "val_batch0_pred.jpg"]
+            .into_iter()
+            .filter(|f| s.run_dir.join(f).exists())
+            .collect();
+    if !plots.is_empty() {
+        eprintln!("  plots: {}", plots.join(", "));
+    }
+    if s.interrupted {
+        eprintln!("interrupted: continue with `sluice train --resume {}`", s.run_dir.display());
+    }
+}
+
+pub(crate) fn run(args: Args) -> Result<()> {
+    let mut trainer = match &args.resume {
+        Some(p) => {
+            let project = args.resolve()?.project;
+            let given = (!p.as_os_str().is_empty()).then_some(p.as_path());
+            let ck = find_resume(given, &project)?;
+            let cfg = checkpoint_config(&ck)?;
+            eprintln!("resuming {} ({} epochs, model {})", ck.display(), cfg.epochs, cfg.model);
+            Trainer::resume(&ck)?
+        }
+        None => Trainer::new(args.resolve()?)?,
+    };
+    let stop = trainer.stop_flag();
+    ctrlc::set_handler(move || {
+        if stop.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: saving last.safetensors after this batch (Ctrl-C again to quit now)");
+    })
+    .context("installing the Ctrl-C handler")?;
+    let cfg = trainer.config();
+    let (n_train, n_val) = trainer.sizes();
+    let sizes = if cfg.multi_scale > 0.0 {
+        let (lo, hi) = sluice_augment::multiscale_bounds(cfg.imgsz, cfg.multi_scale, sluice_loader::STRIDE);
+        format!("imgsz {} (multi-scale {lo}-{hi})", cfg.imgsz)
+    } else {
+        format!("imgsz {}", cfg.imgsz)
+    };
+    eprintln!(
+        "training {} on {} ({} train / {} val images, {} classes) · {} epochs · {sizes} · batch {} · {}",
+        cfg.model,
+        cfg.data.display(),
+        n_train,
+        n_val,
+        trainer.names().len(),
+        cfg.epochs,
+        cfg.batch,
+        cfg.device
+    );
+    eprintln!("run folder: {}", trainer.paths().dir.display());
+    let mut console = Console { bar: None, epochs: cfg.epochs, plots: cfg.plots };
+    let summary = trainer.run(&mut console)?;
+    if let Some(bar) = console.bar.take() {
+        bar.finish_and_clear();
+    }
+    print_summary(&summary);
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,23 @@
+//! Sluice's data loading: the CPU stages wired into the loaders the trainer, the validator and the benches share.
+//!
+//! - [`TrainLoader`] and [`ValLoader`]: the sampler's recipes executed on the pipeline runner (decode → augment
+//!   straight into pooled batch slots), byte-identical batches for any worker count.
+//! - [`DecodedSource`]: read → decode to the training size → labels, with a RAM cache under a byte budget shared by
+//!   every worker ([`CacheMode`]); the bytes come from the reader the user chooses ([`SourceKind`]: the image
+//!   files, or a packed shard made by `sluice pack`).
+//! - [`split`]: one split of a `data.yaml` indexed as the trainer does, and packing it into a shard.
+//! - [`telemetry`]: where a loader-fed loop's time went and which stage bounds it.
+//! - [`bench`]: the loader, decode and read stage benchmarks (`sluice bench loader|decode|read`).
+#![warn(missing_docs)]
+
+pub mod bench;
+mod cache;
+mod loader;
+mod source;
+pub mod split;
+pub mod telemetry;
+
+pub use cache::{CacheMode, ParseCacheModeError, ParseReadFromError, ReadFrom};
+pub use loader::{LoaderConfig, STRIDE, SkipReport, TrainLoader, ValLoader, default_workers};
+pub use source::{DecodedSource, RAM_CACHE_BYTES, SourceKind, SourceStats};
+pub use split::{DataError, LoadedSplit, load_split, pack_index};

@@ -1,0 +1,142 @@
+//! What a run is built from: the device, the model (fresh, or from a checkpoint or weights file), the decoded-image
+//! sources of the splits, the validation subset; and `sluice val`'s validation of a weights file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rand::seq::SliceRandom;
+use sluice_core::sample_rng;
+use sluice_dataset::{IndexOptions, SampleIndex, Split};
+use sluice_loader::split::{LoadedSplit, load_split};
+use sluice_loader::{CacheMode, DecodedSource, LoaderConfig, ValLoader, default_workers};
+use sluice_model::candle_core::{DType, Device};
+use sluice_model::{DetectionLoss, LoadMode, YoloConfig, YoloV8};
+use sluice_transfer::DeviceTransfer;
+
+use super::config::TrainConfig;
+use super::state::read_meta;
+use super::validate::{ValOptions, ValResult, validate};
+use crate::error::{Context, Result};
+
+/// The dtype of the convolutions under `amp` (bf16 on a CUDA device), `None` for full f32.
+pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
+    (cfg.amp && device.is_cuda()).then_some(DType::BF16)
+}
+
+pub(crate) fn device_of(name: &str) -> Result<Device> {
+    if name == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let ordinal = name.strip_prefix("cuda").map(|s| s.trim_start_matches(':')).unwrap_or("0");
+    let ordinal: usize = if ordinal.is_empty() { 0 } else { ordinal.parse().context("device ordinal")? };
+    let device = Device::new_cuda(ordinal)
+        .with_context(|| format!("device {name}: this build has no CUDA support or no GPU"))?;
+    // Freed tensors stay in the stream-ordered pool across synchronisations (a caching allocator), so steady-state
+    // steps reserve no new device memory; the telemetry counts the steps that still did.
+    sluice_transfer::retain_device_pool(&device).with_context(|| format!("device {name}: memory pool"))?;
+    Ok(device)
+}
+
+/// A model for validation or prediction from `weights`: a training checkpoint (its EMA weights, architecture from
+/// the stored configuration unless `model` is given) or a plain weights file (Ultralytics key names; `model`
+/// required). `nc` is the dataset's class count.
+pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Device) -> Result<YoloV8> {
+    let stored = read_meta(weights).ok();
+    let name = match (model, &stored) {
+        (Some(m), _) => m.to_string(),
+        (None, Some(meta)) => TrainConfig::from_yaml_str(&meta.config)?.model,
+        (None, None) => {
+            crate::bail!("{}: a plain weights file; say which architecture with --model", weights.display())
+        }
+    };
+    let cfg = TrainConfig { model: name, ..Default::default() };
+    let mut m = YoloV8::new(YoloConfig::new(cfg.scale()?, nc), DType::F32, device)?;
+    match stored {
+        Some(_) => m.load_weights_prefixed(weights, "ema.", LoadMode::Strict),
+        None => m.load_weights(weights, LoadMode::Strict),
+    }
+    .with_context(|| format!("loading {} for {nc} classes", weights.display()))?;
+    Ok(m)
+}
+
+/// Validates `weights` on a split of `data` (`sluice val`).
+pub fn validate_weights(
+    weights: &Path,
+    model: Option<&str>,
+    data: &Path,
+    split: Split,
+    imgsz: u32,
+    batch: usize,
+    workers: usize,
+) -> Result<(ValResult, Vec<String>)> {
+    let opts = IndexOptions { cache: true, find_orphans: false };
+    let loaded = load_split(data, split, &opts, false)
+        .with_context(|| format!("dataset {}, {} split", data.display(), split.as_str()))?;
+    let device = Device::Cpu;
+    let nc = loaded.config.nc();
+    let m = load_model(weights, model, nc, &device)?;
+    let workers = if workers == 0 { default_workers() } else { workers };
+    let lcfg = LoaderConfig { workers, ..LoaderConfig::new(imgsz, batch, 0) };
+    let index = loaded.indexed.index.clone();
+    let val = ValLoader::new(source(&loaded, index, imgsz, false, CacheMode::None)?, lcfg);
+    let loss = DetectionLoss::new(nc);
+    let v = validate(&m, &val, &loss, &DeviceTransfer::new(&device, DType::F32)?, ValOptions::default())?;
+    Ok((v, loaded.config.names))
+}
+
+/// Seed-determined subset of `fraction` of the samples (at least one), in their original order.
+pub(crate) fn subset(index: &SampleIndex, fraction: f64, seed: u64) -> SampleIndex {
+    if fraction >= 1.0 || index.samples.is_empty() {
+        return index.clone();
+    }
+    let keep = ((index.len() as f64 * fraction).ceil() as usize).clamp(1, index.len());
+    let mut order: Vec<usize> = (0..index.len()).collect();
+    order.shuffle(&mut sample_rng(seed, u64::MAX, 0));
+    let mut chosen = order[..keep].to_vec();
+    chosen.sort_unstable();
+    SampleIndex {
+        names: index.names.clone(),
+        samples: chosen.into_iter().map(|i| index.samples[i].clone()).collect(),
+        category_ids: index.category_ids.clone(),
+    }
+}
+
+/// The decoded-image source of a split: read through the reader its [`LoadedSplit`] names, decoded to `imgsz`.
+pub(crate) fn source(
+    split: &LoadedSplit,
+    index: SampleIndex,
+    imgsz: u32,
+    augment: bool,
+    cache: CacheMode,
+) -> Result<Arc<DecodedSource>> {
+    Ok(Arc::new(DecodedSource::open(&split.source, index, imgsz, augment, cache.budget_bytes())?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    #[test]
+    fn subset_is_seeded_ordered_and_nonempty() {
+        let mut index = SampleIndex::default();
+        for i in 0..10 {
+            index.samples.push(sluice_dataset::Sample {
+                image: PathBuf::from(format!("{i}.jpg")),
+                format: sluice_dataset::ImageFormat::Jpeg,
+                label_file: None,
+                labels: sluice_core::ImageLabels::default(),
+                crowd: Vec::new(),
+                image_id: None,
+            });
+        }
+        let a = subset(&index, 0.3, 1);
+        assert_eq!(a.len(), 3);
+        assert_eq!(a, subset(&index, 0.3, 1));
+        assert!(a.samples.windows(2).all(|w| w[0].image < w[1].image));
+        assert_ne!(a, subset(&index, 0.3, 2));
+        assert_eq!(subset(&index, 0.01, 1).len(), 1);
+        assert_eq!(subset(&index, 1.0, 1).len(), 10);
+    }
+}
