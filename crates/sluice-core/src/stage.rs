@@ -1,6 +1,6 @@
-//! The stage traits. Each has one job, is object-safe, and writes into buffers the caller owns, so an
-//! implementation can be swapped by a feature or a config value and benchmarked alone. `Arc`/`Box` forward,
-//! and closures implement [`Decoder`] directly.
+//! The stage traits. Each has one job, is object-safe (except [`MergeMetric`], whose `merge` takes a whole
+//! part by value), and writes into buffers the caller owns, so an implementation can be swapped by a feature or a
+//! config value and benchmarked alone. `Arc`/`Box` forward, and closures implement [`Decoder`] directly.
 
 use std::sync::Arc;
 
