@@ -28,6 +28,7 @@ pub use pool::{Pool, Pooled};
 pub use runner::{CancelSource, CancelToken, Pipeline, PipelineIter, StageCtx};
 pub use sampler::{DistributedSampler, RngStream, batch_rng, sample_rng};
 pub use stage::{
-    Augment, DecodeHint, DecodeInfo, Decoder, ImageSource, Metric, PostProcess, Reader, SourceImage, Transfer,
+    Augment, DecodeHint, DecodeInfo, Decoder, ImageSource, MergeMetric, Metric, PostProcess, Reader, SourceImage,
+    Transfer,
 };
 pub use telemetry::{PipelineReport, StageReport};

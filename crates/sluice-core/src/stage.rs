@@ -1,6 +1,6 @@
-//! The stage traits. Each has one job, is object-safe, and writes into buffers the caller owns, so an
-//! implementation can be swapped by a feature or a config value and benchmarked alone. `Arc`/`Box` forward,
-//! and closures implement [`Decoder`] directly.
+//! The stage traits. Each has one job, is object-safe (except [`MergeMetric`], whose `merge` takes a whole
+//! part by value), and writes into buffers the caller owns, so an implementation can be swapped by a feature or a
+//! config value and benchmarked alone. `Arc`/`Box` forward, and closures implement [`Decoder`] directly.
 
 use std::sync::Arc;
 
@@ -86,13 +86,18 @@ pub trait Transfer: Send + Sync {
     fn transfer(&self, batch: &Batch) -> Result<Self::Output>;
 }
 
-/// Raw head output (already shrunk on the device) → detections per image, into caller-owned vectors.
+/// Raw head output (already shrunk on the device) → detections per image, into caller-owned vectors. The
+/// stage itself is shared between threads; its working memory is a `Scratch` that each calling thread owns and
+/// passes back on every call, so a warm scratch makes `process` allocation-free.
 pub trait PostProcess: Send + Sync {
     /// The raw output of one batch.
     type Input;
 
-    /// Fills `out[b]` with the detections of image `b` (clearing what was there).
-    fn process(&self, input: &Self::Input, out: &mut Vec<Vec<Detection>>) -> Result<()>;
+    /// Reusable working memory of [`process`](Self::process); keep one per thread.
+    type Scratch: Default + Send;
+
+    /// Fills `out[b]` with the detections of image `b` (clearing what was there), for every image of `input`.
+    fn process(&self, input: &Self::Input, scratch: &mut Self::Scratch, out: &mut Vec<Vec<Detection>>) -> Result<()>;
 }
 
 /// A streaming metric: one `update` per image, one `finalize` at the end.
@@ -105,6 +110,14 @@ pub trait Metric: Send {
 
     /// Computes the report from everything added.
     fn finalize(&mut self) -> Result<Self::Report>;
+}
+
+/// A [`Metric`] whose state can be split across threads: each thread updates its own part (every image goes to
+/// exactly one part) and the parts merge into one before `finalize`. The report does not depend on how the
+/// images were split or in which order the parts merge.
+pub trait MergeMetric: Metric + Sized {
+    /// Adds the images of `other`, a part built on another thread. An image present in both is an error.
+    fn merge(&mut self, other: Self) -> Result<()>;
 }
 
 impl<F> Decoder for F
@@ -149,8 +162,14 @@ macro_rules! forward_ptr {
         }
         impl<T: PostProcess + ?Sized> PostProcess for $ptr<T> {
             type Input = T::Input;
-            fn process(&self, input: &Self::Input, out: &mut Vec<Vec<Detection>>) -> Result<()> {
-                (**self).process(input, out)
+            type Scratch = T::Scratch;
+            fn process(
+                &self,
+                input: &Self::Input,
+                scratch: &mut Self::Scratch,
+                out: &mut Vec<Vec<Detection>>,
+            ) -> Result<()> {
+                (**self).process(input, scratch, out)
             }
         }
     )*};
@@ -201,7 +220,7 @@ mod tests {
         let info = dec.decode(&[], DecodeHint::default(), &mut img).expect("decode");
         assert_eq!((info.orig_width, img.pixel(1, 0)), (2, [128, 128, 128]));
         let _: Option<Box<dyn Transfer<Output = ()>>> = None;
-        let _: Option<Box<dyn PostProcess<Input = ()>>> = None;
+        let _: Option<Box<dyn PostProcess<Input = (), Scratch = ()>>> = None;
         let _: Option<Box<dyn Metric<Report = ()>>> = None;
         let _: Option<Box<dyn Augment<Recipe = ()>>> = None;
     }

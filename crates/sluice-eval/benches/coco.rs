@@ -1,10 +1,9 @@
 //! COCO bbox evaluation (evaluate + accumulate + summarize, from parsed JSON) on the reference set replicated
-//! x40 (5120 images, ~55k detections, image id = k * 1_000_000 + id) single-threaded and with 2 threads, as
-//! `m6_coco_eval.py time base` does for pycocotools (16.6 s) and faster-coco-eval (1.9 s) on the reference
-//! machine. `coco_eval_hard_x40` pads every image to 100 detections first (512k detections; a deterministic
-//! stand-in for `m6_coco_eval.pad_dets`: half near-duplicates of a GT box, half random boxes, scores < 0.5),
-//! the case where pycocotools takes 60.5 s and faster-coco-eval 5.0 s there. Also the per-image streaming update
-//! of the 128-image set.
+//! x40 (5120 images, ~55k detections, image id = k * 1_000_000 + id) single-threaded and with 2 threads: the
+//! workload the peers' `m6_coco_eval.py time base` runs through pycocotools and faster-coco-eval.
+//! `coco_eval_hard_x40` pads every image to 100 detections first (512k detections; a deterministic stand-in for
+//! `m6_coco_eval.pad_dets`: half near-duplicates of a GT box, half random boxes, scores < 0.5). Also the
+//! per-image streaming update of the 128-image set. Results beside the peers' times: `docs/bench-results.md`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_eval::{CocoAccumulator, CocoDataset, CocoParams, Detections, DtBox, GtBox, coco_evaluate};

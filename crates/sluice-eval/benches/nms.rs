@@ -1,6 +1,6 @@
 //! NMS per image on the reference prediction (`tests/data/nms_pred_img0.npy`, 8400 anchors x 80 classes):
-//! single- and multi-label, exact per-class and Ultralytics' class-offset mode. The Ultralytics baseline on
-//! the reference machine is 8.4 ms/image (single-label) and 15.9 ms/image (multi-label).
+//! single- and multi-label, exact per-class and Ultralytics' class-offset mode. Results beside Ultralytics' own
+//! time per image: `docs/bench-results.md`.
 //!
 //! In-run baseline (`baseline_torchvision_kernel`): the same candidates through a direct port of torchvision's
 //! CPU `nms` kernel (class-offset boxes, every kept box suppresses every later box, no early exit), i.e. what

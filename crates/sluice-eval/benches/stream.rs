@@ -1,5 +1,6 @@
-//! The streaming validator's promise, measured: with a post-process (NMS + Ultralytics matching) deliberately as
-//! slow as inference, a validation pass takes about max(inference, post-process), not their sum.
+//! The streaming validator's overlap of inference and post-processing: with a post-process (NMS + Ultralytics
+//! matching) as slow as inference, a validation pass should take about max(inference, post-process), not their
+//! sum; this bench prints the ratios that show it.
 //!
 //! Synthetic predictions (`tests/common/synth.rs`: 8400 anchors, 80 classes, noisy detections around ground
 //! truth) are cut into batches. First the post-process alone is timed per batch (sequential NMS + matching on this

@@ -58,6 +58,17 @@ pub enum Error {
         /// What went wrong.
         source: Box<Error>,
     },
+    /// Post-processing one validation batch failed in a way that names no single image.
+    #[error("validation batch {batch}: {source}")]
+    Batch {
+        /// 0-based position of the batch in submission order.
+        batch: u64,
+        /// What went wrong.
+        source: Box<Error>,
+    },
+    /// A post-process or metric stage of another crate failed (see [`Error::from_stage`]).
+    #[error(transparent)]
+    Stage(sluice_core::Error),
     /// A post-process worker thread panicked or the streaming validator stopped after an earlier error.
     #[error("streaming validator: {0}")]
     Stream(String),
@@ -77,6 +88,24 @@ pub enum Error {
 
 impl From<Error> for sluice_core::Error {
     fn from(e: Error) -> Self {
-        sluice_core::Error::other(e)
+        match e {
+            Error::Stage(e) => e,
+            e => sluice_core::Error::other(e),
+        }
+    }
+}
+
+impl Error {
+    /// The error a `sluice-core` stage returned, as this crate's error: an error of this crate that a stage
+    /// wrapped on its way out (e.g. [`Error::NonFinite`] from [`crate::Nms`]) comes back as itself, anything
+    /// else as [`Error::Stage`].
+    pub fn from_stage(e: sluice_core::Error) -> Self {
+        match e {
+            sluice_core::Error::Other(b) => match b.downcast::<Error>() {
+                Ok(e) => *e,
+                Err(b) => Error::Stage(sluice_core::Error::Other(b)),
+            },
+            e => Error::Stage(e),
+        }
     }
 }

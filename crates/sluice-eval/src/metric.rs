@@ -1,12 +1,12 @@
 //! The evaluators as `sluice-core` [`Metric`] stages: per-image `update` with detections (after NMS) and
-//! ground truth in pixel xyxy, one `finalize`. Each post-process worker can own one and the partial results
-//! are merged at the end; the report does not depend on the number of workers or the order of images.
+//! ground truth in pixel xyxy, one `finalize`. Each post-process worker owns one and the parts are merged at the
+//! end ([`MergeMetric`]); the report does not depend on the number of workers or the order of images.
 
-use sluice_core::{Detection, ImageLabels, Metric, SampleId};
+use sluice_core::{Detection, ImageLabels, MergeMetric, Metric, SampleId};
 
 use crate::coco::{CocoAccumulator, CocoEval, CocoParams, DtBox, GtBox};
 use crate::error::{Error, Result};
-use crate::ultralytics::{ApAccumulator, ApReport};
+use crate::ultralytics::{ApAccumulator, ApReport, DetObj, GtObj};
 
 fn image_key(id: SampleId) -> Result<i64> {
     i64::try_from(id).map_err(|_| Error::Invalid { what: "sample id", reason: format!("{id} does not fit i64") })
@@ -35,10 +35,11 @@ impl CocoMetric {
         let cats: Vec<i64> = (0..i64::from(num_classes)).collect();
         Ok(Self { acc: CocoAccumulator::new(CocoParams::default(), &cats)?, num_classes, gts: vec![], dts: vec![] })
     }
+}
 
-    /// Adds the images of another worker's evaluator.
-    pub fn merge(&mut self, other: CocoMetric) -> Result<()> {
-        self.acc.merge(other.acc)
+impl MergeMetric for CocoMetric {
+    fn merge(&mut self, other: CocoMetric) -> sluice_core::Result<()> {
+        Ok(self.acc.merge(other.acc)?)
     }
 }
 
@@ -91,17 +92,20 @@ impl Metric for CocoMetric {
 pub struct UltralyticsMetric {
     acc: ApAccumulator,
     num_classes: u32,
+    gts: Vec<GtObj>,
+    dets: Vec<DetObj>,
 }
 
 impl UltralyticsMetric {
     /// An evaluator for `num_classes` classes with the 10 default IoU thresholds.
     pub fn new(num_classes: u32) -> Self {
-        Self { acc: ApAccumulator::default(), num_classes }
+        Self { acc: ApAccumulator::default(), num_classes, gts: Vec::new(), dets: Vec::new() }
     }
+}
 
-    /// Adds the images of another worker's evaluator.
-    pub fn merge(&mut self, other: UltralyticsMetric) -> Result<()> {
-        self.acc.merge(other.acc)
+impl MergeMetric for UltralyticsMetric {
+    fn merge(&mut self, other: UltralyticsMetric) -> sluice_core::Result<()> {
+        Ok(self.acc.merge(other.acc)?)
     }
 }
 
@@ -111,9 +115,11 @@ impl Metric for UltralyticsMetric {
     fn update(&mut self, id: SampleId, detections: &[Detection], truth: &ImageLabels) -> sluice_core::Result<()> {
         check_classes(id, self.num_classes, detections, truth)?;
         let xyxy = |b: &sluice_core::BoxXyxy| [b.x1, b.y1, b.x2, b.y2];
-        let gts: Vec<_> = truth.objects.iter().map(|l| (l.class, xyxy(&l.bbox))).collect();
-        let dets: Vec<_> = detections.iter().map(|d| (d.class, xyxy(&d.bbox), f64::from(d.score))).collect();
-        self.acc.add_image(image_key(id)?, &gts, &dets)?;
+        self.gts.clear();
+        self.gts.extend(truth.objects.iter().map(|l| (l.class, xyxy(&l.bbox))));
+        self.dets.clear();
+        self.dets.extend(detections.iter().map(|d| (d.class, xyxy(&d.bbox), f64::from(d.score))));
+        self.acc.add_image(image_key(id)?, &self.gts, &self.dets)?;
         Ok(())
     }
 

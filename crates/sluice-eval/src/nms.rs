@@ -445,10 +445,15 @@ fn candidates(pred: &PredView<'_>, conf: f32, multi: bool, scratch: &mut NmsScra
 
 impl PostProcess for Nms {
     type Input = PredBatch;
+    type Scratch = NmsScratch;
 
-    fn process(&self, input: &PredBatch, out: &mut Vec<Vec<Detection>>) -> sluice_core::Result<()> {
-        let mut scratch = NmsScratch::default();
-        Ok(self.run_batch(input, &mut scratch, out)?)
+    fn process(
+        &self,
+        input: &PredBatch,
+        scratch: &mut NmsScratch,
+        out: &mut Vec<Vec<Detection>>,
+    ) -> sluice_core::Result<()> {
+        Ok(self.run_batch(input, scratch, out)?)
     }
 }
 
@@ -565,7 +570,7 @@ mod tests {
             layout: Layout::ChannelsFirst,
         };
         let mut out = vec![Vec::new(); 5];
-        Nms::default().process(&batch, &mut out).unwrap();
+        Nms::default().process(&batch, &mut NmsScratch::default(), &mut out).unwrap();
         assert_eq!(out.len(), 2);
         assert_eq!(out[0], out[1]);
         assert_eq!(out[0].len(), 2);

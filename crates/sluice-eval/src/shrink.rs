@@ -217,7 +217,7 @@ pub fn unpack(v: &[f32], d: PackedDims, dst: &mut ValBatch) -> Result<()> {
     Ok(())
 }
 
-impl StreamingValidator {
+impl<P, M> StreamingValidator<P, M> {
     /// The validation step after the eval forward: lends a pooled buffer, copies `shrunk` into it with the
     /// batch's sample ids and targets (image-major, in the predictions' frame, e.g. [`sluice_core::Batch`]'s
     /// `sample_ids` and `targets`) and submits it. Blocks only when `queue_depth` batches are waiting.

@@ -1,6 +1,11 @@
 //! The validation loop without sync stalls: a [`StreamingValidator`] that the trainer feeds once per validation
-//! batch and that runs NMS and metric matching on a bounded pool of worker threads while the next batch is
-//! inferred, then computes mAP once at [`StreamingValidator::finish`].
+//! batch and that runs the post-process (NMS) and the metric on a bounded pool of worker threads while the next
+//! batch is inferred, then finalizes the metric once at [`StreamingValidator::finish`].
+//!
+//! Both stages come in through the `sluice-core` stage traits: a [`PostProcess`] with input [`PredBatch`] and a
+//! [`MergeMetric`]. [`StreamingValidator::new`] uses Ultralytics' validation NMS ([`Nms`] with
+//! [`StreamConfig::nms`]) and [`UltralyticsMetric`] (mAP50, mAP50-95, ...); [`StreamingValidator::with_stages`]
+//! takes any other pair, e.g. exact per-class NMS and [`crate::CocoMetric`].
 //!
 //! What runs where:
 //! - **Device (inference thread).** The eval forward, then [`crate::shrink`] (feature `candle`): per image only
@@ -12,33 +17,35 @@
 //!   the batch's sample ids and targets; [`StreamingValidator::submit`] puts it on a bounded `crossbeam` queue
 //!   and returns at once unless `queue_depth` batches are already waiting (back-pressure: the only time the
 //!   inference loop waits on post-processing, measured as [`StreamStats::submit_blocked`]).
-//!   On candle's CPU backend the copy is a `memcpy` from the tensor's storage into the pooled buffer. On CUDA it
-//!   would be an asynchronous copy on a copy stream into pinned pooled memory, signalled by an event that the
-//!   worker waits on; that CUDA path is **not built here** (candle 0.11 exposes only synchronous `to_device`),
-//!   so on a GPU today the copy of the (small) shrunk buffer is synchronous.
-//! - **Worker threads** (`workers` of them). Each owns one [`NmsScratch`], its detection / ground-truth vectors
-//!   and a partial [`ApAccumulator`]; per image it runs [`Nms`] and Ultralytics' `match_predictions`, keeps one
-//!   small record per detection, and drops the batch, which returns the buffer to the pool.
-//! - **`finish`** closes the queue, lets the workers drain it, joins them, merges the partial accumulators and
-//!   runs `ap_per_class` once. The accumulator sorts its records into a fixed order, so the report is identical
-//!   for any number of workers and any order of submission.
+//!   On candle's CPU backend the copy is a `memcpy` from the tensor's storage into the pooled buffer. On another
+//!   device `copy_into` packs the shrunk tensors into one ([`crate::Shrunk::pack`]) and reads it back with one
+//!   blocking copy; a caller that reads the packed tensor back asynchronously itself hands the host copy to
+//!   [`StreamingValidator::submit_packed`] instead, so the inference loop does not wait on the copy.
+//! - **Worker threads** (`workers` of them). Each shares the post-process and owns its scratch
+//!   ([`PostProcess::Scratch`]), its detection and ground-truth buffers and its own part of the metric; per batch
+//!   it runs the post-process, then updates its metric once per image, and drops the batch, which returns the
+//!   buffer to the pool.
+//! - **`finish`** closes the queue, lets the workers drain it, joins them, merges their metrics
+//!   ([`MergeMetric::merge`]) and finalizes the result once. The default metric sorts its records into a fixed
+//!   order, so its report is identical for any number of workers and any order of submission.
 //!
 //! Detections back (for plots such as `val_batch0_pred.jpg`): with [`StreamConfig::keep_batches`] `= n`, the
-//! worker that post-processes one of the first `n` submitted batches also keeps a copy of that batch's NMS
-//! output in its own partial result (no lock, no channel back to the inference thread, nothing the inference
-//! loop waits on), and `finish` returns them in [`StreamReport::kept`], in submission order. The memory this
-//! costs is bounded by `n × batch × max_det` detections; `n = 0` (the default) keeps nothing.
+//! worker that post-processes one of the first `n` submitted batches also keeps a copy of that batch's
+//! post-process output in its own partial result (no lock, no channel back to the inference thread, nothing the
+//! inference loop waits on), and `finish` returns them in [`StreamReport::kept`], in submission order. The memory
+//! this costs is bounded by `n × batch × max_det` detections; `n = 0` (the default) keeps nothing.
 //!
 //! Bounded memory: at most `queue_depth` batches wait, `workers` are being processed and the pool holds
-//! `queue_depth + workers + 2` buffers in all; buffers keep their allocations, so in steady state no prediction
-//! buffer is allocated per batch. What grows is what the metric needs: one `(confidence, class, tp bits)` record
-//! per kept detection and the GT count per class. (The per-image matching in `ApAccumulator::add_image` still
-//! makes a few small temporary vectors.)
+//! `queue_depth + workers + 2` buffers in all; buffers, scratches and detection vectors keep their allocations,
+//! so in steady state nothing is allocated per batch for predictions or detections. What grows is what the
+//! metric needs: for the default metric one `(confidence, class, tp bits)` record per kept detection and the GT
+//! count per class (its per-image matching, `ApAccumulator::add_image`, makes a few small temporary vectors).
 //!
 //! Errors: a worker that fails (a NaN in a prediction, a class out of range) stores the error, which names the
-//! sample id, and stops every worker; the next [`submit`](StreamingValidator::submit) or `finish` returns it.
-//! A worker panic is caught and reported the same way. Dropping the validator (e.g. on an early exit of the
-//! training loop) cancels the workers, which stop after their current batch, and joins them.
+//! sample id (or, for a post-process error that names no image, the batch), and stops every worker; the next
+//! [`submit`](StreamingValidator::submit) or `finish` returns it. A worker panic is caught and reported the same
+//! way. Dropping the validator (e.g. on an early exit of the training loop) cancels the workers, which stop after
+//! their current batch, and joins them.
 //!
 //! Coordinates: predictions and ground truth must be in the same frame, e.g. the letterboxed input canvas. IoU
 //! is invariant under the letterbox's uniform scale and shift, so matching there gives Ultralytics' numbers up to
@@ -52,24 +59,29 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, select};
-use sluice_core::{CancelSource, Detection, ImageLabels, Pool, Pooled, SampleId, Target};
+use sluice_core::{
+    CancelSource, Detection, ImageLabels, Label, MergeMetric, Pool, Pooled, PostProcess, SampleId, Target,
+};
 
 use crate::error::{Error, Result};
-use crate::nms::{Layout, Nms, NmsParams, NmsScratch, PredBatch};
-use crate::ultralytics::{ApAccumulator, ApReport, DetObj, GtObj};
+use crate::metric::UltralyticsMetric;
+use crate::nms::{Layout, Nms, NmsParams, PredBatch};
+use crate::ultralytics::ApReport;
 
 /// Settings of a [`StreamingValidator`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamConfig {
     /// Number of classes of the model (rows `4..4 + nc` of a prediction).
     pub num_classes: u32,
-    /// NMS settings; [`NmsParams::ultralytics_val`] reproduces Ultralytics' validator.
+    /// NMS settings of the default post-process ([`StreamingValidator::new`]);
+    /// [`NmsParams::ultralytics_val`] reproduces Ultralytics' validator. [`StreamingValidator::with_stages`]
+    /// does not read them.
     pub nms: NmsParams,
     /// Post-process worker threads (at least 1).
     pub workers: usize,
     /// Batches that may wait in the queue before [`StreamingValidator::submit`] blocks (at least 1).
     pub queue_depth: usize,
-    /// Keep the NMS detections of the first `keep_batches` submitted batches and return them from
+    /// Keep the post-process output of the first `keep_batches` submitted batches and return them from
     /// [`StreamingValidator::finish`] in [`StreamReport::kept`] (0: keep none).
     pub keep_batches: usize,
 }
@@ -91,7 +103,8 @@ pub struct ValBatch {
     /// Sample id of each image (`B` of them).
     pub ids: Vec<SampleId>,
     /// Ground truth of every image in the predictions' frame, image-major (`image` = index within the batch),
-    /// like [`sluice_core::Batch::targets`].
+    /// like [`sluice_core::Batch::targets`]. The metric sees each image's targets as an [`ImageLabels`] whose
+    /// `width` and `height` are 0 (the validator does not know the frame's size).
     pub targets: Vec<Target>,
     /// Optional (empty = none): for each image, for each anchor of `preds`, the anchor's index in the full head
     /// output (`B * A` values). Used to name the original anchor in errors.
@@ -180,9 +193,9 @@ pub struct StreamStats {
     pub images: u64,
     /// Batches evaluated.
     pub batches: u64,
-    /// Detections kept by NMS.
+    /// Detections the post-process kept.
     pub detections: u64,
-    /// Images whose anchors above `conf` exceeded the shrink step's `top_k` (their NMS input was cut).
+    /// Images whose anchors above `conf` exceeded the shrink step's `top_k` (their post-process input was cut).
     pub truncated_images: u64,
     /// Worker threads.
     pub workers: usize,
@@ -232,19 +245,36 @@ pub struct KeptBatch {
     pub batch: u64,
     /// Sample id of each image of the batch.
     pub ids: Vec<SampleId>,
-    /// NMS output of each image (in the predictions' frame), as the metric saw it.
+    /// Post-process output of each image (in the predictions' frame), as the metric saw it.
     pub detections: Vec<Vec<Detection>>,
 }
 
-/// What [`StreamingValidator::finish`] returns.
+/// What [`StreamingValidator::finish`] returns; `R` is the metric's report.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StreamReport {
-    /// P, R, mAP50, mAP50-95 per class and overall (`fitness()` on it).
-    pub metrics: ApReport,
+pub struct StreamReport<R = ApReport> {
+    /// The finalized metric; for the default metric P, R, mAP50, mAP50-95 per class and overall (`fitness()` on
+    /// it).
+    pub metrics: R,
     /// Counts and stage times.
     pub stats: StreamStats,
     /// The detections of the first [`StreamConfig::keep_batches`] submitted batches, in submission order.
     pub kept: Vec<KeptBatch>,
+}
+
+impl ValBatch {
+    /// Ties an error of the post-process to this batch: an error at one image ([`Error::NonFinite`]) names its
+    /// sample and, when known, the anchor's index in the full head output; any other names the batch.
+    fn locate(&self, e: Error) -> Error {
+        match e {
+            Error::NonFinite { image, anchor, row, value } if image < self.ids.len() => {
+                let na = self.preds.num_anchors;
+                let anchor = self.anchor_index.get(image * na + anchor).map_or(anchor, |&a| a as usize);
+                let source = Box::new(Error::NonFinite { image, anchor, row, value });
+                Error::Sample { id: self.ids[image], source }
+            }
+            e => Error::Batch { batch: self.seq, source: Box::new(e) },
+        }
+    }
 }
 
 /// State shared by the validator and its workers.
@@ -273,91 +303,77 @@ impl Shared {
 
 /// A worker's result.
 #[derive(Debug)]
-struct Partial {
-    acc: ApAccumulator,
+struct Partial<M> {
+    metric: M,
     stats: StreamStats,
     kept: Vec<KeptBatch>,
 }
 
-/// One post-process worker: its NMS scratch, reusable vectors and partial accumulator.
-struct Worker {
-    nms: Nms,
+/// One post-process worker: the shared post-process, its own scratch, reusable buffers and part of the metric.
+struct Worker<P: PostProcess, M> {
+    post: Arc<P>,
+    scratch: P::Scratch,
     num_classes: u32,
-    scratch: NmsScratch,
-    dets: Vec<Detection>,
-    det_objs: Vec<DetObj>,
-    gt_objs: Vec<GtObj>,
-    acc: ApAccumulator,
+    /// The post-process output of the current batch, one vector per image.
+    dets: Vec<Vec<Detection>>,
+    /// The ground truth of the current image.
+    truth: ImageLabels,
+    metric: M,
     stats: StreamStats,
     /// Batches with `seq` below this have their detections kept.
     keep_batches: u64,
     kept: Vec<KeptBatch>,
 }
 
-impl Worker {
+impl<P: PostProcess<Input = PredBatch>, M: MergeMetric> Worker<P, M> {
     fn process(&mut self, batch: &ValBatch) -> Result<()> {
-        let p = &batch.preds;
-        let na = p.num_anchors;
-        let mut keep = (batch.seq < self.keep_batches).then(|| KeptBatch {
-            batch: batch.seq,
-            ids: batch.ids.clone(),
-            detections: Vec::with_capacity(batch.ids.len()),
-        });
-        let mut t0 = 0;
-        for (b, &id) in batch.ids.iter().enumerate() {
-            let in_sample = |e: Error| Error::Sample { id, source: Box::new(e) };
-            // Targets are image-major: this image's are the run starting at t0.
-            let t1 = t0 + batch.targets[t0..].iter().take_while(|t| t.image as usize == b).count();
-            let targets = &batch.targets[t0..t1];
-            t0 = t1;
-            if batch.all_finite.get(b) == Some(&false) {
-                return Err(in_sample(Error::Invalid {
+        let in_sample = |id: SampleId, e: Error| Error::Sample { id, source: Box::new(e) };
+        if let Some(b) = batch.all_finite.iter().position(|&finite| !finite) {
+            return Err(in_sample(
+                batch.ids[b],
+                Error::Invalid {
                     what: "prediction",
                     reason: "a NaN or infinite value in the head output (found on the device before shrinking)".into(),
-                }));
-            }
-            let view = p.image(b).map_err(in_sample)?;
-            self.nms.run(&view, b, &mut self.scratch, &mut self.dets, None).map_err(|e| match e {
-                Error::NonFinite { image, anchor, row, value } => {
-                    let anchor = batch.anchor_index.get(b * na + anchor).map_or(anchor, |&a| a as usize);
-                    in_sample(Error::NonFinite { image, anchor, row, value })
+                },
+            ));
+        }
+        self.post
+            .process(&batch.preds, &mut self.scratch, &mut self.dets)
+            .map_err(|e| batch.locate(Error::from_stage(e)))?;
+        if self.dets.len() != batch.ids.len() {
+            let reason = format!("{} detection lists for {} images", self.dets.len(), batch.ids.len());
+            let source = Box::new(Error::Invalid { what: "post-process output", reason });
+            return Err(Error::Batch { batch: batch.seq, source });
+        }
+        let na = batch.preds.num_anchors;
+        self.stats.truncated_images += batch.above_conf.iter().filter(|&&n| n as usize > na).count() as u64;
+        let mut t0 = 0;
+        for (b, (&id, dets)) in batch.ids.iter().zip(&self.dets).enumerate() {
+            // Targets are image-major: this image's are the run starting at t0.
+            let t1 = t0 + batch.targets[t0..].iter().take_while(|t| t.image as usize == b).count();
+            self.truth.objects.clear();
+            for t in &batch.targets[t0..t1] {
+                let bb = &t.bbox;
+                if t.class >= self.num_classes || ![bb.x1, bb.y1, bb.x2, bb.y2].iter().all(|v| v.is_finite()) {
+                    let reason = format!("class {} (of {}), box {bb:?}", t.class, self.num_classes);
+                    return Err(in_sample(id, Error::Invalid { what: "ground truth", reason }));
                 }
-                e => in_sample(e),
-            })?;
-            if batch.above_conf.get(b).is_some_and(|&n| n as usize > na) {
-                self.stats.truncated_images += 1;
+                self.truth.objects.push(Label { class: t.class, bbox: t.bbox });
             }
-            self.gt_objs.clear();
-            for t in targets {
-                let b = &t.bbox;
-                if t.class >= self.num_classes || ![b.x1, b.y1, b.x2, b.y2].iter().all(|v| v.is_finite()) {
-                    return Err(in_sample(Error::Invalid {
-                        what: "ground truth",
-                        reason: format!("class {} (of {}), box {b:?}", t.class, self.num_classes),
-                    }));
-                }
-                self.gt_objs.push((t.class, [b.x1, b.y1, b.x2, b.y2]));
-            }
-            self.det_objs.clear();
-            self.det_objs.extend(
-                self.dets.iter().map(|d| (d.class, [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2], f64::from(d.score))),
-            );
-            let key = i64::try_from(id)
-                .map_err(|_| in_sample(Error::Invalid { what: "sample id", reason: "does not fit i64".into() }))?;
-            self.acc.add_image(key, &self.gt_objs, &self.det_objs).map_err(in_sample)?;
+            t0 = t1;
+            self.metric.update(id, dets, &self.truth).map_err(|e| in_sample(id, Error::from_stage(e)))?;
             self.stats.images += 1;
-            self.stats.detections += self.dets.len() as u64;
-            if let Some(k) = keep.as_mut() {
-                k.detections.push(self.dets.clone());
-            }
+            self.stats.detections += dets.len() as u64;
         }
         self.stats.batches += 1;
-        self.kept.extend(keep);
+        if batch.seq < self.keep_batches {
+            self.kept.push(KeptBatch { batch: batch.seq, ids: batch.ids.clone(), detections: self.dets.clone() });
+        }
         Ok(())
     }
 
     /// The worker thread: takes batches until the queue closes or the run is cancelled.
-    fn run(mut self, rx: Receiver<Pooled<ValBatch>>, shared: Arc<Shared>) -> Partial {
+    fn run(mut self, rx: Receiver<Pooled<ValBatch>>, shared: Arc<Shared>) -> Partial<M> {
         let cancel = shared.cancel.token();
         loop {
             if cancel.is_cancelled() {
@@ -393,12 +409,14 @@ impl Worker {
                 }
             }
         }
-        Partial { acc: self.acc, stats: self.stats, kept: self.kept }
+        Partial { metric: self.metric, stats: self.stats, kept: self.kept }
     }
 }
 
-/// Streaming Ultralytics-style validation: [`submit`](Self::submit) one batch at a time from the inference
-/// loop, [`finish`](Self::finish) once. See the module documentation for the design.
+/// Streaming validation: [`submit`](Self::submit) one batch at a time from the inference loop,
+/// [`finish`](Self::finish) once. `P` is the post-process, shared by the workers; `M` the metric, one part per
+/// worker. The defaults are Ultralytics' validation NMS and metrics ([`StreamingValidator::new`]); see the module
+/// documentation for the design.
 ///
 /// ```
 /// use sluice_core::{BoxXyxy, Target};
@@ -418,12 +436,13 @@ impl Worker {
 /// # Ok::<(), sluice_eval::Error>(())
 /// ```
 #[derive(Debug)]
-pub struct StreamingValidator {
+pub struct StreamingValidator<P = Nms, M = UltralyticsMetric> {
     cfg: StreamConfig,
     tx: Option<Sender<Pooled<ValBatch>>>,
     pool: Pool<ValBatch>,
     shared: Arc<Shared>,
-    workers: Vec<JoinHandle<Partial>>,
+    post: Arc<P>,
+    workers: Vec<JoinHandle<Partial<M>>>,
     /// Batches submitted so far.
     submitted: u64,
     submit_blocked: Duration,
@@ -432,8 +451,27 @@ pub struct StreamingValidator {
 }
 
 impl StreamingValidator {
-    /// Starts `cfg.workers` worker threads behind a queue of `cfg.queue_depth` batches.
+    /// The default stages: [`Nms`] with `cfg.nms` (Ultralytics' validation NMS from [`StreamConfig::new`]) and
+    /// [`UltralyticsMetric`] over `cfg.num_classes` classes. Starts `cfg.workers` worker threads behind a queue
+    /// of `cfg.queue_depth` batches.
     pub fn new(cfg: StreamConfig) -> Result<Self> {
+        if !(cfg.nms.conf_thres.is_finite() && cfg.nms.iou_thres.is_finite()) {
+            return Err(Error::Invalid { what: "NMS thresholds", reason: format!("{:?}", cfg.nms) });
+        }
+        let (nms, nc) = (Nms::new(cfg.nms), cfg.num_classes);
+        Self::with_stages(cfg, nms, move || UltralyticsMetric::new(nc))
+    }
+}
+
+impl<P, M> StreamingValidator<P, M>
+where
+    P: PostProcess<Input = PredBatch> + 'static,
+    M: MergeMetric + 'static,
+{
+    /// A validator with the post-process `post` (shared by the workers, each with its own
+    /// [`PostProcess::Scratch`]) and one metric per worker made by `metric` (each must start empty). Starts
+    /// `cfg.workers` worker threads behind a queue of `cfg.queue_depth` batches; `cfg.nms` is not read.
+    pub fn with_stages(cfg: StreamConfig, post: P, metric: impl Fn() -> M) -> Result<Self> {
         if cfg.workers == 0 || cfg.queue_depth == 0 || cfg.num_classes == 0 {
             return Err(Error::Invalid {
                 what: "stream config",
@@ -443,35 +481,32 @@ impl StreamingValidator {
                 ),
             });
         }
-        if !(cfg.nms.conf_thres.is_finite() && cfg.nms.iou_thres.is_finite()) {
-            return Err(Error::Invalid { what: "NMS thresholds", reason: format!("{:?}", cfg.nms) });
-        }
         let (tx, rx) = crossbeam_channel::bounded(cfg.queue_depth);
         let shared =
             Arc::new(Shared { cancel: CancelSource::new(), error: Mutex::new(None), processed: AtomicU64::new(0) });
         let pool = Pool::new(cfg.queue_depth + cfg.workers + 2, ValBatch::default);
         let mut v = Self {
-            cfg: cfg.clone(),
             tx: Some(tx),
             pool,
             shared,
+            post: Arc::new(post),
             workers: Vec::with_capacity(cfg.workers),
             submitted: 0,
             submit_blocked: Duration::ZERO,
             started: Instant::now(),
             failed: false,
+            cfg,
         };
-        for i in 0..cfg.workers {
+        for i in 0..v.cfg.workers {
             let worker = Worker {
-                nms: Nms::new(cfg.nms),
-                num_classes: cfg.num_classes,
-                scratch: NmsScratch::default(),
+                post: Arc::clone(&v.post),
+                scratch: P::Scratch::default(),
+                num_classes: v.cfg.num_classes,
                 dets: Vec::new(),
-                det_objs: Vec::new(),
-                gt_objs: Vec::new(),
-                acc: ApAccumulator::default(),
+                truth: ImageLabels::default(),
+                metric: metric(),
                 stats: StreamStats::default(),
-                keep_batches: cfg.keep_batches as u64,
+                keep_batches: v.cfg.keep_batches as u64,
                 kept: Vec::new(),
             };
             let (rx, shared) = (rx.clone(), Arc::clone(&v.shared));
@@ -484,9 +519,64 @@ impl StreamingValidator {
         Ok(v)
     }
 
+    /// Waits for the workers to finish every submitted batch, joins them, merges their metrics and finalizes.
+    pub fn finish(mut self) -> Result<StreamReport<M::Report>> {
+        self.check_failed()?;
+        let wait = Instant::now();
+        // Closing the queue lets the workers drain it and exit.
+        self.tx = None;
+        let mut partials = Vec::with_capacity(self.workers.len());
+        let mut panicked = false;
+        for h in self.workers.drain(..) {
+            match h.join() {
+                Ok(p) => partials.push(p),
+                Err(_) => panicked = true,
+            }
+        }
+        let finish_wait = wait.elapsed();
+        if let Some(e) = self.shared.take_error() {
+            return Err(e);
+        }
+        if panicked {
+            return Err(Error::Stream("a worker thread panicked".into()));
+        }
+        let mut stats = StreamStats {
+            workers: self.cfg.workers,
+            submit_blocked: self.submit_blocked,
+            finish_wait,
+            ..StreamStats::default()
+        };
+        let mut metric: Option<M> = None;
+        let mut kept = Vec::new();
+        for p in partials {
+            kept.extend(p.kept);
+            match metric.as_mut() {
+                None => metric = Some(p.metric),
+                Some(m) => m.merge(p.metric).map_err(Error::from_stage)?,
+            }
+            stats.images += p.stats.images;
+            stats.batches += p.stats.batches;
+            stats.detections += p.stats.detections;
+            stats.truncated_images += p.stats.truncated_images;
+            stats.worker_busy += p.stats.worker_busy;
+        }
+        let mut metric = metric.ok_or_else(|| Error::Stream("no worker returned its metric".into()))?;
+        let metrics = metric.finalize().map_err(Error::from_stage)?;
+        stats.wall = self.started.elapsed();
+        kept.sort_unstable_by_key(|k: &KeptBatch| k.batch);
+        Ok(StreamReport { metrics, stats, kept })
+    }
+}
+
+impl<P, M> StreamingValidator<P, M> {
     /// The settings.
     pub fn config(&self) -> &StreamConfig {
         &self.cfg
+    }
+
+    /// The post-process the workers run.
+    pub fn post_process(&self) -> &P {
+        &self.post
     }
 
     /// An empty buffer from the pool (layout channels-first). Waits only when every buffer is in use, which
@@ -539,50 +629,6 @@ impl StreamingValidator {
         if sent { Ok(()) } else { Err(self.stopped_error()) }
     }
 
-    /// Waits for the workers to finish every submitted batch, joins them and computes the metrics.
-    pub fn finish(mut self) -> Result<StreamReport> {
-        self.check_failed()?;
-        let wait = Instant::now();
-        // Closing the queue lets the workers drain it and exit.
-        self.tx = None;
-        let mut partials = Vec::with_capacity(self.workers.len());
-        let mut panicked = false;
-        for h in self.workers.drain(..) {
-            match h.join() {
-                Ok(p) => partials.push(p),
-                Err(_) => panicked = true,
-            }
-        }
-        let finish_wait = wait.elapsed();
-        if let Some(e) = self.shared.take_error() {
-            return Err(e);
-        }
-        if panicked {
-            return Err(Error::Stream("a worker thread panicked".into()));
-        }
-        let mut stats = StreamStats {
-            workers: self.cfg.workers,
-            submit_blocked: self.submit_blocked,
-            finish_wait,
-            ..StreamStats::default()
-        };
-        let mut acc = ApAccumulator::default();
-        let mut kept = Vec::new();
-        for p in partials {
-            kept.extend(p.kept);
-            acc.merge(p.acc)?;
-            stats.images += p.stats.images;
-            stats.batches += p.stats.batches;
-            stats.detections += p.stats.detections;
-            stats.truncated_images += p.stats.truncated_images;
-            stats.worker_busy += p.stats.worker_busy;
-        }
-        let metrics = acc.finalize();
-        stats.wall = self.started.elapsed();
-        kept.sort_unstable_by_key(|k: &KeptBatch| k.batch);
-        Ok(StreamReport { metrics, stats, kept })
-    }
-
     /// The stored worker error, once; afterwards a generic "stopped" error.
     fn check_failed(&mut self) -> Result<()> {
         if self.failed {
@@ -609,7 +655,7 @@ impl StreamingValidator {
     }
 }
 
-impl Drop for StreamingValidator {
+impl<P, M> Drop for StreamingValidator<P, M> {
     fn drop(&mut self) {
         // Stop after the current batch, drop whatever waits in the queue, and join every worker.
         self.shared.cancel.cancel();

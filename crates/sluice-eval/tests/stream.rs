@@ -1,15 +1,20 @@
 //! The streaming validator on synthetic predictions made from ground truth with noise: identical reports for
-//! 1, 2 and 4 workers and any submission order, equal to NMS + `UltralyticsMetric` run sequentially, errors that
-//! name the sample, and a drop in the middle of a stream that returns promptly.
+//! 1, 2 and 4 workers and any submission order, equal to NMS + `UltralyticsMetric` run sequentially, other
+//! post-process and metric stages through the `sluice-core` traits, errors that name the sample, and a drop in
+//! the middle of a stream that returns promptly.
 #![allow(clippy::unwrap_used)]
 
 #[path = "common/synth.rs"]
 mod synth;
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use sluice_core::{Metric, SampleId};
-use sluice_eval::{Nms, NmsParams, NmsScratch, PredView, StreamConfig, StreamReport, StreamingValidator};
+use sluice_core::{Detection, ImageLabels, MergeMetric, Metric, PostProcess, SampleId};
+use sluice_eval::{
+    CocoMetric, Nms, NmsMode, NmsParams, NmsScratch, PredBatch, PredView, StreamConfig, StreamReport,
+    StreamingValidator,
+};
 use synth::SynthImage;
 
 const NC: usize = 4;
@@ -17,7 +22,16 @@ const ANCHORS: usize = 300;
 
 /// Runs the validator over `images` in the given order, `batch` images per submitted batch.
 fn stream(images: &[&SynthImage], batch: usize, workers: usize, queue_depth: usize) -> StreamReport {
-    let mut v = StreamingValidator::new(StreamConfig { workers, queue_depth, ..StreamConfig::new(NC as u32) }).unwrap();
+    let v = StreamingValidator::new(StreamConfig { workers, queue_depth, ..StreamConfig::new(NC as u32) }).unwrap();
+    run(v, images, batch)
+}
+
+/// Submits `images` to `v`, `batch` images per submitted batch, and finishes.
+fn run<P, M>(mut v: StreamingValidator<P, M>, images: &[&SynthImage], batch: usize) -> StreamReport<M::Report>
+where
+    P: PostProcess<Input = PredBatch> + 'static,
+    M: MergeMetric + 'static,
+{
     for chunk in images.chunks(batch) {
         let mut buf = v.buffer().unwrap();
         for im in chunk {
@@ -80,6 +94,95 @@ fn equals_nms_and_ultralytics_metric_run_sequentially() {
     let m = &sequential;
     assert!(m.map50 > 0.3 && m.map50 < 0.999 && m.map50_95 > 0.1 && m.map50_95 < m.map50, "{m:?}");
     assert_eq!(m.classes.len(), NC);
+}
+
+/// A metric that records which images arrive and what they carry: every image must arrive exactly once, in one
+/// worker's part, so a duplicate is an error in `update` and in `merge`.
+#[derive(Debug, Default)]
+struct Census {
+    ids: BTreeSet<SampleId>,
+    detections: u64,
+    objects: u64,
+}
+
+impl Metric for Census {
+    type Report = (Vec<SampleId>, u64, u64);
+
+    fn update(&mut self, id: SampleId, detections: &[Detection], truth: &ImageLabels) -> sluice_core::Result<()> {
+        if !self.ids.insert(id) {
+            return Err(sluice_core::Error::other(format!("image {id} arrived twice")));
+        }
+        self.detections += detections.len() as u64;
+        self.objects += truth.objects.len() as u64;
+        Ok(())
+    }
+
+    fn finalize(&mut self) -> sluice_core::Result<Self::Report> {
+        Ok((self.ids.iter().copied().collect(), self.detections, self.objects))
+    }
+}
+
+impl MergeMetric for Census {
+    fn merge(&mut self, other: Census) -> sluice_core::Result<()> {
+        for id in other.ids {
+            if !self.ids.insert(id) {
+                return Err(sluice_core::Error::other(format!("image {id} is in two parts")));
+            }
+        }
+        self.detections += other.detections;
+        self.objects += other.objects;
+        Ok(())
+    }
+}
+
+#[test]
+fn other_post_process_and_metric_run_through_the_stage_traits() {
+    let images = synth::images(8, 300, 23, NC, ANCHORS);
+    let refs: Vec<&SynthImage> = images.iter().collect();
+    // Exact per-class, single-label NMS with at most 5 boxes per image: not what `StreamConfig::nms` (Ultralytics'
+    // class-offset, multi-label, 300 boxes) asks for, so a validator that ignored the stage would count more.
+    let exact = Nms::new(NmsParams { mode: NmsMode::Exact, multi_label: false, max_det: 5, ..NmsParams::default() });
+    let (mut scratch, mut dets) = (NmsScratch::default(), Vec::new());
+    let (mut coco, mut n_dets, mut n_default) = (CocoMetric::new(NC as u32).unwrap(), 0, 0);
+    for (i, im) in images.iter().enumerate() {
+        let view = PredView::new(&im.pred, NC, ANCHORS, sluice_eval::Layout::ChannelsFirst).unwrap();
+        Nms::new(NmsParams::ultralytics_val()).run(&view, i, &mut scratch, &mut dets, None).unwrap();
+        n_default += dets.len() as u64;
+        exact.run(&view, i, &mut scratch, &mut dets, None).unwrap();
+        n_dets += dets.len() as u64;
+        coco.update(im.id, &dets, &im.labels).unwrap();
+    }
+    assert!(n_dets < n_default, "{n_dets} vs {n_default}: the two post-processes must differ");
+    let objects: u64 = images.iter().map(|im| im.labels.objects.len() as u64).sum();
+
+    for workers in [1, 4] {
+        let cfg = StreamConfig { workers, queue_depth: 2, ..StreamConfig::new(NC as u32) };
+        let r = run(StreamingValidator::with_stages(cfg, exact, Census::default).unwrap(), &refs, 3);
+        let (ids, got_dets, got_objects) = r.metrics;
+        assert_eq!(ids, (300..323).collect::<Vec<_>>(), "every image exactly once ({workers} workers)");
+        assert_eq!((got_dets, got_objects), (n_dets, objects));
+        assert_eq!((r.stats.images, r.stats.detections), (23, n_dets));
+
+        let cfg = StreamConfig { workers, queue_depth: 2, ..StreamConfig::new(NC as u32) };
+        let v = StreamingValidator::with_stages(cfg, exact, || CocoMetric::new(NC as u32).unwrap()).unwrap();
+        assert_eq!(v.post_process().params.max_det, 5);
+        let r = run(v, &refs, 3);
+        let want = coco.clone().finalize().unwrap();
+        assert_eq!(r.metrics.stats, want.stats, "{workers} workers");
+        assert!(want.stats[1] > 0.1, "COCO mAP50 {}: the data is not hopeless", want.stats[1]);
+    }
+
+    // A metric's error names the sample: the same image twice in one batch.
+    let cfg = StreamConfig { workers: 1, ..StreamConfig::new(NC as u32) };
+    let mut v = StreamingValidator::with_stages(cfg, exact, Census::default).unwrap();
+    let mut buf = v.buffer().unwrap();
+    buf.preds.data.extend_from_slice(&images[4].pred);
+    buf.preds.data.extend_from_slice(&images[4].pred);
+    (buf.preds.batch, buf.preds.num_classes, buf.preds.num_anchors) = (2, NC, ANCHORS);
+    buf.set_labels(&[304, 304], &[images[4].labels.clone(), images[4].labels.clone()]).unwrap();
+    v.submit(buf).unwrap();
+    let e = v.finish().unwrap_err().to_string();
+    assert_eq!(e, "sample 304: image 304 arrived twice");
 }
 
 #[test]

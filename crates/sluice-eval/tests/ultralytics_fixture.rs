@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use sluice_core::{BoxXyxy, Detection, ImageLabels, Label, Metric};
+use sluice_core::{BoxXyxy, Detection, ImageLabels, Label, MergeMetric, Metric};
 use sluice_eval::ultralytics::{DetObj, GtObj};
 use sluice_eval::{ApAccumulator, UltralyticsMetric};
 
