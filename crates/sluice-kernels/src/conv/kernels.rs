@@ -86,8 +86,8 @@ impl Geom {
         self.stride == 1 && 2 * self.pad + 1 == self.k && self.ho == self.h && self.wo == self.w
     }
     /// A stride-1 "same" conv with a kernel taller than one row, which can run row-shifted: as `k` gemms, one per
-    /// kernel row `ky`, over a column matrix that holds only the kernel's columns ([`row_im2col_plane`]: `c·k` rows
-    /// instead of `c·k·k`), the gemm of kernel row `ky` reading that matrix from `ky` input rows further on. The
+    /// kernel row `ky`, over a column matrix that holds only the kernel's columns (`stacked::row_im2col`: `c·k`
+    /// rows instead of `c·k·k`), the gemm of kernel row `ky` reading that matrix from `ky` input rows further on. The
     /// im2col writes a third of the elements for a 3×3 conv (plus `2p` halo rows per image), at the cost of `k`
     /// gemms with a `k`-times shorter reduction, the later ones accumulating.
     fn can_row_shift(&self) -> bool {
@@ -109,7 +109,7 @@ impl Geom {
         (self.h + 2 * self.pad) * self.w
     }
     /// YOLO's down-sampling conv: 3×3, stride 2, padding 1 (im2col handles its three kernel columns at once; its
-    /// input gradient is polyphase, [`down3_backward_input`]).
+    /// input gradient is polyphase, [`down3_backward_input`](polyphase::down3_backward_input)).
     fn is_down3(&self) -> bool {
         self.k == 3 && self.stride == 2 && self.pad == 1
     }

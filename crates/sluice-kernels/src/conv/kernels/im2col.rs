@@ -38,7 +38,7 @@ pub(super) fn im2col<T: Elem>(x: &[T], g: &Geom, col: &mut [T], ld: usize, off: 
 }
 
 /// The output rows `oys` of image `x` as a column matrix of `oys.len()·wo` columns (`col`, row length that), all
-/// channels on this thread: one tile of [`forward`]'s tiled plan.
+/// channels on this thread: one tile of [`forward`](super::forward)'s tiled plan.
 pub(super) fn im2col_tile<T: Elem>(x: &[T], g: &Geom, col: &mut [T], oys: Range<usize>) {
     let ld = oys.len() * g.wo;
     let block = g.k * g.k * ld;

@@ -30,7 +30,7 @@ pub(super) fn matmul<T: Elem>(
 }
 
 /// An output buffer that the tasks of one parallel loop write at once, each to its own elements (the tiles of
-/// [`forward_tiled`] interleave: a tile is a column range of every output channel's row).
+/// [`forward_tiled`](super::tiled::forward_tiled) interleave: a tile is a column range of every output channel's row).
 pub(super) struct SharedOut<T> {
     ptr: *mut MaybeUninit<T>,
     len: usize,
