@@ -6,7 +6,7 @@
 //! `SLUICE_CONV_BENCH_BATCH` overrides the batch (default 8), `SLUICE_CONV_BENCH_IMGSZ` the image size the layer
 //! shapes are taken at (default 320; 640 doubles every side, and the group names say the side).
 //!
-//! `SLUICE_CONV_BENCH_RATIOS=N` adds, after the criterion groups, issue 8's backward/forward ratio measured with the
+//! `SLUICE_CONV_BENCH_RATIOS=N` adds, after the criterion groups, the backward/forward time ratio measured with the
 //! two passes interleaved: N pairs (forward, then backward) per layer, so a change in the shared machine's load
 //! hits both passes of a pair alike. It prints each layer's median ratio and range.
 #![allow(clippy::unwrap_used, clippy::needless_range_loop, clippy::type_complexity)]

@@ -38,24 +38,23 @@
 //! split into at least as many groups as threads. Where a map alone has enough columns (one image per group), the
 //! forward and the weight gradient are tiled instead: each image is cut into tiles of whole output rows whose
 //! column matrix is about 256 K elements (at least 256 columns, and at least as many tiles in the batch as
-//! threads). The tiles were tuned at 640/batch 1 (128 K, 512 K and 1 M elements, or 1024 columns at least, were all
-//! slower by 3–8 ms on the fused forward). The column matrix (and,
-//! for stacked images, the gathered output gradient) lives in a per-thread workspace that only ever grows: after
-//! the first step no layer allocates one ([`peak_workspace_bytes`] reports the high-water mark over all threads).
+//! threads); smaller and larger tiles (or a higher floor of columns) are slower on the 640/batch-1 fused forward.
+//! The column matrix (and, for stacked images, the gathered output gradient) lives in a per-thread workspace that
+//! only ever grows: after the first step no layer allocates one ([`peak_workspace_bytes`] reports the high-water
+//! mark over all threads).
 //!
 //! # Threads
 //! All parallelism uses rayon's *global* pool, the pool candle's own matmuls (gemm) and CPU ops already use, so
 //! there is one set of compute threads (`RAYON_NUM_THREADS` sets its size); the data loader runs on its own std
 //! threads and is not scheduled by this pool. The tiled forward runs all tiles of the batch in one parallel loop,
 //! each tile's im2col, gemm (`Parallelism::None`) and epilogue on one thread: one fork-join per convolution (the
-//! tiled weight gradient likewise, one partial sum per rayon split). At
-//! 640/batch 1, where the whole-image plan forked for the im2col, inside the gemm and for the epilogue, and its
-//! column matrix had left the cache before the gemm read it, the fused forward went from 84 to 62 ms (README of
-//! this crate). Elsewhere, when the batch has at least two groups, groups run in parallel (`par_chunks_mut` over
-//! images), each doing its own im2col, gemm (`Parallelism::None`) and col2im, which also parallelises the
-//! memory-bound im2col/col2im; the weight gradient folds one partial sum per rayon split and adds them. With a
-//! single group (batch 1, or one thread) the groups run in order and each gemm uses `Parallelism::Rayon(n)` over
-//! the same pool.
+//! tiled weight gradient likewise, one partial sum per rayon split). A whole-image plan would fork three times per
+//! convolution (for the im2col, inside the gemm and for the epilogue), and its column matrix would leave the cache
+//! before the gemm read it. Elsewhere, when the batch has at least two groups, groups run in parallel
+//! (`par_chunks_mut` over images), each doing its own im2col, gemm (`Parallelism::None`) and col2im, which also
+//! parallelises the memory-bound im2col/col2im; the weight gradient folds one partial sum per rayon split and adds
+//! them. With a single group (batch 1, or one thread) the groups run in order and each gemm uses
+//! `Parallelism::Rayon(n)` over the same pool.
 
 #[cfg(feature = "cudnn")]
 pub mod cudnn;

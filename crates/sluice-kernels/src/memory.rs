@@ -6,9 +6,9 @@
 //! reuses them, but by default returns ("purges") freed pages to the OS 10 ms later, and a step or an inference
 //! that takes longer than that faulted them back in. [`keep_freed_memory`] turns the purge off.
 //!
-//! Measured: yolov8n 320/b8 training, 503k page faults and 4.2 s of system time in a short bench against 722 faults
-//! and 1.0 s without purging (`sluice-kernels/README.md`); 640/b1 fused inference under glibc's defaults spent 6%
-//! of its samples in page faults (`cargo bench -p sluice-model --bench forward`, stop 19).
+//! With purging, a short yolov8n 320/b8 training bench takes about 500 k page faults and four times the system time
+//! it takes without (about 700 faults in all, none in the steady state); under glibc's defaults the 640/b1 fused
+//! inference spends a noticeable share of its samples in page faults (`cargo bench -p sluice-model --bench forward`).
 
 /// The allocator to install with `#[global_allocator]`.
 pub use mimalloc::MiMalloc;

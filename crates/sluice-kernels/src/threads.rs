@@ -8,8 +8,8 @@
 //! [`tame_candle_pools`] sizes that pool before candle creates it: on machines with at most
 //! [`SMALL_MACHINE_CORES`] cores it gets no worker (element-wise ops run inline on the calling thread, which is
 //! already one of the busy cores), and elsewhere its spin limit is lowered so idle workers park quickly. A value the
-//! user set in `CANDLE_NUM_THREADS` or `CANDLE_BARRIER_POOL_SPIN_LIMIT` is always kept. The effect is measured by
-//! `sluice bench model` (see the README of this crate).
+//! user set in `CANDLE_NUM_THREADS` or `CANDLE_BARRIER_POOL_SPIN_LIMIT` is always kept. The effect shows in
+//! `sluice bench model` (figures in `docs/bench-results.md`).
 //!
 //! [`on_compute_pool`] runs a whole forward or training step on one of the pool's workers, so the kernels' parallel
 //! loops start from inside the pool instead of each parking and waking the calling thread.
