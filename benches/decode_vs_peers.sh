@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Sluice's JPEG decoding against simplejpeg (libjpeg-turbo) on the 128 coco128 train images, back to back on one
-# machine. It runs the peer script first (/work/shared/peers/m3_jpeg_decode.py: every image preloaded in RAM, one
+# machine. It runs the peer script first ($PEERS_DIR/m3_jpeg_decode.py: every image preloaded in RAM, one
 # thread, PIL / cv2 / simplejpeg, full and 1/2 DCT-scaled decodes), then `sluice bench decode` for each case (the
 # same images preloaded in RAM, then decoded by N threads), and prints sluice's images/s with the ratio
 # sluice / peer (above 1: sluice is faster) against simplejpeg's full decode and its min_factor=2 reduced decode.
 # Run it on a quiet machine: the peer waits for one (PEERS_MAX_WAIT_S), sluice does not.
 #
 # Usage: benches/decode_vs_peers.sh [case ...]      cases: full1 target640 target320 full2 (default: all four)
-# Env:   PEERS_VENV       the peers' venv (default ~/.cache/sluice-peers/venv; made by /work/shared/peers/setup.sh)
-#        PEERS_DIR        the peer scripts (default ../shared/peers next to the repository)
-#        SLUICE_DATASETS  datasets root holding coco128/ (default ../shared/datasets next to the repository)
-#        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release -p sluice-train` and use it;
-#                         with BACKEND=turbojpeg, built with --features turbojpeg)
+# Env:   PEERS_VENV       the peers' venv (default ~/.cache/sluice-peers/venv; made by $PEERS_DIR/setup.sh)
+#        SLUICE_SHARED    the shared folder (default ../shared beside the repository; see benches/locations.sh)
+#        PEERS_DIR        the peer scripts (default $SLUICE_SHARED/peers)
+#        SLUICE_COCO128   coco128 (default $SLUICE_DATASETS/coco128, SLUICE_DATASETS default $SLUICE_SHARED/datasets)
+#        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release` of the package that
+#                         holds it, then use it; with BACKEND=turbojpeg, built with --features turbojpeg)
 #        BACKEND          sluice's decode backend: image (default; zune-jpeg) or turbojpeg
 #        PEERS_REPEATS    timed passes of both sides (default 5, as the peer), after 1 untimed pass each
 #        BENCH_OUT        where sluice's JSON, the peer log and the peer's results (PEERS_OUT) go
-#                         (default /tmp/sluice-decode-bench; the peers' results file is reset on every run)
+#                         (default $BENCH_SCRATCH/decode; the peers' results file is reset on every run)
 #
 # The cases and the peer figure each one is like-for-like with (marked * in the table; the other ratio is printed
 # for reference). coco128's images are at most 640 px on the long side.
@@ -35,24 +36,23 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS_VENV=${PEERS_VENV:-$HOME/.cache/sluice-peers/venv}
-PEERS_DIR=${PEERS_DIR:-$ROOT/../shared/peers}
-DATASETS=${SLUICE_DATASETS:-$ROOT/../shared/datasets}
-DATA=$DATASETS/coco128/data.yaml
+. "$ROOT/benches/locations.sh"
+DATA=$SLUICE_COCO128/data.yaml
 BACKEND=${BACKEND:-image}
 REPEATS=${PEERS_REPEATS:-5}
-OUT=${BENCH_OUT:-/tmp/sluice-decode-bench}
+OUT=${BENCH_OUT:-$BENCH_SCRATCH/decode}
 CASES=${*:-full1 target640 target320 full2}
 PY=$PEERS_VENV/bin/python
 
 [ -x "$PY" ] || { echo "no peers venv at $PEERS_VENV: run $PEERS_DIR/setup.sh first" >&2; exit 1; }
 [ -f "$PEERS_DIR/m3_jpeg_decode.py" ] || { echo "no peer scripts in $PEERS_DIR (set PEERS_DIR)" >&2; exit 1; }
-[ -f "$DATA" ] || { echo "no $DATA (set SLUICE_DATASETS)" >&2; exit 1; }
+[ -f "$DATA" ] || { echo "no $DATA (set SLUICE_COCO128 or SLUICE_DATASETS)" >&2; exit 1; }
 for c in $CASES; do
   case $c in full1|target640|target320|full2) ;; *) echo "unknown case $c (full1 target640 target320 full2)" >&2; exit 1 ;; esac
 done
 case $BACKEND in image|turbojpeg) ;; *) echo "unknown BACKEND $BACKEND (image turbojpeg)" >&2; exit 1 ;; esac
 
-# The peers' environment, as /work/shared/peers/run_all.sh sets it.
+# The peers' environment, as $PEERS_DIR/run_all.sh sets it.
 export PEERS_REPEATS=$REPEATS
 [ "$BACKEND" = turbojpeg ] && SLUICE_FEATURES=turbojpeg
 . "$ROOT/benches/common.sh"

@@ -2,21 +2,23 @@
 # Sluice's loaders against Ultralytics 8.4's on coco128, back to back on one machine, with the same settings:
 # the train split (128 images), batch 16, 2 workers, Ultralytics' default augmentation (mosaic on), and for the
 # validation loader rect batches at 640. For each case it runs the peer script first (Ultralytics' own protocol,
-# see /work/shared/peers/m1_train_loader.py and m2_val_loader.py), then `sluice bench loader`, and prints every
+# see $PEERS_DIR/m1_train_loader.py and m2_val_loader.py), then `sluice bench loader`, and prints every
 # figure with the ratio sluice / peer (above 1: sluice is faster). Run it on a quiet machine: the peers wait for
 # one (PEERS_MAX_WAIT_S), sluice does not, and nothing else should run meanwhile.
 #
 # Usage: benches/loader_vs_ultralytics.sh [case ...]      cases: train640 train320 val640 (default: all three)
-# Env:   PEERS_VENV       the peers' venv (default ~/.cache/sluice-peers/venv; made by /work/shared/peers/setup.sh)
-#        PEERS_DIR        the peer scripts (default ../shared/peers next to the repository)
-#        SLUICE_DATASETS  datasets root holding coco128/ (default ../shared/datasets next to the repository)
-#        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release -p sluice-train` and use it)
+# Env:   PEERS_VENV       the peers' venv (default ~/.cache/sluice-peers/venv; made by $PEERS_DIR/setup.sh)
+#        SLUICE_SHARED    the shared folder (default ../shared beside the repository; see benches/locations.sh)
+#        PEERS_DIR        the peer scripts (default $SLUICE_SHARED/peers)
+#        SLUICE_COCO128   coco128 (default $SLUICE_DATASETS/coco128, SLUICE_DATASETS default $SLUICE_SHARED/datasets)
+#        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release` of the package that
+#                         holds it, then use it)
 #        EPOCHS           epochs of sluice's warm run: 1 cold + EPOCHS-1 warm (default 15, as the peer's
 #                         warm-up + drain + 7 windows of 2 epochs)
 #        COLD_REPEATS     fresh-loader runs of 2 epochs for sluice's cold figure, median (default 5, as the peer)
 #        PEERS_REPEATS    passed to the peer scripts (their windows / cold repeats; default 7 / 5)
 #        BENCH_OUT        where the JSON of every run and the peers' results (PEERS_OUT) go
-#                         (default /tmp/sluice-loader-bench; the peers' results file is reset on every run)
+#                         (default $BENCH_SCRATCH/loader; the peers' results file is reset on every run)
 #
 # What the figures mean (both sides):
 #   warm  images/s after the first epoch. Ultralytics' workers keep every coco128 image decoded in their mosaic
@@ -30,23 +32,22 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS_VENV=${PEERS_VENV:-$HOME/.cache/sluice-peers/venv}
-PEERS_DIR=${PEERS_DIR:-$ROOT/../shared/peers}
-DATASETS=${SLUICE_DATASETS:-$ROOT/../shared/datasets}
-DATA=$DATASETS/coco128/data.yaml
+. "$ROOT/benches/locations.sh"
+DATA=$SLUICE_COCO128/data.yaml
 EPOCHS=${EPOCHS:-15}
 COLD_REPEATS=${COLD_REPEATS:-5}
-OUT=${BENCH_OUT:-/tmp/sluice-loader-bench}
+OUT=${BENCH_OUT:-$BENCH_SCRATCH/loader}
 CASES=${*:-train640 train320 val640}
 PY=$PEERS_VENV/bin/python
 
 [ -x "$PY" ] || { echo "no peers venv at $PEERS_VENV: run $PEERS_DIR/setup.sh first" >&2; exit 1; }
 [ -f "$PEERS_DIR/m1_train_loader.py" ] || { echo "no peer scripts in $PEERS_DIR (set PEERS_DIR)" >&2; exit 1; }
-[ -f "$DATA" ] || { echo "no $DATA (set SLUICE_DATASETS)" >&2; exit 1; }
+[ -f "$DATA" ] || { echo "no $DATA (set SLUICE_COCO128 or SLUICE_DATASETS)" >&2; exit 1; }
 for c in $CASES; do
   case $c in train640|train320|val640) ;; *) echo "unknown case $c (train640 train320 val640)" >&2; exit 1 ;; esac
 done
 
-# The peers' environment, as /work/shared/peers/run_all.sh sets it.
+# The peers' environment, as $PEERS_DIR/run_all.sh sets it.
 . "$ROOT/benches/common.sh"
 
 peer() {  # peer NAME script args...: runs a peer script, its log in $OUT/NAME.log

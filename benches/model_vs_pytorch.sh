@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Sluice's YOLOv8n against PyTorch 2.15 (Ultralytics 8.4's DetectionModel) on the CPU, back to back on one machine
 # with the same thread count (2, as the peers run it). For each case it runs the peer's own code first
-# (/work/shared/peers/m4_model_cpu.py: its train_step_ms / infer_ms functions, called for that case alone; the
+# ($PEERS_DIR/m4_model_cpu.py: its train_step_ms / infer_ms functions, called for that case alone; the
 # figures, their names and the timing protocol are the script's), then `sluice bench model`, and prints peer ms,
 # sluice ms and the ratio peer / sluice (above 1: sluice is faster). Run it on a quiet machine: the peer waits for
 # one (PEERS_MAX_WAIT_S), sluice does not, and nothing else should run meanwhile.
 #
 # Usage: benches/model_vs_pytorch.sh [case ...]      cases: train320 train640 infer1 infer8 (default: all four)
-# Env:   PEERS_VENV       the peers' venv (default ~/.cache/sluice-peers/venv; made by /work/shared/peers/setup.sh)
-#        PEERS_DIR        the peer scripts (default ../shared/peers next to the repository)
-#        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release -p sluice-train` and use it)
+# Env:   PEERS_VENV       the peers' venv (default ~/.cache/sluice-peers/venv; made by $PEERS_DIR/setup.sh)
+#        SLUICE_SHARED    the shared folder (default ../shared beside the repository; see benches/locations.sh)
+#        PEERS_DIR        the peer scripts (default $SLUICE_SHARED/peers)
+#        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release` of the package that
+#                         holds it, then use it)
 #        THREADS          threads of both sides (default 2): the peer's PEERS_THREADS / OMP / MKL, sluice's
 #                         RAYON_NUM_THREADS (rayon's pool runs sluice's kernels and candle's matmuls)
 #        PEERS_REPEATS    the peer's timed repeats (default 5); also sluice's timed iterations unless ITERS is set
 #        WARMUP, ITERS    sluice's untimed and timed runs per path (default 2 and PEERS_REPEATS or 5, as the peer)
 #        BENCH_OUT        where sluice's JSON, the peer logs and the peer's results (PEERS_OUT) go
-#                         (default /tmp/sluice-model-bench; the peers' results file is reset on every run)
+#                         (default $BENCH_SCRATCH/model; the peers' results file is reset on every run)
 #
 # The pairs (yolov8n, nc 80, random initialisation on both sides):
 #   train320  training step at 320, batch 8: peer yolov8n_cpu.t2.train_step.imgsz320_b8.ms_per_step against
@@ -41,11 +43,11 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS_VENV=${PEERS_VENV:-$HOME/.cache/sluice-peers/venv}
-PEERS_DIR=${PEERS_DIR:-$ROOT/../shared/peers}
+. "$ROOT/benches/locations.sh"
 THREADS=${THREADS:-2}
 WARMUP=${WARMUP:-2}
 ITERS=${ITERS:-${PEERS_REPEATS:-5}}
-OUT=${BENCH_OUT:-/tmp/sluice-model-bench}
+OUT=${BENCH_OUT:-$BENCH_SCRATCH/model}
 CASES=${*:-train320 train640 infer1 infer8}
 PY=$PEERS_VENV/bin/python
 
@@ -55,7 +57,7 @@ for c in $CASES; do
   case $c in train320|train640|infer1|infer8) ;; *) echo "unknown case $c (train320 train640 infer1 infer8)" >&2; exit 1 ;; esac
 done
 
-# The peers' environment, as /work/shared/peers/run_all.sh sets it, with THREADS threads.
+# The peers' environment, as $PEERS_DIR/run_all.sh sets it, with THREADS threads.
 export PEERS_THREADS=$THREADS
 . "$ROOT/benches/common.sh"
 

@@ -89,8 +89,8 @@ impl Default for SynthConfig {
 
 impl SynthConfig {
     /// The embedded default of `cargo xtask train`: 400 train / 100 val images at 256 px with 1–6 objects of
-    /// 8%–50% of the side: the object counts and sizes of the shapes set Ultralytics' reference training figures
-    /// were measured on (issue 9), with six classes instead of its five.
+    /// 8%–50% of the side: the object counts and sizes of the shapes set on which the reference training figures
+    /// of Ultralytics were measured, with six classes instead of its five.
     pub fn quick(out: impl Into<PathBuf>) -> Self {
         Self {
             out: out.into(),

@@ -2,7 +2,7 @@
 //! Ultralytics resize, and decode-to-target (DCT-scaled where the source allows, then resize), at 640 and 320.
 //! One iteration = one pass over every image, single thread (like `m3_jpeg_decode.py`); throughput in images.
 //!
-//! Group `decode_large` measures the "decode-to-target (640) ≥ 1.3× full decode + resize", which needs
+//! Group `decode_large` measures the decode target "decode-to-target (640) ≥ 1.3× full decode + resize", which needs
 //! sources at least twice the target: coco128's images are at most 640 px, so it encodes camera-sized copies of
 //! them (the first 24 with a long side ≥ 600, upscaled 3× to ~1920×1440, JPEG quality 90) when the bench starts.
 //! Group `decode_12mp` does the same with 8 copies upscaled 6.25× to ~4000×3000 (a phone's or an inspection
@@ -10,13 +10,14 @@
 //! ones, so their entropy decoding is cheaper; both cases decode the same files, so the ratio between them is what
 //! the groups report.
 //!
-//! `SLUICE_DECODE_BENCH_RATIOS=N` adds, after the criterion groups, the ratios measured from N interleaved
+//! `SLUICE_DECODE_BENCH_RATIOS=N` adds, after the criterion groups, the target ratios measured from N interleaved
 //! pairs (the two cases of a ratio alternate, so a change in the shared machine's load hits both alike): image vs
 //! turbojpeg on coco128, and decode-to-target vs full decode + resize per backend and set, each as median (range).
 //! With a filter that matches no group (`-- ratios-only`) only they run.
 //!
-//! Images: `$SLUICE_DATASETS/coco128/images/train2017`, else `/work/shared/datasets/coco128/images/train2017`,
-//! else the JPEGs committed in `tests/data`. Run: `cargo bench -p sluice-decode --features turbojpeg`.
+//! Images: `images/train2017` of coco128 where `sluice_core::locations` finds it (`$SLUICE_COCO128`, by default
+//! `$SLUICE_DATASETS/coco128`, by default under `../shared` beside the repository), else the JPEGs committed in
+//! `tests/data`. Run: `cargo bench -p sluice-decode --features turbojpeg`.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -25,15 +26,9 @@ use criterion::{Criterion, Throughput, criterion_group};
 use sluice_decode::{Backend, DecodeHint, Decoder, ImageRgb8, TargetOptions, decode_to_target, resize};
 
 fn image_dir() -> (PathBuf, bool) {
-    let coco = |root: PathBuf| root.join("coco128/images/train2017");
-    let candidates = std::env::var_os("SLUICE_DATASETS")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([PathBuf::from("/work/shared/datasets")]);
-    for root in candidates {
-        if coco(root.clone()).is_dir() {
-            return (coco(root), true);
-        }
+    let coco = sluice_core::locations::coco128_dir().join("images/train2017");
+    if coco.is_dir() {
+        return (coco, true);
     }
     (PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"), false)
 }
@@ -224,7 +219,7 @@ fn report(what: &str, ratios: &[f64]) {
     eprintln!("  {what:58} {:.2} ({lo:.2}–{hi:.2})", ratios[ratios.len() / 2]);
 }
 
-/// The decode ratios from interleaved pairs (`SLUICE_DECODE_BENCH_RATIOS=N`): the image backend against
+/// The target decode ratios from interleaved pairs (`SLUICE_DECODE_BENCH_RATIOS=N`): the image backend against
 /// turbojpeg (when both are compiled in), full decodes of coco128 and decodes to target on every set, and per
 /// backend decode-to-target against full decode + resize on coco128 at 320 and on the camera-sized and 12 MP sets
 /// at 640 (coco128 at 640 has nothing to scale). Each line: median of the per-pair speed ratios (range).

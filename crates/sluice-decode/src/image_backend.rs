@@ -3,12 +3,11 @@
 //!
 //! zune-jpeg has no DCT-domain scaling. When the hint allows a 1/4 or 1/8 scale (the source is at least four times
 //! the requested long side), a baseline or progressive 8-bit JPEG goes through jpeg-decoder's scaled IDCT instead
-//! (IJG libjpeg 9's reduced transforms); at 1/2 it stays with zune-jpeg at full size. On the 2-core CI kind (AMD
-//! EPYC, Zen 3) jpeg-decoder's 1/2-scale decode is no faster than zune-jpeg's full one on coco128 (0.87×) and on 3×
-//! camera-sized copies (1.04×), while its 1/4-scale decode of 12 MP copies is 1.27× faster than zune-jpeg's full
-//! decode before the resize is even counted (docs/bench-results.md, stop 26). CMYK, 12/16-bit and lossless JPEGs,
-//! and any file jpeg-decoder refuses, are decoded by zune-jpeg at full size, so no image zune-jpeg reads is lost
-//! to the second decoder.
+//! (IJG libjpeg 9's reduced transforms); at 1/2 it stays with zune-jpeg at full size, because jpeg-decoder's
+//! 1/2-scale decode is no faster than zune-jpeg's full one, while its 1/4-scale decode is faster than zune-jpeg's
+//! full decode before the resize is even counted (the figures and their command are in docs/bench-results.md,
+//! 2026-12-04). CMYK, 12/16-bit and lossless JPEGs, and any file jpeg-decoder refuses, are decoded by zune-jpeg at
+//! full size, so no image zune-jpeg reads is lost to the second decoder.
 
 use std::cell::RefCell;
 use std::io::Cursor;

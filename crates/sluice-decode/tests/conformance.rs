@@ -59,9 +59,10 @@ fn backends_agree_on_every_real_jpeg() {
 }
 
 /// (mean, over8) allowed against Pillow on a 4:2:0 JPEG. nvJPEG upsamples subsampled chroma its own way, not with
-/// libjpeg-turbo's triangle ("fancy") filter: on an H200 (2026-12-04, `docs/gpu-results.md`) it was bit-identical
-/// to Pillow on the 4:4:4 fixtures and off by mean 1.18–1.19, 1.2–1.3 % of values by more than 8, on the 4:2:0
-/// ones. A one-pixel shift gives a mean of 11–25, so this still catches misalignment and channel swaps.
+/// libjpeg-turbo's triangle ("fancy") filter: on the device it is bit-identical to Pillow on the 4:4:4 fixtures
+/// and off by a mean of about 1.2 levels, about 1.3 % of values by more than 8, on the 4:2:0 ones (the device
+/// runs in `docs/gpu-results.md`). A one-pixel shift gives a mean of 11–25, so this still catches misalignment
+/// and channel swaps.
 fn chroma_420_tolerance(d: &dyn Decoder) -> (f64, f64) {
     if d.name() == "nvjpeg" { (1.5, 0.02) } else { (1.0, 0.01) }
 }

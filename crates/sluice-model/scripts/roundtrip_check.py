@@ -52,7 +52,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from ultralytics import YOLO  # noqa: E402
 from ultralytics.nn.tasks import DetectionModel, load_checkpoint  # noqa: E402
 
-# Float32 tolerances of the reference fixtures' bncal model (/work/shared/fixtures/README.md, model/).
+# Float32 tolerances of the reference fixtures' bncal model (their README, $SLUICE_FIXTURES/README.md, model/).
 TOL = {"boxes_px": 0.05, "probs": 1e-4, "raw_boxes": 1e-3, "raw_scores": 1e-3}
 
 FAILURES = []

@@ -1,6 +1,6 @@
-//! The v8 detection loss against Ultralytics 8.4 (`tests/data/loss_*`, from `/work/shared/fixtures/loss`): one
-//! train-mode step of the BN-calibrated yolov8n on two letterboxed coco128 images at 320 — loss items, assigner
-//! outputs, gradients of nine parameters and BatchNorm running statistics — and an overfit run.
+//! The v8 detection loss against Ultralytics 8.4 (`tests/data/loss_*`, from `loss/` of the reference fixtures,
+//! `$SLUICE_FIXTURES`): one train-mode step of the BN-calibrated yolov8n on two letterboxed coco128 images at 320 —
+//! loss items, assigner outputs, gradients of nine parameters and BatchNorm running statistics — and an overfit run.
 #![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
 
 mod common;

@@ -1,6 +1,6 @@
-//! Forward parity with Ultralytics 8.4 (fixtures from `/work/shared/fixtures/model`, copied to `tests/data`):
-//! the BN-calibrated and the seed-0 yolov8n at 320×320, the fused model and the folded conv weights, each
-//! within the tolerance the fixture README gives.
+//! Forward parity with Ultralytics 8.4 (fixtures from `model/` of the reference fixtures, `$SLUICE_FIXTURES`,
+//! copied to `tests/data`): the BN-calibrated and the seed-0 yolov8n at 320×320, the fused model and the folded
+//! conv weights, each within the tolerance the fixture README gives.
 #![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
 
 mod common;

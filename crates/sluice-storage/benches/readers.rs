@@ -3,8 +3,9 @@
 //! One iteration = every sample once; the consumer touches one byte per 64 (every cache line), as a decoder
 //! would read them all. Throughput in bytes (MB/s).
 //!
-//! Images: `$SLUICE_DATASETS/coco128/images/train2017`, else `/work/shared/datasets/coco128/images/train2017`,
-//! else the JPEGs committed in `crates/sluice-decode/tests/data`. Run: `cargo bench -p sluice-storage`.
+//! Images: `images/train2017` of coco128 where `sluice_core::locations` finds it (`$SLUICE_COCO128`, by default
+//! `$SLUICE_DATASETS/coco128`, by default under `../shared` beside the repository), else the JPEGs committed in
+//! `crates/sluice-decode/tests/data`. Run: `cargo bench -p sluice-storage`.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -15,15 +16,9 @@ use sluice_core::Reader;
 use sluice_storage::{CachedReader, FileReader, PackedReader, Verify, pack_files};
 
 fn images() -> Vec<PathBuf> {
-    let coco = |root: PathBuf| root.join("coco128/images/train2017");
+    let coco = sluice_core::locations::coco128_dir().join("images/train2017");
     let fallback = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sluice-decode/tests/data");
-    let dir = std::env::var_os("SLUICE_DATASETS")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([PathBuf::from("/work/shared/datasets")])
-        .map(coco)
-        .find(|d| d.is_dir())
-        .unwrap_or(fallback);
+    let dir = if coco.is_dir() { coco } else { fallback };
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("image directory")
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -1,9 +1,13 @@
 """Regenerates the decode conformance fixtures in this folder from four coco128 images.
 
 Run from this folder with Pillow and opencv-python-headless installed:
-    python make_fixtures.py /path/to/coco128/images/train2017
+    python make_fixtures.py [COCO128_TRAIN_IMAGES_DIR]
+The folder defaults to $SLUICE_COCO128/images/train2017, where SLUICE_COCO128 defaults to $SLUICE_DATASETS/coco128,
+SLUICE_DATASETS to $SLUICE_SHARED/datasets and SLUICE_SHARED to ../shared beside the repository (the same rule as
+sluice_core::locations).
 References are what Pillow (libjpeg-turbo inside) and OpenCV (as Ultralytics' load_image) produce.
 """
+import os
 import shutil
 import sys
 
@@ -11,7 +15,11 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-src = sys.argv[1] if len(sys.argv) > 1 else "/work/shared/datasets/coco128/images/train2017"
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
+SHARED = os.environ.get("SLUICE_SHARED") or os.path.join(REPO, "..", "shared")
+DATASETS = os.environ.get("SLUICE_DATASETS") or os.path.join(SHARED, "datasets")
+COCO128 = os.environ.get("SLUICE_COCO128") or os.path.join(DATASETS, "coco128")
+src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(COCO128, "images", "train2017")
 ids = ["000000000536", "000000000643", "000000000562", "000000000472"]
 for i in ids:
     shutil.copyfile(f"{src}/{i}.jpg", f"coco_{i[-3:]}.jpg")
