@@ -182,7 +182,7 @@ pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
     let home = ensure_sdk(root)?;
     let target = cuda_target(root);
     let mut cmd = Command::new("cargo");
-    cmd.args(["build", "--release", "--locked", "-p", "sluice-train", "--bin", "sluice", "--features", features])
+    cmd.args(["build", "--release", "--locked", "-p", "sluice-cli", "--bin", "sluice", "--features", features])
         .arg("--target-dir")
         .arg(&target)
         .current_dir(root);

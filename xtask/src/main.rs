@@ -47,7 +47,7 @@ enum Task {
         rest: Vec<String>,
     },
     /// Build the release `sluice` once, then run the peer-comparison scripts of `benches/` with it (they need the
-    /// peers' venv, see /work/shared/peers/README.md) and write their output to stdout and to
+    /// peers' venv, see `$PEERS_DIR/README.md`) and write their output to stdout and to
     /// `<target dir>/bench/<UTC date-time>-<case>.txt`. The scripts read their settings from the environment
     /// (e.g. `PEERS_REPEATS=1`; see each script's header).
     Bench {
@@ -106,7 +106,7 @@ fn main() -> Result<()> {
         Task::GpuCheck { sluice, features } => gpu::gpu_check(&root, sluice, &features),
         Task::GenData { args } => {
             let mut cmd =
-                vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "data", "gen"];
+                vec!["run", "--release", "--quiet", "-p", "sluice-cli", "--bin", "sluice", "--", "data", "gen"];
             cmd.extend(args.iter().map(String::as_str));
             cargo(&root, &cmd)
         }
@@ -182,7 +182,7 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
         );
     }
     let config = config.to_string_lossy().into_owned();
-    let mut args = vec!["run", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice", "--", "train"];
+    let mut args = vec!["run", "--release", "--quiet", "-p", "sluice-cli", "--bin", "sluice", "--", "train"];
     args.extend(["--config", &config]);
     args.extend(rest.iter().map(String::as_str));
     cargo(root, &args)
@@ -235,7 +235,7 @@ fn bench(
     let sluice = match prebuilt {
         Some(p) => std::path::absolute(&p).with_context(|| format!("resolving {}", p.display()))?,
         None => {
-            let mut build = vec!["build", "--release", "--quiet", "-p", "sluice-train", "--bin", "sluice"];
+            let mut build = vec!["build", "--release", "--quiet", "-p", "sluice-cli", "--bin", "sluice"];
             if let Some(f) = features {
                 build.extend(["--features", f]);
             }

@@ -5,8 +5,8 @@
 //! the requested long side), a baseline or progressive 8-bit JPEG goes through jpeg-decoder's scaled IDCT instead
 //! (IJG libjpeg 9's reduced transforms); at 1/2 it stays with zune-jpeg at full size, because jpeg-decoder's
 //! 1/2-scale decode is no faster than zune-jpeg's full one, while its 1/4-scale decode is faster than zune-jpeg's
-//! full decode before the resize is even counted (the figures and their command are in docs/bench-results.md,
-//! 2026-12-04). CMYK, 12/16-bit and lossless JPEGs, and any file jpeg-decoder refuses, are decoded by zune-jpeg at
+//! full decode before the resize is even counted (the figures and their command are in docs/bench-results.md).
+//! CMYK, 12/16-bit and lossless JPEGs, and any file jpeg-decoder refuses, are decoded by zune-jpeg at
 //! full size, so no image zune-jpeg reads is lost to the second decoder.
 
 use std::cell::RefCell;

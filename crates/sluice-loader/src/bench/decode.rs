@@ -3,7 +3,7 @@
 //! full size or to the training size (`decode_to_target`: DCT-scaled decode when the source is at least twice
 //! `imgsz`, then Ultralytics' resize with the training interpolation). Figures: images/s and megapixels/s of the
 //! *source* images (width × height of the full image, also for reduced decodes, as in
-//! `/work/shared/peers/m3_jpeg_decode.py`), median over the repeats with their range.
+//! `$PEERS_DIR/m3_jpeg_decode.py`), median over the repeats with their range.
 
 use std::path::PathBuf;
 use std::sync::Mutex;

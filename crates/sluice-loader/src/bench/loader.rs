@@ -1,6 +1,6 @@
 //! `sluice bench loader`: the real training loader (Ultralytics' default augmentation, mosaic on in every epoch)
 //! or validation loader (rect batches) over a dataset split, `epochs` epochs back to back with a consumer that
-//! only touches each batch, as Ultralytics' loader benchmarks do (`/work/shared/peers/m1_train_loader.py`,
+//! only touches each batch, as Ultralytics' loader benchmarks do (`$PEERS_DIR/m1_train_loader.py`,
 //! `m2_val_loader.py`).
 //!
 //! The first epoch is *cold*: the loader, its pools and its (empty) decoded-image cache are fresh, so every
