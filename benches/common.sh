@@ -16,10 +16,7 @@ if [ -z "${SLUICE:-}" ]; then
   echo "== building sluice (release)"
   features=()
   [ -n "${SLUICE_FEATURES:-}" ] && features=(--features "$SLUICE_FEATURES")
-  # The package that holds the `sluice` binary: sluice-cli, or sluice-train in a tree from before the split.
-  pkg=sluice-cli
-  [ -d "$ROOT/crates/sluice-cli" ] || pkg=sluice-train
-  (cd "$ROOT" && cargo build --release -q -p "$pkg" "${features[@]}")
+  (cd "$ROOT" && cargo build --release -q -p sluice-cli "${features[@]}")
   SLUICE=${CARGO_TARGET_DIR:-$ROOT/target}/release/sluice
 fi
 [ -x "$SLUICE" ] || { echo "no sluice binary at $SLUICE" >&2; exit 1; }
