@@ -195,21 +195,31 @@ mod imp {
         let gpu = Device::new_cuda(ordinal).context("opening the CUDA device")?;
         let mut rng = sample_rng(0, 0, 0);
         let mut checks = Vec::new();
-
         let x = rand_tensor(&mut rng, &[4, 32, 40, 40], -1.0, 1.0)?;
-        let w = rand_tensor(&mut rng, &[64, 32, 3, 3], -0.2, 0.2)?;
-        let r = rand_tensor(&mut rng, &[4, 64, 20, 20], -1.0, 1.0)?;
+        conv_checks(&gpu, &mut rng, &x, &mut checks)?;
+        let logits = op_checks(&gpu, &mut rng, &x, &mut checks)?;
+        sort_checks(&gpu, &mut rng, &logits, &mut checks)?;
+        transfer_checks(&gpu, &mut rng, &mut checks)?;
+        model_checks(&gpu, &mut rng, &mut checks)?;
+        report(&checks, json)
+    }
+
+    /// Convolutions: YOLO-like shapes, the geometries of the kernels' CPU tests in f32 and bf16, and (with
+    /// `cudnn`) the per-shape plan cache.
+    fn conv_checks(gpu: &Device, rng: &mut RngStream, x: &Tensor, checks: &mut Vec<Check>) -> Result<()> {
+        let w = rand_tensor(rng, &[64, 32, 3, 3], -0.2, 0.2)?;
+        let r = rand_tensor(rng, &[4, 64, 20, 20], -1.0, 1.0)?;
         // cuDNN may run f32 convolutions on TF32 tensor cores (its default math, as PyTorch's `allow_tf32`): 10
         // mantissa bits, so the convolution checks allow 5e-3 where the element-wise ones allow 1e-4.
-        checks.push(compare("conv3x3 s2 fwd+bwd", 5e-3, &gpu, |d| {
-            let (xv, wv) = (var_on(&x, d)?, var_on(&w, d)?);
+        checks.push(compare("conv3x3 s2 fwd+bwd", 5e-3, gpu, |d| {
+            let (xv, wv) = (var_on(x, d)?, var_on(&w, d)?);
             let y = conv::conv2d(xv.as_tensor(), wv.as_tensor(), 2, 1)?;
             with_grads(&[y], std::slice::from_ref(&r), &[&xv, &wv])
         }));
-        let w1 = rand_tensor(&mut rng, &[48, 32, 1, 1], -0.3, 0.3)?;
-        let r1 = rand_tensor(&mut rng, &[4, 48, 40, 40], -1.0, 1.0)?;
-        checks.push(compare("conv1x1 fwd+bwd", 5e-3, &gpu, |d| {
-            let (xv, wv) = (var_on(&x, d)?, var_on(&w1, d)?);
+        let w1 = rand_tensor(rng, &[48, 32, 1, 1], -0.3, 0.3)?;
+        let r1 = rand_tensor(rng, &[4, 48, 40, 40], -1.0, 1.0)?;
+        checks.push(compare("conv1x1 fwd+bwd", 5e-3, gpu, |d| {
+            let (xv, wv) = (var_on(x, d)?, var_on(&w1, d)?);
             let y = conv::conv2d(xv.as_tensor(), wv.as_tensor(), 1, 0)?;
             with_grads(&[y], std::slice::from_ref(&r1), &[&xv, &wv])
         }));
@@ -228,13 +238,13 @@ mod imp {
             [2, 6, 13, 13, 9, 5, 1, 2],
         ];
         for &[n, c, h, wd, o, k, s, p] in GEOMS {
-            let xi = rand_tensor(&mut rng, &[n, c, h, wd], -1.0, 1.0)?;
-            let wi = rand_tensor(&mut rng, &[o, c, k, k], -0.3, 0.3)?;
+            let xi = rand_tensor(rng, &[n, c, h, wd], -1.0, 1.0)?;
+            let wi = rand_tensor(rng, &[o, c, k, k], -0.3, 0.3)?;
             let (ho, wo) = ((h + 2 * p - k) / s + 1, (wd + 2 * p - k) / s + 1);
-            let ri = rand_tensor(&mut rng, &[n, o, ho, wo], -1.0, 1.0)?;
+            let ri = rand_tensor(rng, &[n, o, ho, wo], -1.0, 1.0)?;
             for (dtype, tol) in [(DType::F32, 5e-3), (DType::BF16, 3e-2)] {
                 let name = format!("conv {n}x{c}x{h}x{wd} -> {o} k{k} s{s} p{p} {dtype:?} fwd+bwd");
-                checks.push(compare(&name, tol, &gpu, |d| {
+                checks.push(compare(&name, tol, gpu, |d| {
                     // The CPU runs f32 (the reference), the GPU the dtype under test.
                     let dt = if d.is_cuda() { dtype } else { DType::F32 };
                     let (xv, wv) = (var_on(&xi.to_dtype(dt)?, d)?, var_on(&wi.to_dtype(dt)?, d)?);
@@ -253,7 +263,7 @@ mod imp {
                 if before == 0 {
                     bail!("no cuDNN plan was made: the convolutions did not take the cuDNN path");
                 }
-                let (xv, wv) = (var_on(&x, &gpu)?, var_on(&w, &gpu)?);
+                let (xv, wv) = (var_on(x, gpu)?, var_on(&w, gpu)?);
                 let y = conv::conv2d(xv.as_tensor(), wv.as_tensor(), 2, 1)?;
                 with_grads(&[y], std::slice::from_ref(&r), &[&xv, &wv])?;
                 let after = conv::cudnn::plans_cached();
@@ -264,12 +274,17 @@ mod imp {
             })();
             checks.push(Check::of("cuDNN algorithm cache (one plan per shape and pass)".into(), 0.0, result));
         }
+        Ok(())
+    }
 
-        let g = rand_tensor(&mut rng, &[32], 0.5, 1.5)?;
-        let bta = rand_tensor(&mut rng, &[32], -0.5, 0.5)?;
-        let r2 = rand_tensor(&mut rng, &[4, 32, 40, 40], -1.0, 1.0)?;
-        checks.push(compare("batchnorm+silu train fwd+bwd", 1e-4, &gpu, |d| {
-            let (xv, gv, bv) = (var_on(&x, d)?, var_on(&g, d)?, var_on(&bta, d)?);
+    /// The fused element-wise ops (BatchNorm+SiLU, pooling, upsample, DFL, BCE); returns the class logits the
+    /// shrink check reuses.
+    fn op_checks(gpu: &Device, rng: &mut RngStream, x: &Tensor, checks: &mut Vec<Check>) -> Result<Tensor> {
+        let g = rand_tensor(rng, &[32], 0.5, 1.5)?;
+        let bta = rand_tensor(rng, &[32], -0.5, 0.5)?;
+        let r2 = rand_tensor(rng, &[4, 32, 40, 40], -1.0, 1.0)?;
+        checks.push(compare("batchnorm+silu train fwd+bwd", 1e-4, gpu, |d| {
+            let (xv, gv, bv) = (var_on(x, d)?, var_on(&g, d)?, var_on(&bta, d)?);
             let (y, mean, var) = norm::batch_norm_silu_train(xv.as_tensor(), gv.as_tensor(), bv.as_tensor(), 1e-3)?;
             let mut out = with_grads(&[y], std::slice::from_ref(&r2), &[&xv, &gv, &bv])?;
             out.extend([mean, var]);
@@ -277,12 +292,11 @@ mod imp {
         }));
         // Odd sizes and channel count, and a map large enough that each channel's sums are split over blocks.
         for dims in [[3, 5, 37, 53], [8, 16, 96, 96]] {
-            let xb = rand_tensor(&mut rng, &dims, -2.0, 3.0)?;
-            let (gb, bb) =
-                (rand_tensor(&mut rng, &[dims[1]], 0.5, 1.5)?, rand_tensor(&mut rng, &[dims[1]], -0.5, 0.5)?);
-            let rb = rand_tensor(&mut rng, &dims, -1.0, 1.0)?;
+            let xb = rand_tensor(rng, &dims, -2.0, 3.0)?;
+            let (gb, bb) = (rand_tensor(rng, &[dims[1]], 0.5, 1.5)?, rand_tensor(rng, &[dims[1]], -0.5, 0.5)?);
+            let rb = rand_tensor(rng, &dims, -1.0, 1.0)?;
             let name = format!("batchnorm+silu train fwd+bwd {dims:?}");
-            checks.push(compare(&name, 1e-4, &gpu, |d| {
+            checks.push(compare(&name, 1e-4, gpu, |d| {
                 let (xv, gv, bv) = (var_on(&xb, d)?, var_on(&gb, d)?, var_on(&bb, d)?);
                 let (y, mean, var) = norm::batch_norm_silu_train(xv.as_tensor(), gv.as_tensor(), bv.as_tensor(), 1e-3)?;
                 let mut out = with_grads(&[y], std::slice::from_ref(&rb), &[&xv, &gv, &bv])?;
@@ -290,32 +304,36 @@ mod imp {
                 Ok(out)
             }));
         }
-        checks.push(compare("maxpool5 fwd+bwd", 1e-5, &gpu, |d| {
-            let xv = var_on(&x, d)?;
+        checks.push(compare("maxpool5 fwd+bwd", 1e-5, gpu, |d| {
+            let xv = var_on(x, d)?;
             let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;
             with_grads(&[y], std::slice::from_ref(&r2), &[&xv])
         }));
-        let r3 = rand_tensor(&mut rng, &[4, 32, 80, 80], -1.0, 1.0)?;
-        checks.push(compare("upsample2x fwd+bwd", 1e-5, &gpu, |d| {
-            let xv = var_on(&x, d)?;
+        let r3 = rand_tensor(rng, &[4, 32, 80, 80], -1.0, 1.0)?;
+        checks.push(compare("upsample2x fwd+bwd", 1e-5, gpu, |d| {
+            let xv = var_on(x, d)?;
             let y = pool::upsample_nearest2x(xv.as_tensor())?;
             with_grads(&[y], std::slice::from_ref(&r3), &[&xv])
         }));
-        let bins = rand_tensor(&mut rng, &[2, 64, 8400], -4.0, 4.0)?;
-        let r4 = rand_tensor(&mut rng, &[2, 4, 8400], -1.0, 1.0)?;
-        checks.push(compare("dfl decode fwd+bwd", 1e-4, &gpu, |d| {
+        let bins = rand_tensor(rng, &[2, 64, 8400], -4.0, 4.0)?;
+        let r4 = rand_tensor(rng, &[2, 4, 8400], -1.0, 1.0)?;
+        checks.push(compare("dfl decode fwd+bwd", 1e-4, gpu, |d| {
             let xv = var_on(&bins, d)?;
             let y = dfl::dfl_decode(xv.as_tensor(), 16)?;
             with_grads(&[y], std::slice::from_ref(&r4), &[&xv])
         }));
-        let logits = rand_tensor(&mut rng, &[2, 80, 8400], -6.0, 6.0)?;
-        let z = rand_tensor(&mut rng, &[2, 80, 8400], 0.0, 1.0)?;
-        checks.push(compare("bce with logits fwd+bwd", 1e-4, &gpu, |d| {
+        let logits = rand_tensor(rng, &[2, 80, 8400], -6.0, 6.0)?;
+        let z = rand_tensor(rng, &[2, 80, 8400], 0.0, 1.0)?;
+        checks.push(compare("bce with logits fwd+bwd", 1e-4, gpu, |d| {
             let xv = var_on(&logits, d)?;
             let y = loss::bce_with_logits(xv.as_tensor(), &z.to_device(d)?)?;
             with_grads(&[y], std::slice::from_ref(&z), &[&xv])
         }));
+        Ok(logits)
+    }
 
+    /// Sorting and the validation shrink on the device.
+    fn sort_checks(gpu: &Device, rng: &mut RngStream, logits: &Tensor, checks: &mut Vec<Check>) -> Result<()> {
         // argsort under candle's one-block limit, then the validation shrink at 8400 anchors. 8000 random f32 in
         // [0, 1) hold a few equal values per row, which two correct sorts may order differently: the check is on
         // the values the indices gather (the sorted rows) and on the indices being a permutation (their sorted
@@ -326,30 +344,34 @@ mod imp {
             let perm = idx.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.sort_last_dim(true)?.0;
             Ok(vec![s.gather(&idx, D::Minus1)?, perm])
         };
-        let scores = rand_tensor(&mut rng, &[4, 8000], 0.0, 1.0)?;
-        checks.push(compare("argsort 8000 columns (sorted values, permutation)", 0.0, &gpu, |d| sorted(&scores, d)));
-        let mut c = compare("argsort 8400 columns (candle's limit is 8192)", 0.0, &gpu, |d| {
+        let scores = rand_tensor(rng, &[4, 8000], 0.0, 1.0)?;
+        checks.push(compare("argsort 8000 columns (sorted values, permutation)", 0.0, gpu, |d| sorted(&scores, d)));
+        let mut c = compare("argsort 8400 columns (candle's limit is 8192)", 0.0, gpu, |d| {
             sorted(&rand_tensor(&mut sample_rng(1, 0, 0), &[2, 8400], 0.0, 1.0)?, d)
         });
         c.note = Some("informational: the shrink avoids sorting beyond 8192 columns on the GPU".into());
         checks.push(c);
-        let head = Tensor::cat(&[rand_tensor(&mut rng, &[2, 4, 8400], 0.0, 640.0)?, logits.narrow(1, 0, 80)?], 1)?;
+        let head = Tensor::cat(&[rand_tensor(rng, &[2, 4, 8400], 0.0, 640.0)?, logits.narrow(1, 0, 80)?], 1)?;
         let head = (head.narrow(1, 0, 4)?.clone(), sluice_model::ops::sigmoid(&head.narrow(1, 4, 80)?)?);
         let head = Tensor::cat(&[head.0, (head.1 * 0.01)?], 1)?;
-        checks.push(compare("validation shrink (8400 anchors, conf 0.001)", 0.0, &gpu, |d| {
+        checks.push(compare("validation shrink (8400 anchors, conf 0.001)", 0.0, gpu, |d| {
             let s = shrink(&head.to_device(d)?, &ShrinkParams::default())?;
             Ok(vec![s.above_conf.to_dtype(DType::F32)?, s.finite_check])
         }));
+        Ok(())
+    }
 
+    /// The pinned CUDA transfer against the CPU one.
+    fn transfer_checks(gpu: &Device, rng: &mut RngStream, checks: &mut Vec<Check>) -> Result<()> {
         // The CUDA transfer must equal the CPU one bit for bit, in f32 and bf16, over more batches than slots.
         for dtype in [DType::F32, DType::BF16] {
             let name = format!("transfer {dtype:?} (5 batches through 3 slots)");
             let result = (|| -> Result<Vec<f64>> {
-                let cuda = CudaTransfer::new(&gpu, dtype)?;
+                let cuda = CudaTransfer::new(gpu, dtype)?;
                 let cpu = CpuTransfer::new(Device::Cpu, dtype);
                 let mut diffs = Vec::new();
                 for _ in 0..5 {
-                    let b = random_batch(&mut rng, 4, 64)?;
+                    let b = random_batch(rng, 4, 64)?;
                     let (g, c) = (cuda.transfer(&b)?, cpu.transfer(&b)?);
                     for (g, c) in [(&g.images, &c.images), (&g.gt_boxes, &c.gt_boxes), (&g.gt_mask, &c.gt_mask)] {
                         diffs.push(rel(g, c)?);
@@ -359,7 +381,7 @@ mod imp {
                 }
                 // Staging grows only when a batch needs more (the batches above differ in target count): once
                 // every slot has held the largest, more batches of the same size allocate nothing.
-                let big = random_batch(&mut rng, 4, 64)?;
+                let big = random_batch(rng, 4, 64)?;
                 for _ in 0..CudaTransfer::SLOTS {
                     cuda.transfer(&big)?;
                 }
@@ -375,10 +397,14 @@ mod imp {
             })();
             checks.push(Check::of(name, 0.0, result));
         }
+        Ok(())
+    }
 
+    /// The whole model: the loss on both devices, bf16 autocast against f32, the caching memory pool.
+    fn model_checks(gpu: &Device, rng: &mut RngStream, checks: &mut Vec<Check>) -> Result<()> {
         // One YOLOv8n training loss at 320 on both devices from the same weights and batch.
-        let batch = random_batch(&mut rng, 2, 320)?;
-        checks.push(compare("yolov8n loss at 320 (forward, host vs dense assigner, loss)", 5e-3, &gpu, |d| {
+        let batch = random_batch(rng, 2, 320)?;
+        checks.push(compare("yolov8n loss at 320 (forward, host vs dense assigner, loss)", 5e-3, gpu, |d| {
             let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
             let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
             let x = sluice_transfer::DeviceTransfer::new(d, DType::F32)?.transfer(&batch)?;
@@ -395,10 +421,10 @@ mod imp {
         // the f32 one, same weights and batch. bf16 keeps 8 bits, so the tolerance is loose: it catches a broken
         // cast or a lost gradient, not rounding.
         let result = (|| -> Result<Vec<f64>> {
-            let x = sluice_transfer::DeviceTransfer::new(&gpu, DType::F32)?.transfer(&batch)?;
+            let x = sluice_transfer::DeviceTransfer::new(gpu, DType::F32)?.transfer(&batch)?;
             let run = |half: Option<DType>| -> Result<Vec<Tensor>> {
                 let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
-                let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, &gpu, 0)?;
+                let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, gpu, 0)?;
                 m.set_autocast(half)?;
                 let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
                 let out = Tensor::cat(&[&raw.boxes, &raw.scores], 1)?;
@@ -433,17 +459,21 @@ mod imp {
 
         // The caching pool: the release threshold takes, and the reserved bytes can be read.
         let result = (|| -> Result<Vec<f64>> {
-            if !sluice_transfer::retain_device_pool(&gpu)? {
+            if !sluice_transfer::retain_device_pool(gpu)? {
                 bail!("no memory pool on the device");
             }
-            let r = sluice_transfer::device_pool_reserved(&gpu).context("the pool's reserved bytes")?;
+            let r = sluice_transfer::device_pool_reserved(gpu).context("the pool's reserved bytes")?;
             println!("device pool: {:.1} MiB reserved", r as f64 / f64::from(1u32 << 20));
             Ok(vec![])
         })();
         checks.push(Check::of("device memory pool (release threshold, reserved bytes)".into(), 0.0, result));
+        Ok(())
+    }
 
+    /// Prints every check, writes them as JSON when asked, and fails when any check without a note failed.
+    fn report(checks: &[Check], json: Option<&Path>) -> Result<()> {
         let failed = checks.iter().filter(|c| !c.ok && c.note.is_none()).count();
-        for c in &checks {
+        for c in checks {
             println!(
                 "{:<52} {:<5} rel {:?} (tol {:e}){}{}",
                 c.name,
