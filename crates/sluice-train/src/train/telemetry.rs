@@ -249,26 +249,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use sluice_core::StageReport;
-
+    /// A loader report in which the consumer (the model step) bounds the epoch; the loader-side shares are
+    /// `sluice_loader::telemetry`'s to test.
     fn report(bottleneck: &str) -> PipelineReport {
-        let stage = |name: &'static str, busy_s: f64| StageReport {
-            name,
-            workers: 2,
-            items: 10,
-            bytes: 0,
-            busy_s,
-            wait_input_s: 0.0,
-            wait_output_s: 0.0,
-        };
-        PipelineReport {
-            stages: vec![stage("decode", 8.0), stage("augment", 1.0)],
-            delivered: 10,
-            wall_s: 10.0,
-            consumer_wait_s: 5.0,
-            consumer_wait_fraction: 0.5,
-            bottleneck: bottleneck.into(),
-        }
+        PipelineReport { bottleneck: bottleneck.into(), ..PipelineReport::default() }
     }
 
     #[test]
@@ -310,7 +294,7 @@ mod tests {
     fn the_table_names_collate_and_the_validation_pass() {
         let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 0.2, transfer_s: 0.1, model_s: 9.5 };
         let mut e = EpochTelemetry::new(1, t, &report("consumer"), 1.0, 1.0);
-        assert!(e.table().contains("augment 10%/2w collate (in augment) transfer"), "{}", e.table());
+        assert!(e.table().contains("collate (in augment) transfer"), "{}", e.table());
         assert!(!e.table().contains("val:"));
         let stats = StreamStats {
             images: 40,
