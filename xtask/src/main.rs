@@ -149,12 +149,9 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
     }
     let bin = target_dir(root).join("release").join("sluice");
     if bin.is_file() {
-        eprintln!("xtask: building the release sluice binary (cargo build --release -p {CLI_PACKAGE}) ...");
+        eprintln!("xtask: bringing the release sluice binary up to date ...");
     } else {
-        eprintln!(
-            "xtask: building the release sluice binary (first time: several minutes; \
-             cargo build --release -p {CLI_PACKAGE}) ..."
-        );
+        eprintln!("xtask: building the release sluice binary (first time: several minutes) ...");
     }
     cargo(root, &["build", "--release", "-p", CLI_PACKAGE, "--bin", "sluice"])?;
     let mut cmd = Command::new(&bin);
