@@ -16,18 +16,19 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// The wheels, pinned to the CUDA 13.0 toolkit.
-const WHEELS: &[&str] = &[
+/// The compiler wheels of the CUDA 13.0 toolkit: enough to compile candle's kernels (nvcc, its headers) and so to
+/// type-check every crate's `cuda` code, which is all `cargo xtask ci` needs.
+const COMPILER_WHEELS: &[&str] = &[
     "nvidia-cuda-nvcc==13.0.*",
     "nvidia-cuda-runtime==13.0.*",
     "nvidia-cuda-crt==13.0.*",
     "nvidia-nvvm==13.0.*",
     "nvidia-cuda-cccl==13.0.*",
-    "nvidia-cuda-nvrtc==13.0.*",
-    "nvidia-cublas==13.0.*",
-    "nvidia-curand==10.4.0.*",
-    "nvidia-nvjpeg==13.0.*",
 ];
+
+/// The libraries the `sluice` binary links against or carries (`gpu-build`), pinned to the same toolkit.
+const LIBRARY_WHEELS: &[&str] =
+    &["nvidia-cuda-nvrtc==13.0.*", "nvidia-cublas==13.0.*", "nvidia-curand==10.4.0.*", "nvidia-nvjpeg==13.0.*"];
 
 /// cuDNN for `--features cuda,cudnn`, installed into its own folder (pip `--target` will not merge into the
 /// toolkit's `nvidia/` folder).
@@ -36,7 +37,7 @@ const CUDNN_WHEEL: &str = "nvidia-cudnn-cu13==9.*";
 /// The binary must stay under this to travel to the device with its dataset.
 const MAX_BINARY: u64 = 64 << 20;
 
-/// Where the toolkit is cached: `SLUICE_CUDA_SDK`, else `~/.cache/sluice/cuda-13.0`.
+/// Where `gpu-build` caches the toolkit: `SLUICE_CUDA_SDK`, else `~/.cache/sluice/cuda-13.0`.
 fn sdk_root() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_CUDA_SDK").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
@@ -45,25 +46,42 @@ fn sdk_root() -> PathBuf {
     home.join(".cache/sluice/cuda-13.0")
 }
 
+/// Where `cargo xtask ci` caches the compiler wheels: `<target>/cuda-sdk`, so a fresh clone downloads them once
+/// and a warm target directory reuses them.
+pub(crate) fn ci_sdk_root(root: &Path) -> PathBuf {
+    crate::target_dir(root).join("cuda-sdk")
+}
+
 /// The toolkit folder inside the wheels' install (`nvidia/cu13`).
 fn cuda_home(sdk: &Path) -> PathBuf {
     sdk.join("py/nvidia/cu13")
 }
 
-/// Installs the wheels (once), the `.so` links and the driver stub; returns `CUDA_HOME`.
-fn ensure_sdk(root: &Path) -> Result<PathBuf> {
-    let sdk = sdk_root();
-    let home = cuda_home(&sdk);
+/// Installs `wheels` into `sdk` unless an earlier install there already holds all of them (one pip call: pip's
+/// `--target --upgrade` replaces the whole `nvidia/` folder, so a second call must carry the first one's wheels
+/// too); returns `CUDA_HOME`.
+fn install_wheels(sdk: &Path, wheels: &[&str]) -> Result<PathBuf> {
+    let home = cuda_home(sdk);
     let marker = sdk.join(".installed");
-    if !marker.exists() || !home.join("bin/nvcc").exists() {
-        eprintln!("xtask: installing the CUDA 13.0 wheels into {}", sdk.display());
-        std::fs::create_dir_all(&sdk).with_context(|| format!("creating {}", sdk.display()))?;
-        let target = sdk.join("py");
+    let have = std::fs::read_to_string(&marker).unwrap_or_default();
+    let mut all: Vec<&str> = have.lines().filter(|l| !l.is_empty()).collect();
+    if wheels.iter().any(|w| !all.contains(w)) || !home.join("bin/nvcc").exists() {
+        all.extend(wheels.iter().filter(|w| !have.lines().any(|l| l == **w)));
+        eprintln!("xtask: installing {} CUDA 13.0 wheels into {} (pip)", all.len(), sdk.display());
+        std::fs::create_dir_all(sdk).with_context(|| format!("creating {}", sdk.display()))?;
         let mut pip = Command::new("python3");
-        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"]).arg(&target).args(WHEELS);
+        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"])
+            .arg(sdk.join("py"))
+            .args(&all);
         crate::run(&mut pip)?;
-        std::fs::write(&marker, WHEELS.join("\n")).context("writing the install marker")?;
+        std::fs::write(&marker, all.join("\n")).context("writing the install marker")?;
     }
+    Ok(home)
+}
+
+/// Installs the compiler and library wheels (once), the `.so` links and the driver stub; returns `CUDA_HOME`.
+fn ensure_sdk(root: &Path) -> Result<PathBuf> {
+    let home = install_wheels(&sdk_root(), &[COMPILER_WHEELS, LIBRARY_WHEELS].concat())?;
     let lib = home.join("lib");
     link_unversioned(&lib)?;
     driver_stub(root, &lib.join("stubs"))?;
@@ -177,12 +195,27 @@ pub(crate) fn cuda_target(root: &Path) -> PathBuf {
     crate::target_dir(root).join("cuda")
 }
 
+/// A `cargo` command in the CUDA build environment of the compiler wheels cached in `sdk` (installed when
+/// missing): what `cargo xtask ci` type-checks the `cuda` and `cudnn` features with. Checking runs candle-kernels'
+/// build script, which compiles candle's kernels with nvcc (PTX, and a static library of quantized-matmul
+/// kernels), but links nothing, so neither the CUDA libraries, nor the driver stub, nor the cuDNN wheel are needed
+/// (cudarc loads them at run time; `cudnn` only adds a link flag). Nothing runs those kernels either, so nvcc
+/// compiles their device code unoptimised (`NVCC_APPEND_FLAGS`, about half of nvcc's time on 2 cores); every
+/// file is still compiled in full.
+pub(crate) fn cuda_check_cargo(root: &Path, sdk: &Path) -> Result<Command> {
+    let home = install_wheels(sdk, COMPILER_WHEELS)?;
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root).env("NVCC_APPEND_FLAGS", "-Xcicc -O0 -Xptxas -O0");
+    cuda_env(&mut cmd, &home);
+    Ok(cmd)
+}
+
 /// `cargo xtask gpu-build`: the toolkit (cached), then the release `sluice` with `features`; returns the binary.
 pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
     let home = ensure_sdk(root)?;
     let target = cuda_target(root);
     let mut cmd = Command::new("cargo");
-    cmd.args(["build", "--release", "--locked", "-p", "sluice-cli", "--bin", "sluice", "--features", features])
+    cmd.args(["build", "--release", "--locked", "-p", crate::CLI_PACKAGE, "--bin", "sluice", "--features", features])
         .arg("--target-dir")
         .arg(&target)
         .current_dir(root);
@@ -190,7 +223,7 @@ pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
     if features.split(',').any(|f| f.trim() == "cudnn") {
         cmd.env("CUDNN_LIB", ensure_cudnn()?);
     }
-    eprintln!("xtask: cargo build --release -p sluice-train --features {features} (CUDA 13.0, sm_90)");
+    eprintln!("xtask: cargo build --release -p {} --features {features} (CUDA 13.0, sm_90)", crate::CLI_PACKAGE);
     crate::run(&mut cmd)?;
     let bin = target.join("release/sluice");
     crate::run(Command::new("strip").arg(&bin))?;
@@ -213,14 +246,6 @@ const CHECK_IMAGES: usize = 64;
 const ULTRALYTICS: &str = "ultralytics==8.4.190";
 /// What a device run may take in all: the working tree and the carried folder.
 const MAX_CARRY: u64 = 64 << 20;
-
-/// coco128: `SLUICE_COCO128`, else `../shared/datasets/coco128` beside the workspace.
-fn coco128(root: &Path) -> PathBuf {
-    match std::env::var_os("SLUICE_COCO128").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => root.join("../shared/datasets/coco128"),
-    }
-}
 
 fn copy(from: &Path, to: &Path) -> Result<u64> {
     std::fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))
@@ -330,7 +355,7 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str) ->
             eprintln!("xtask: {} not found; run `cargo xtask gpu-build` first", from.display());
         }
     }
-    let data = dataset_slice(&coco128(root), &dir.join("data"), CHECK_IMAGES)?;
+    let data = dataset_slice(&sluice_core::locations::coco128_dir(), &dir.join("data"), CHECK_IMAGES)?;
     // The decode conformance suite with nvJPEG, prebuilt; on the device it reads the fixtures of the carried
     // working tree (`SLUICE_DECODE_TEST_DATA`).
     match conformance_binary(root) {

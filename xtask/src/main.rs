@@ -1,11 +1,11 @@
 //! Developer tasks for the Sluice workspace, run as `cargo xtask <task>`.
 //!
-//! `ci` runs the checks CI runs, cheapest first: formatting, clippy with warnings denied, then the tests; then
-//! clippy and the tests of `sluice-decode`'s `nvjpeg` backend (no GPU or CUDA needed to build it); then the
-//! same for `sluice-decode`'s `turbojpeg` backend when CMake and NASM are installed (`SLUICE_REQUIRE_TURBOJPEG=1`
-//! makes their absence an error, as `.ci/run` does).
+//! `ci` runs the checks CI runs, listed in [`ci`]: formatting, clippy with warnings denied and the tests of the
+//! workspace, of `sluice-decode`'s `nvjpeg` and `turbojpeg` backends, of `fuzz/` and of the vendored candle-core,
+//! and clippy of the `cuda` and `cudnn` features with the CUDA compiler from PyPI (no GPU).
 //! `train` trains the embedded default: it generates the synthetic shapes dataset when it is absent, builds the
-//! `sluice` binary in release mode and runs `sluice train --config configs/quick.yaml`.
+//! `sluice` binary in release mode and runs `sluice train --config configs/quick.yaml`, saying which of these it
+//! is doing.
 //! `gpu-build` / `gpu-check`: the CUDA build on a machine without a GPU, and the device check ([`gpu`]).
 //! `bench` builds the release `sluice` once and runs the peer-comparison scripts of `benches/` with it (`SLUICE`
 //! set, so they do not build it again), writing their combined output to stdout and to a results file under the
@@ -20,7 +20,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod ci;
 mod gpu;
+
+/// The package of the `sluice` binary.
+const CLI_PACKAGE: &str = "sluice-cli";
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Sluice developer tasks")]
@@ -31,7 +35,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Formatting check, clippy (-D warnings) and the whole test suite, cheapest first.
+    /// Everything CI checks: formatting, clippy (-D warnings) and the tests of the workspace, its decode backends,
+    /// `fuzz/` (corpus replay) and the vendored candle-core, and clippy of the `cuda`/`cudnn` features (no GPU).
     Ci {
         /// Skip `cargo fmt --check` and clippy; run only the tests.
         #[arg(long)]
@@ -47,7 +52,7 @@ enum Task {
         rest: Vec<String>,
     },
     /// Build the release `sluice` once, then run the peer-comparison scripts of `benches/` with it (they need the
-    /// peers' venv, see `$PEERS_DIR/README.md`) and write their output to stdout and to
+    /// peers' venv, found through `PEERS_DIR`, see `sluice_core::locations`) and write their output to stdout and to
     /// `<target dir>/bench/<UTC date-time>-<case>.txt`. The scripts read their settings from the environment
     /// (e.g. `PEERS_REPEATS=1`; see each script's header).
     Bench {
@@ -99,14 +104,14 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     match cli.task {
-        Task::Ci { tests_only } => ci(&root, tests_only),
+        Task::Ci { tests_only } => ci::ci(&root, tests_only),
         Task::Train { config, rest } => train(&root, &config, &rest),
         Task::Bench { case, features, sluice, rest } => bench(&root, case, features.as_deref(), sluice, &rest),
         Task::GpuBuild { features } => gpu::gpu_build(&root, &features).map(|_| ()),
         Task::GpuCheck { sluice, features } => gpu::gpu_check(&root, sluice, &features),
         Task::GenData { args } => {
             let mut cmd =
-                vec!["run", "--release", "--quiet", "-p", "sluice-cli", "--bin", "sluice", "--", "data", "gen"];
+                vec!["run", "--release", "--quiet", "-p", CLI_PACKAGE, "--bin", "sluice", "--", "data", "gen"];
             cmd.extend(args.iter().map(String::as_str));
             cargo(&root, &cmd)
         }
@@ -116,49 +121,6 @@ fn main() -> Result<()> {
 /// The workspace root: the parent of this crate's manifest directory.
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
-}
-
-fn ci(root: &Path, tests_only: bool) -> Result<()> {
-    if !tests_only {
-        ensure_component("rustfmt", &["fmt", "--version"])?;
-        ensure_component("clippy", &["clippy", "--version"])?;
-        cargo(root, &["fmt", "--all", "--check"])?;
-        cargo(root, &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
-    }
-    cargo(root, &["test", "--workspace", "--locked"])?;
-    // The nvJPEG backend loads its libraries at run time, so it builds and its no-GPU paths (a clear error,
-    // the CPU fallback) are tested everywhere.
-    let nvjpeg = ["-p", "sluice-decode", "--features", "nvjpeg", "--locked"];
-    if !tests_only {
-        cargo(root, &[&["clippy"][..], &nvjpeg, &["--all-targets", "--", "-D", "warnings"]].concat())?;
-    }
-    cargo(root, &[&["test"][..], &nvjpeg].concat())?;
-    // The libjpeg-turbo backend builds its bundled library with CMake and NASM: checked and tested (the decode
-    // conformance suite against both backends) wherever those tools are, required where CI says so.
-    let missing: Vec<&str> = ["cmake", "nasm"].into_iter().filter(|t| !tool_found(t)).collect();
-    if missing.is_empty() {
-        let feature = ["-p", "sluice-decode", "--features", "turbojpeg", "--locked"];
-        if !tests_only {
-            cargo(root, &[&["clippy"][..], &feature, &["--all-targets", "--", "-D", "warnings"]].concat())?;
-        }
-        cargo(root, &[&["test"][..], &feature].concat())?;
-    } else if std::env::var_os("SLUICE_REQUIRE_TURBOJPEG").is_some_and(|v| v == "1") {
-        bail!(
-            "SLUICE_REQUIRE_TURBOJPEG=1 but {} not found: the turbojpeg backend cannot be built",
-            missing.join(" and ")
-        );
-    } else {
-        eprintln!(
-            "xtask: skipped the turbojpeg backend's checks ({} not found; install them, e.g. `apt-get install cmake nasm`)",
-            missing.join(" and ")
-        );
-    }
-    Ok(())
-}
-
-/// Whether `tool --version` runs.
-fn tool_found(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
@@ -172,20 +134,34 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
     let synth = sluice_dataset::synth::SynthConfig::quick(root.join("datasets/synthetic"));
     // Generated when absent, and regenerated when it was made with other settings (an older generator).
     if root.join(&data) == synth.out.join("data.yaml") && !sluice_dataset::synth::is_generated_with(&synth) {
+        eprintln!("xtask: generating the synthetic shapes dataset in {} ...", synth.out.display());
+        let t = std::time::Instant::now();
         let s = sluice_dataset::synth::generate(&synth)
             .with_context(|| format!("generating the synthetic dataset in {}", synth.out.display()))?;
         eprintln!(
-            "xtask: generated {} ({} train + {} val images)",
+            "xtask: generated {} ({} train + {} val images, {:.1} s)",
             s.data_yaml.display(),
             s.train_images,
-            s.val_images
+            s.val_images,
+            t.elapsed().as_secs_f64()
         );
     }
-    let config = config.to_string_lossy().into_owned();
-    let mut args = vec!["run", "--release", "--quiet", "-p", "sluice-cli", "--bin", "sluice", "--", "train"];
-    args.extend(["--config", &config]);
-    args.extend(rest.iter().map(String::as_str));
-    cargo(root, &args)
+    let bin = target_dir(root).join("release").join("sluice");
+    if bin.is_file() {
+        eprintln!("xtask: bringing the release sluice binary up to date ...");
+    } else {
+        eprintln!("xtask: building the release sluice binary (first time: several minutes) ...");
+    }
+    cargo(root, &["build", "--release", "-p", CLI_PACKAGE, "--bin", "sluice"])?;
+    let mut cmd = Command::new(&bin);
+    cmd.arg("train").arg("--config").arg(&config).args(rest).current_dir(root);
+    eprintln!("xtask: running {} train --config {}{}", bin.display(), config.display(), shell_tail(rest));
+    run(&mut cmd)
+}
+
+/// ` a b c` for a non-empty argument list, else nothing.
+fn shell_tail(args: &[String]) -> String {
+    args.iter().map(|a| format!(" {a}")).collect()
 }
 
 /// The comparisons `cargo xtask bench` runs.
@@ -235,7 +211,7 @@ fn bench(
     let sluice = match prebuilt {
         Some(p) => std::path::absolute(&p).with_context(|| format!("resolving {}", p.display()))?,
         None => {
-            let mut build = vec!["build", "--release", "--quiet", "-p", "sluice-cli", "--bin", "sluice"];
+            let mut build = vec!["build", "--release", "--quiet", "-p", CLI_PACKAGE, "--bin", "sluice"];
             if let Some(f) = features {
                 build.extend(["--features", f]);
             }
@@ -284,7 +260,7 @@ fn bench(
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace root) or `<root>/target`.
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(d) if !d.is_empty() => root.join(d),
         _ => root.join("target"),
@@ -365,7 +341,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 /// Installs a rustup component when `cargo <probe>` fails (a fresh machine may lack rustfmt or clippy).
-fn ensure_component(component: &str, probe: &[&str]) -> Result<()> {
+pub(crate) fn ensure_component(component: &str, probe: &[&str]) -> Result<()> {
     let ok = Command::new("cargo").args(probe).output().map(|o| o.status.success()).unwrap_or(false);
     if !ok {
         eprintln!("xtask: installing rustup component {component}");
@@ -374,12 +350,12 @@ fn ensure_component(component: &str, probe: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+pub(crate) fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     eprintln!("xtask: cargo {}", args.join(" "));
     run(Command::new("cargo").args(args).current_dir(root))
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let status = cmd.status().with_context(|| format!("cannot start {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed with {status}");

@@ -1,0 +1,142 @@
+//! `cargo xtask ci`: every check CI runs, one after the other, each timed (the figures are printed at the end).
+//!
+//! 1. `cargo fmt --check` of the workspace and of `fuzz/` (its own workspace).
+//! 2. clippy `-D warnings` of the workspace, then its tests.
+//! 3. `sluice-decode`'s `nvjpeg` backend: clippy and tests (it loads its libraries at run time, so it builds and
+//!    its no-GPU paths are tested everywhere).
+//! 4. `sluice-decode`'s `turbojpeg` backend: clippy and tests, where CMake and NASM are installed
+//!    (`SLUICE_REQUIRE_TURBOJPEG=1` makes their absence an error, as `.ci/run` does).
+//! 5. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
+//!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
+//! 6. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
+//!    excluded from it): its unit tests, `tests/grad_tests.rs` and its doctests, with its own `Cargo.lock`.
+//! 7. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg` (every crate that has one of
+//!    these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
+//!    `<target>/cuda-sdk` (once per target directory), no GPU is needed ([`crate::gpu::cuda_check_cargo`]).
+//!
+//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2, 3, 4 and 7);
+//! `fuzz/` and `vendor/candle-core` are other workspaces with other profiles and lock files, so they build into
+//! `<target>/fuzz` and `<target>/vendor`.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+/// Runs the steps in order, stopping at the first failure; prints each step's wall time at the end.
+struct Steps {
+    done: Vec<(String, Duration)>,
+    started: Instant,
+}
+
+impl Steps {
+    fn new() -> Self {
+        Self { done: Vec::new(), started: Instant::now() }
+    }
+
+    /// Runs `cmd` as the step `name`.
+    fn run(&mut self, name: &str, cmd: &mut Command) -> Result<()> {
+        eprintln!("xtask: == {name}");
+        let t = Instant::now();
+        let r = crate::run(cmd);
+        self.done.push((name.to_string(), t.elapsed()));
+        if r.is_err() {
+            self.report();
+        }
+        r
+    }
+
+    /// Runs `cargo args` in `dir` as the step `name`.
+    fn cargo(&mut self, name: &str, dir: &Path, args: &[&str]) -> Result<()> {
+        eprintln!("xtask: cargo {}", args.join(" "));
+        self.run(name, Command::new("cargo").args(args).current_dir(dir))
+    }
+
+    fn report(&self) {
+        eprintln!("xtask: ci step times (wall clock):");
+        for (name, d) in &self.done {
+            eprintln!("xtask:   {:>7.1} s  {name}", d.as_secs_f64());
+        }
+        eprintln!("xtask:   {:>7.1} s  in all", self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Clippy's arguments after the selection: every target, the lock file as committed, warnings denied.
+const CLIPPY_TAIL: &[&str] = &["--all-targets", "--locked", "--", "-D", "warnings"];
+
+pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
+    let checks = !tests_only;
+    let mut s = Steps::new();
+    if checks {
+        crate::ensure_component("rustfmt", &["fmt", "--version"])?;
+        crate::ensure_component("clippy", &["clippy", "--version"])?;
+        s.cargo("fmt", root, &["fmt", "--all", "--check"])?;
+        s.cargo("fmt fuzz/", root, &["fmt", "--all", "--check", "--manifest-path", "fuzz/Cargo.toml"])?;
+        s.cargo("clippy", root, &[&["clippy", "--workspace"][..], CLIPPY_TAIL].concat())?;
+    }
+    s.cargo("test", root, &["test", "--workspace", "--locked"])?;
+
+    let nvjpeg = ["-p", "sluice-decode", "--features", "nvjpeg"];
+    if checks {
+        s.cargo("clippy nvjpeg", root, &[&["clippy"][..], &nvjpeg, CLIPPY_TAIL].concat())?;
+    }
+    s.cargo("test nvjpeg", root, &[&["test", "--locked"][..], &nvjpeg].concat())?;
+    turbojpeg(root, checks, &mut s)?;
+
+    let target = crate::target_dir(root);
+    let fuzz_target = target.join("fuzz").to_string_lossy().into_owned();
+    let fuzz = ["--manifest-path", "fuzz/Cargo.toml", "--target-dir", &fuzz_target];
+    if checks {
+        s.cargo("clippy fuzz/", root, &[&["clippy"][..], &fuzz, CLIPPY_TAIL].concat())?;
+    }
+    s.cargo("test fuzz/ (corpus replay)", root, &[&["test", "--locked"][..], &fuzz].concat())?;
+
+    // candle-core's tests as vendored: the published crate ships only `tests/grad_tests.rs` of candle's test
+    // folder here (vendor/README.md), plus the unit tests and doctests in `src/`. Nothing is excluded: none of
+    // them needs a GPU, Metal or the network (the `cuda`/`metal` features are off).
+    let vendor_target = target.join("vendor").to_string_lossy().into_owned();
+    let candle = ["--manifest-path", "vendor/candle-core/Cargo.toml", "--target-dir", &vendor_target];
+    s.cargo("test vendor/candle-core", root, &[&["test", "--locked"][..], &candle].concat())?;
+
+    if checks {
+        let sdk = crate::gpu::ci_sdk_root(root);
+        let t = Instant::now();
+        let mut cmd = crate::gpu::cuda_check_cargo(root, &sdk)?;
+        s.done.push(("CUDA 13.0 compiler wheels (pip)".into(), t.elapsed()));
+        let args = [&["clippy", "--workspace", "--features", "cuda,cudnn,nvjpeg"][..], CLIPPY_TAIL].concat();
+        eprintln!("xtask: cargo {} (CUDA 13.0 from {}, no GPU)", args.join(" "), sdk.display());
+        s.run("clippy cuda,cudnn,nvjpeg", cmd.args(&args))?;
+    }
+    s.report();
+    Ok(())
+}
+
+/// The libjpeg-turbo backend builds its bundled library with CMake and NASM: checked and tested (the decode
+/// conformance suite against both backends) wherever those tools are, required where CI says so.
+fn turbojpeg(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
+    let missing: Vec<&str> = ["cmake", "nasm"].into_iter().filter(|t| !tool_found(t)).collect();
+    if missing.is_empty() {
+        let feature = ["-p", "sluice-decode", "--features", "turbojpeg"];
+        if checks {
+            s.cargo("clippy turbojpeg", root, &[&["clippy"][..], &feature, CLIPPY_TAIL].concat())?;
+        }
+        s.cargo("test turbojpeg", root, &[&["test", "--locked"][..], &feature].concat())?;
+    } else if std::env::var_os("SLUICE_REQUIRE_TURBOJPEG").is_some_and(|v| v == "1") {
+        bail!(
+            "SLUICE_REQUIRE_TURBOJPEG=1 but {} not found: the turbojpeg backend cannot be built",
+            missing.join(" and ")
+        );
+    } else {
+        eprintln!(
+            "xtask: skipped the turbojpeg backend's checks ({} not found; install them, e.g. `apt-get install cmake nasm`)",
+            missing.join(" and ")
+        );
+    }
+    Ok(())
+}
+
+/// Whether `tool --version` runs.
+fn tool_found(tool: &str) -> bool {
+    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
+}
