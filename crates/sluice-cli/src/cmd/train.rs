@@ -208,6 +208,13 @@ impl Observer for Console {
         }
     }
 
+    fn info(&mut self, message: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{message}")),
+            None => eprintln!("{message}"),
+        }
+    }
+
     fn warn(&mut self, message: &str) {
         match &self.bar {
             Some(bar) => bar.suspend(|| eprintln!("warning: {message}")),

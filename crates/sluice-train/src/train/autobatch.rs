@@ -1,7 +1,8 @@
 //! `batch: -1`, Ultralytics' AutoBatch: on a GPU, the batch size that fills 60% of the device's memory, from the
 //! memory of a few probe training steps (forward, dense loss, backward) at batch 1, 2, 4 and 8 on a throwaway copy
-//! of the model, fitted with a straight line; on the CPU, Ultralytics' default of 16. The choice is printed and
-//! stored in the run's configuration (so a resume keeps it).
+//! of the model, fitted with a straight line; on the CPU, Ultralytics' default of 16. The choice comes back with a
+//! line saying how it was made (the trainer hands it to its observer) and is stored in the run's configuration (so
+//! a resume keeps it).
 
 use crate::error::{Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -16,11 +17,10 @@ pub const CPU_BATCH: usize = 16;
 /// Probe batch sizes.
 const PROBES: [usize; 4] = [1, 2, 4, 8];
 
-/// The batch size for `cfg` on `device` (see the module docs).
-pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<usize> {
+/// The batch size for `cfg` on `device` (see the module docs), and a line saying how it was chosen.
+pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<(usize, String)> {
     let Some((_, total)) = sluice_transfer::device_memory(device) else {
-        eprintln!("AutoBatch: no CUDA device, using the default CPU batch size {CPU_BATCH}");
-        return Ok(CPU_BATCH);
+        return Ok((CPU_BATCH, format!("AutoBatch: no CUDA device, using the default CPU batch size {CPU_BATCH}")));
     };
     let model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, device, cfg.seed)?;
     model.set_autocast(super::setup::amp_dtype(cfg, device))?;
@@ -32,13 +32,13 @@ pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<usize
         points.push((b as f64, used as f64));
     }
     let chosen = fit(&points, FRACTION * total as f64);
-    eprintln!(
+    let line = format!(
         "AutoBatch: batch {chosen} for {:.0}% of {:.1} GiB (probes {})",
         FRACTION * 100.0,
         total as f64 / f64::from(1u32 << 30),
         points.iter().map(|(b, m)| format!("{b}: {:.2} GiB", m / f64::from(1u32 << 30))).collect::<Vec<_>>().join(", ")
     );
-    Ok(chosen)
+    Ok((chosen, line))
 }
 
 /// Device memory in use after one training step at batch `b`, its tensors still alive.
@@ -88,6 +88,6 @@ mod tests {
     #[test]
     fn the_cpu_gets_ultralytics_default() {
         let cfg = TrainConfig::default();
-        assert_eq!(auto_batch(&cfg, 2, &Device::Cpu).expect("cpu"), CPU_BATCH);
+        assert_eq!(auto_batch(&cfg, 2, &Device::Cpu).expect("cpu").0, CPU_BATCH);
     }
 }

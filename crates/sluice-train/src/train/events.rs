@@ -87,6 +87,8 @@ pub trait Observer {
     fn final_eval(&mut self, _event: &FinalEvalEvent<'_>) {}
     /// When the run returns (finished or interrupted), with what `summary.json` holds.
     fn finished(&mut self, _summary: &TrainSummary) {}
+    /// Information about the run's set-up (the batch size AutoBatch chose): dropped unless the front end shows it.
+    fn info(&mut self, _message: &str) {}
     /// A warning (non-finite step, skipped samples, a setting that does not apply): dropped unless the front end
     /// shows it.
     fn warn(&mut self, _message: &str) {}

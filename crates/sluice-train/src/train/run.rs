@@ -27,6 +27,15 @@ use super::validate::{ValOptions, validate};
 use crate::error::{Context, Result};
 use crate::optim::{Optimization, RunShape};
 
+/// A message of the set-up, kept until the run has an observer.
+#[derive(Debug)]
+pub(super) enum Note {
+    /// Information (what was chosen).
+    Info(String),
+    /// A warning (a setting that does not apply).
+    Warn(String),
+}
+
 /// A training run.
 pub struct Trainer {
     pub(super) cfg: TrainConfig,
@@ -52,8 +61,9 @@ pub struct Trainer {
     pub(super) stop: Arc<AtomicBool>,
     /// Non-finite steps in a row (the run stops at `max_nonfinite`).
     pub(super) consecutive_nonfinite: u32,
-    /// Notes from the set-up (a setting that does not apply here), given to the observer as warnings.
-    pub(super) notes: Vec<String>,
+    /// What the set-up has to say (the AutoBatch choice, a setting that does not apply here), given to the
+    /// observer when the run starts.
+    pub(super) notes: Vec<Note>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -105,8 +115,11 @@ impl Trainer {
         let nc = data.nc();
         let device = device_of(&cfg.device)?;
         let mut cfg = cfg;
+        let mut notes = Vec::new();
         if cfg.batch == super::config::AUTO_BATCH {
-            cfg.batch = super::autobatch::auto_batch(&cfg, nc, &device)?;
+            let (batch, line) = super::autobatch::auto_batch(&cfg, nc, &device)?;
+            cfg.batch = batch;
+            notes.push(Note::Info(line));
         }
         let workers = if cfg.workers == 0 { default_workers() } else { cfg.workers };
         let lcfg = LoaderConfig {
@@ -138,11 +151,10 @@ impl Trainer {
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
             model.load_weights(w, LoadMode::Strict).with_context(|| format!("initial weights {}", w.display()))?;
         }
-        let mut notes = Vec::new();
         if let Some(half) = amp_dtype(&cfg, &device) {
             model.set_autocast(Some(half))?;
         } else if cfg.amp {
-            notes.push("amp: mixed precision is for CUDA devices; training in f32 on the CPU".to_string());
+            notes.push(Note::Warn("amp: mixed precision is for CUDA devices; training in f32 on the CPU".into()));
         }
         let shape = RunShape {
             batch: cfg.batch,
@@ -238,7 +250,10 @@ impl Trainer {
     /// a stop request (Ctrl-C) saves `last` and returns, and a finished run ends with the final validation.
     pub fn run(&mut self, observer: &mut dyn Observer) -> Result<TrainSummary> {
         for note in std::mem::take(&mut self.notes) {
-            observer.warn(&note);
+            match note {
+                Note::Info(m) => observer.info(&m),
+                Note::Warn(m) => observer.warn(&m),
+            }
         }
         let start = Instant::now();
         let results = ResultsCsv::open(&self.paths.results, self.progress.epoch)?;
