@@ -108,9 +108,9 @@ impl Trainer {
                 ReadFrom::Packed => Ok(packed(loaded)?),
             }
         };
-        let (train_split, val_split) = (split(Split::Train)?, split(Split::Val)?);
-        let train_index = train_split.indexed.index.clone();
-        let val_index = val_split.indexed.index.clone();
+        let (mut train_split, mut val_split) = (split(Split::Train)?, split(Split::Val)?);
+        let train_index = std::mem::take(&mut train_split.indexed.index);
+        let val_index = std::mem::take(&mut val_split.indexed.index);
         let data = &train_split.config;
         let nc = data.nc();
         let device = device_of(&cfg.device)?;
@@ -142,11 +142,12 @@ impl Trainer {
                 2 * STRIDE
             );
         }
-        let train = TrainLoader::new(source(&train_split, train_index, cfg.imgsz, true, cfg.cache)?, lcfg, cfg.hyp)?;
+        let train =
+            TrainLoader::new(source(&train_split.source, train_index, cfg.imgsz, true, cfg.cache)?, lcfg, cfg.hyp)?;
         let val_index = subset(&val_index, cfg.val_fraction, cfg.seed);
         // Ultralytics validates with twice the training batch, at `imgsz` (multi-scale is for training only).
         let vcfg = LoaderConfig { batch: cfg.batch * 2, multi_scale: 0.0, ..lcfg };
-        let val = ValLoader::new(source(&val_split, val_index, cfg.imgsz, false, cfg.cache)?, vcfg);
+        let val = ValLoader::new(source(&val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg);
         let mut model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, &device, cfg.seed)?;
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
             model.load_weights(w, LoadMode::Strict).with_context(|| format!("initial weights {}", w.display()))?;

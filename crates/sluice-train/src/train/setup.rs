@@ -7,8 +7,8 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 use sluice_core::sample_rng;
 use sluice_dataset::{IndexOptions, SampleIndex, Split};
-use sluice_loader::split::{LoadedSplit, load_split};
-use sluice_loader::{CacheMode, DecodedSource, LoaderConfig, ValLoader, default_workers};
+use sluice_loader::split::load_split;
+use sluice_loader::{CacheMode, DecodedSource, LoaderConfig, SourceKind, ValLoader, default_workers};
 use sluice_model::candle_core::{DType, Device};
 use sluice_model::{DetectionLoss, LoadMode, YoloConfig, YoloV8};
 use sluice_transfer::DeviceTransfer;
@@ -77,8 +77,7 @@ pub fn validate_weights(
     let m = load_model(weights, model, nc, &device)?;
     let workers = if workers == 0 { default_workers() } else { workers };
     let lcfg = LoaderConfig { workers, ..LoaderConfig::new(imgsz, batch, 0) };
-    let index = loaded.indexed.index.clone();
-    let val = ValLoader::new(source(&loaded, index, imgsz, false, CacheMode::None)?, lcfg);
+    let val = ValLoader::new(source(&loaded.source, loaded.indexed.index, imgsz, false, CacheMode::None)?, lcfg);
     let loss = DetectionLoss::new(nc);
     let v = validate(&m, &val, &loss, &DeviceTransfer::new(&device, DType::F32)?, ValOptions::default())?;
     Ok((v, loaded.config.names))
@@ -101,15 +100,15 @@ pub(crate) fn subset(index: &SampleIndex, fraction: f64, seed: u64) -> SampleInd
     }
 }
 
-/// The decoded-image source of a split: read through the reader its [`LoadedSplit`] names, decoded to `imgsz`.
+/// The decoded-image source of a split's `index`: read through the reader `kind` names, decoded to `imgsz`.
 pub(crate) fn source(
-    split: &LoadedSplit,
+    kind: &SourceKind,
     index: SampleIndex,
     imgsz: u32,
     augment: bool,
     cache: CacheMode,
 ) -> Result<Arc<DecodedSource>> {
-    Ok(Arc::new(DecodedSource::open(&split.source, index, imgsz, augment, cache.budget_bytes())?))
+    Ok(Arc::new(DecodedSource::open(kind, index, imgsz, augment, cache.budget_bytes())?))
 }
 
 #[cfg(test)]
