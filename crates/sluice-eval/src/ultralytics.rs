@@ -157,10 +157,11 @@ pub struct ApReport {
 }
 
 impl ApReport {
-    /// Fitness `0.1 * mAP50 + 0.9 * mAP50-95` (Ultralytics' classic weighting, used for best-epoch selection).
-    /// Note: Ultralytics 8.4's `DetMetrics.fitness` reports plain mAP50-95 instead.
+    /// Fitness, the score that picks the best epoch: mAP50-95 alone, as Ultralytics 8.4's `DetMetrics.fitness`
+    /// (weights `[0, 0, 0, 1]` on P, R, mAP50, mAP50-95; YOLOv5's and early YOLOv8's `0.1·mAP50 + 0.9·mAP50-95`
+    /// picks another epoch when the two disagree).
     pub fn fitness(&self) -> f64 {
-        0.1 * self.map50 + 0.9 * self.map50_95
+        self.map50_95
     }
 }
 

@@ -95,7 +95,8 @@ fn tp_matrix_and_ap_per_class_match_ultralytics() {
     }
     let rd = &exp["det_metrics_results_dict"];
     close(rep.map50_95, &rd["metrics/mAP50-95(B)"], "results_dict mAP50-95");
-    assert!((rep.fitness() - (0.1 * rep.map50 + 0.9 * rep.map50_95)).abs() < 1e-15);
+    // Ultralytics 8.4 reports its fitness beside the metrics: mAP50-95 alone.
+    close(rep.fitness(), &rd["fitness"], "results_dict fitness");
     // Curves for plotting: one row per class, 1000 points; PR rows for classes with detections.
     assert_eq!(rep.p_curve.len(), rep.classes.len());
     assert!(rep.f1_curve.iter().all(|r| r.len() == 1000));

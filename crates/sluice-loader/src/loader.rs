@@ -120,12 +120,30 @@ impl Skips {
 }
 
 /// What a loader skipped so far.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SkipReport {
     /// Samples skipped because their image could not be read or decoded.
     pub skipped: u64,
     /// The first messages, each naming the file.
     pub first: Vec<String>,
+}
+
+impl SkipReport {
+    /// Both reports together: the counts added, the messages of `self` first.
+    pub fn merged(&self, other: &SkipReport) -> SkipReport {
+        let first = self.first.iter().chain(&other.first).cloned().collect();
+        SkipReport { skipped: self.skipped + other.skipped, first }
+    }
+
+    /// One line for the console (`None` when nothing was skipped): how many samples `what` left out, and the first
+    /// messages.
+    pub fn line(&self, what: &str) -> Option<String> {
+        (self.skipped > 0).then(|| {
+            let more = self.skipped.saturating_sub(self.first.len() as u64);
+            let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
+            format!("{what}: {} images skipped: {}{tail}", self.skipped, self.first.join("; "))
+        })
+    }
 }
 
 /// The images a batch needs, fetched by the `decode` stage and held until the `augment` stage is done.
@@ -373,6 +391,7 @@ impl TrainLoader {
 pub struct ValLoader {
     core: Core<ValRecipe>,
     plan: Arc<RectPlan>,
+    left_out: SkipReport,
 }
 
 impl std::fmt::Debug for ValLoader {
@@ -391,7 +410,19 @@ impl ValLoader {
         let plan = Arc::new(RectPlan::new(&sizes, cfg.batch, cfg.imgsz, Self::STRIDE, 0.5));
         let max_side = plan.shapes.iter().map(|&(w, h)| w.max(h)).max().unwrap_or(cfg.imgsz) as usize;
         let canvas = BatchShape::rgb(cfg.batch, max_side, max_side);
-        Self { core: Core::new(source, cfg, canvas), plan }
+        Self { core: Core::new(source, cfg, canvas), plan, left_out: SkipReport::default() }
+    }
+
+    /// Records the split's images that indexing already left out ([`crate::split::LoadedSplit::left_out`]), so
+    /// that every pass reports them with the ones it skips itself.
+    pub fn with_left_out(mut self, left_out: SkipReport) -> Self {
+        self.left_out = left_out;
+        self
+    }
+
+    /// The split's images left out before the first pass (unreadable headers, invalid label files).
+    pub fn left_out(&self) -> &SkipReport {
+        &self.left_out
     }
 
     /// The rect plan (visiting order and canvas per batch).

@@ -9,9 +9,10 @@ use std::io::Cursor;
 
 use sluice_dataset::cache::CacheStatus;
 use sluice_dataset::header::read_header_from;
-use sluice_dataset::{DataConfig, DatasetError, IndexOptions, IndexResult, Sample, SampleIndex, Split};
+use sluice_dataset::{DataConfig, DatasetError, IndexOptions, IndexResult, Sample, SampleIndex, Severity, Split};
 use sluice_storage::{PackSummary, PackedReader, StorageError, decode_labels, encode_labels, pack_files};
 
+use crate::SkipReport;
 use crate::source::SourceKind;
 
 /// The extension of a shard written by `sluice pack`.
@@ -69,6 +70,20 @@ impl LoadedSplit {
     /// The usable samples.
     pub fn index(&self) -> &SampleIndex {
         &self.indexed.index
+    }
+
+    /// The images indexing left out of the split (an unreadable or corrupt image, an invalid label file: the
+    /// problems of severity `Skipped`), one per file, with their messages.
+    pub fn left_out(&self) -> SkipReport {
+        let mut files: Vec<&Path> = Vec::new();
+        let mut first = Vec::new();
+        for p in self.indexed.problems.iter().filter(|p| p.kind.severity() == Severity::Skipped) {
+            if !files.contains(&p.file.as_path()) {
+                files.push(&p.file);
+                first.push(p.to_string());
+            }
+        }
+        SkipReport { skipped: files.len() as u64, first }
     }
 }
 

@@ -8,13 +8,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use sluice_dataset::Split;
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_model::Scale;
 use sluice_model::candle_core::Device;
 use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
-    BatchEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer, load_model,
+    BatchEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer, ValRequest,
+    ValSettings, load_model, validate_weights,
 };
 
 #[derive(Default)]
@@ -159,6 +161,45 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     assert_eq!(resumed, full.losses, "the resumed run must repeat the uninterrupted loss sequence exactly");
     let rows = ResultsCsv::read(&t.paths().results).unwrap();
     assert_eq!(rows.iter().map(|r| r.epoch).collect::<Vec<_>>(), vec![1, 2]);
+
+    // `sluice val` of `best` with no other setting takes the checkpoint's data, imgsz and validation batch, and
+    // repeats the trainer's final validation.
+    let req = ValRequest {
+        weights: &summary.best,
+        model: None,
+        data: None,
+        split: Split::Val,
+        imgsz: None,
+        batch: None,
+        workers: 2,
+        strict: false,
+    };
+    let (v, _, used) = validate_weights(&req).unwrap();
+    assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8 });
+    assert_eq!((v.report.map50, v.report.map50_95), (map50, map50_95));
+    assert_eq!((v.images, v.skipped.skipped), (4, 0));
+
+    // Val images that no longer decode are left out, counted and named: one whose header is gone (indexing leaves
+    // it out) and one cut before its scan (its header reads, the pass fails to decode it); with `strict` they stop the pass.
+    let mut val_images: Vec<_> = walk(&dir.path().join("data"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg") && p.to_string_lossy().contains("val"))
+        .collect();
+    val_images.sort();
+    let (garbage, cut) = (&val_images[0], &val_images[1]);
+    std::fs::write(garbage, b"not a jpeg").unwrap();
+    // Cut at the start of the scan: the frame header (size) reads, the pixels cannot be decoded.
+    let bytes = std::fs::read(cut).unwrap();
+    let sos = bytes.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+    std::fs::write(cut, &bytes[..sos]).unwrap();
+    let (v, _, _) = validate_weights(&req).unwrap();
+    assert_eq!((v.images, v.skipped.skipped), (2, 2), "{:?}", v.skipped);
+    for f in [garbage, cut] {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(v.skipped.first.iter().any(|m| m.contains(&name)), "{name} not in {:?}", v.skipped.first);
+    }
+    let e = validate_weights(&ValRequest { strict: true, ..req }).unwrap_err();
+    assert!(format!("{e:#}").contains("not a jpeg") || format!("{e:#}").contains(".jpg"), "{e:#}");
 }
 
 #[test]

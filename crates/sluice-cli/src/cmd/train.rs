@@ -187,6 +187,9 @@ impl Observer for Console {
     fn final_eval(&mut self, e: &FinalEvalEvent<'_>) {
         eprintln!("\nvalidating {} (epoch {}):", e.weights.display(), e.epoch);
         eprint!("{}", e.result.class_table(e.names));
+        if let Some(line) = e.result.skipped.line("final validation") {
+            eprintln!("warning: {line}");
+        }
         if self.plots {
             let out = e.run_dir.join("PR_curve.png");
             self.plotted(&out, plot_pr_curve(&e.result.report, e.names, &out));

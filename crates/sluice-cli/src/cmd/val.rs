@@ -1,5 +1,6 @@
 //! `sluice val`: Ultralytics' validation metrics (P, R, mAP50, mAP50-95 overall and per class) of a checkpoint or
-//! weights file on a dataset split.
+//! weights file on a dataset split. A training checkpoint brings its own dataset, image size and validation batch,
+//! so with no other flag the pass repeats the trainer's final validation; flags override them.
 
 use std::path::PathBuf;
 
@@ -7,7 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 use sluice_dataset::Split;
 use sluice_train::train::telemetry::ValTelemetry;
-use sluice_train::train::validate_weights;
+use sluice_train::train::{ValRequest, validate_weights};
 
 /// Arguments of `sluice val`.
 #[derive(Debug, clap::Args)]
@@ -15,22 +16,27 @@ pub(crate) struct Args {
     /// A training checkpoint (`runs/*/weights/best.safetensors`) or a weights file.
     #[arg(long)]
     weights: PathBuf,
-    /// Dataset YAML.
+    /// Dataset YAML (a checkpoint's training data when omitted).
     #[arg(long)]
-    data: PathBuf,
+    data: Option<PathBuf>,
     /// Architecture (yolov8n|s|m|l|x); read from a checkpoint when omitted.
     #[arg(long)]
     model: Option<String>,
     /// train, val or test.
     #[arg(long, default_value = "val")]
     split: Split,
-    #[arg(long, default_value_t = 640)]
-    imgsz: u32,
-    #[arg(long, default_value_t = 32)]
-    batch: usize,
+    /// Image size (a checkpoint's training imgsz when omitted, else 640).
+    #[arg(long)]
+    imgsz: Option<u32>,
+    /// Images per batch (a checkpoint's validation batch, twice its training batch, when omitted, else 32).
+    #[arg(long)]
+    batch: Option<usize>,
     /// Loader workers (0: about 80% of the cores).
     #[arg(long, default_value_t = 0)]
     workers: usize,
+    /// Stop on the first image that cannot be read or decoded (by default it is skipped, named and counted).
+    #[arg(long)]
+    strict: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -49,7 +55,13 @@ struct ClassRow {
 
 #[derive(Serialize)]
 struct ValJson {
+    data: PathBuf,
+    imgsz: u32,
+    batch: usize,
     images: u64,
+    /// Images left out because they could not be read or decoded, and the first messages naming them.
+    skipped: u64,
+    skipped_files: Vec<String>,
     precision: f64,
     recall: f64,
     map50: f64,
@@ -63,15 +75,16 @@ struct ValJson {
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
-    let (v, names) = validate_weights(
-        &args.weights,
-        args.model.as_deref(),
-        &args.data,
-        args.split,
-        args.imgsz,
-        args.batch,
-        args.workers,
-    )?;
+    let (v, names, used) = validate_weights(&ValRequest {
+        weights: &args.weights,
+        model: args.model.as_deref(),
+        data: args.data.as_deref(),
+        split: args.split,
+        imgsz: args.imgsz,
+        batch: args.batch,
+        workers: args.workers,
+        strict: args.strict,
+    })?;
     let r = &v.report;
     let classes: Vec<ClassRow> = r
         .classes
@@ -87,7 +100,12 @@ pub(crate) fn run(args: Args) -> Result<()> {
         })
         .collect();
     let out = ValJson {
+        data: used.data.clone(),
+        imgsz: used.imgsz,
+        batch: used.batch,
         images: v.images,
+        skipped: v.skipped.skipped,
+        skipped_files: v.skipped.first.clone(),
         precision: r.mp,
         recall: r.mr,
         map50: r.map50,
@@ -102,7 +120,11 @@ pub(crate) fn run(args: Args) -> Result<()> {
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
+    eprintln!("{} at imgsz {}, batch {}", used.data.display(), used.imgsz, used.batch);
     print!("{}", v.class_table(&names));
+    if let Some(line) = v.skipped.line("val") {
+        eprintln!("warning: {line}");
+    }
     eprintln!("{}", out.telemetry.line().trim_start());
     Ok(())
 }

@@ -224,7 +224,7 @@ impl Trainer {
                 first.first().map(String::as_str).unwrap_or("?")
             ));
         }
-        let best = if self.cfg.validates(epoch) { self.validate_epoch(epoch, &mut tel)? } else { false };
+        let best = if self.cfg.validates(epoch) { self.validate_epoch(epoch, &mut tel, observer)? } else { false };
         let m = self.progress.last_metrics;
         let row = EpochRow {
             epoch: epoch + 1,
@@ -233,6 +233,7 @@ impl Trainer {
             metrics: [m.precision, m.recall, m.map50, m.map50_95],
             val_loss: self.progress.last_val_loss,
             lr: self.opt.lrs(),
+            val_skipped: m.skipped,
         };
         results.append(&row)?;
         telemetry.append(&tel)?;
@@ -267,17 +268,22 @@ impl Trainer {
 
     /// Validates the EMA weights, records the pass in `tel` and the metrics in the progress; whether this epoch
     /// is the best so far.
-    fn validate_epoch(&mut self, epoch: u32, tel: &mut EpochTelemetry) -> Result<bool> {
+    fn validate_epoch(&mut self, epoch: u32, tel: &mut EpochTelemetry, observer: &mut dyn Observer) -> Result<bool> {
         let syncs0 = sluice_core::syncs::snapshot();
         let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, ValOptions::default())?;
         tel.val_s = v.seconds;
         let mut vt = ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats);
         vt.blocking_syncs = SyncTelemetry::since(&syncs0, v.batches);
         tel.val = Some(vt);
+        if let Some(line) = v.skipped.line(&format!("epoch {} validation", epoch + 1)) {
+            observer.warn(&line);
+        }
         let m = Metrics::of(&v);
         self.progress.last_metrics = m;
         self.progress.last_val_loss = v.loss;
-        let best = self.progress.best_fitness.is_none_or(|b| m.fitness > b);
+        // Ultralytics' rule (`if not self.best_fitness or self.best_fitness < fitness`): a best fitness of 0 counts
+        // as none, so while mAP50-95 stays 0 every epoch becomes the new best and `best` follows `last`.
+        let best = self.progress.best_fitness.is_none_or(|b| b == 0.0 || m.fitness > b);
         if best {
             self.progress.best_fitness = Some(m.fitness);
             self.progress.best_epoch = epoch + 1;

@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// Ultralytics' `results.csv` header for detection.
-pub const RESULTS_HEADER: [&str; 15] = [
+/// Ultralytics' `results.csv` header for detection, then `val/skipped`: the val images the last validation left
+/// out because they could not be read or decoded (Ultralytics' plotting reads its columns by position, so one
+/// more at the end changes nothing for it).
+pub const RESULTS_HEADER: [&str; 16] = [
     "epoch",
     "time",
     "train/box_loss",
@@ -25,6 +27,7 @@ pub const RESULTS_HEADER: [&str; 15] = [
     "lr/pg0",
     "lr/pg1",
     "lr/pg2",
+    "val/skipped",
 ];
 
 /// One row of `results.csv`.
@@ -42,6 +45,8 @@ pub struct EpochRow {
     pub val_loss: [f64; 3],
     /// Learning rates of the three parameter groups at the end of the epoch.
     pub lr: [f64; 3],
+    /// Val images the last validation skipped (unreadable or undecodable).
+    pub val_skipped: u64,
 }
 
 impl EpochRow {
@@ -49,12 +54,14 @@ impl EpochRow {
         let mut fields = vec![self.epoch.to_string(), format!("{:.3}", self.time)];
         let rest = self.train_loss.iter().chain(&self.metrics).chain(&self.val_loss).chain(&self.lr);
         fields.extend(rest.map(|v| format!("{v:.8}")));
+        fields.push(self.val_skipped.to_string());
         fields.join(",")
     }
 
     fn from_csv(line: &str) -> Option<Self> {
         let v: Vec<f64> = line.split(',').map(|s| s.trim().parse::<f64>()).collect::<Result<_, _>>().ok()?;
-        if v.len() != RESULTS_HEADER.len() {
+        // Files written before the `val/skipped` column have Ultralytics' 15.
+        if v.len() != RESULTS_HEADER.len() && v.len() != RESULTS_HEADER.len() - 1 {
             return None;
         }
         Some(Self {
@@ -64,6 +71,7 @@ impl EpochRow {
             metrics: [v[5], v[6], v[7], v[8]],
             val_loss: [v[9], v[10], v[11]],
             lr: [v[12], v[13], v[14]],
+            val_skipped: v.get(15).map_or(0, |&s| s as u64),
         })
     }
 }
@@ -156,6 +164,7 @@ mod tests {
             metrics: [0.1, 0.2, 0.3, 0.4],
             val_loss: [4.0, 5.0, 6.0],
             lr: [0.01, 0.01, 0.02],
+            val_skipped: u64::from(epoch == 2),
         }
     }
 
@@ -174,6 +183,9 @@ mod tests {
         let csv = ResultsCsv::open(&p, 2).unwrap();
         csv.append(&row(3)).unwrap();
         assert_eq!(ResultsCsv::read(&p).unwrap(), vec![row(1), row(2), row(3)]);
+        // A file with Ultralytics' 15 columns reads with no skipped images.
+        std::fs::write(&p, "h\n1,1.5,1,2,3,0.1,0.2,0.3,0.4,4,5,6,0.01,0.01,0.02\n").unwrap();
+        assert_eq!(ResultsCsv::read(&p).unwrap(), vec![EpochRow { val_skipped: 0, ..row(1) }]);
         std::fs::write(&p, "h\n1,2,x\n").unwrap();
         let e = ResultsCsv::read(&p).unwrap_err();
         assert!(format!("{e:#}").contains("results.csv:2"), "{e:#}");

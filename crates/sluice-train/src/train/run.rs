@@ -109,13 +109,21 @@ impl Trainer {
             }
         };
         let (mut train_split, mut val_split) = (split(Split::Train)?, split(Split::Val)?);
+        let mut notes = Vec::new();
+        // Images indexing left out: named once here (each val pass also counts the val ones); fatal with `strict`.
+        let val_left_out = val_split.left_out();
+        for (what, left_out) in [("train split", train_split.left_out()), ("val split", val_left_out.clone())] {
+            if let Some(line) = left_out.line(what) {
+                crate::ensure!(!cfg.strict, "strict: {line}");
+                notes.push(Note::Warn(line));
+            }
+        }
         let train_index = std::mem::take(&mut train_split.indexed.index);
         let val_index = std::mem::take(&mut val_split.indexed.index);
         let data = &train_split.config;
         let nc = data.nc();
         let device = device_of(&cfg.device)?;
         let mut cfg = cfg;
-        let mut notes = Vec::new();
         if cfg.batch == super::config::AUTO_BATCH {
             let (batch, line) = super::autobatch::auto_batch(&cfg, nc, &device)?;
             cfg.batch = batch;
@@ -147,7 +155,8 @@ impl Trainer {
         let val_index = subset(&val_index, cfg.val_fraction, cfg.seed);
         // Ultralytics validates with twice the training batch, at `imgsz` (multi-scale is for training only).
         let vcfg = LoaderConfig { batch: cfg.batch * 2, multi_scale: 0.0, ..lcfg };
-        let val = ValLoader::new(source(&val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg);
+        let val = ValLoader::new(source(&val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg)
+            .with_left_out(val_left_out);
         let mut model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, &device, cfg.seed)?;
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
             model.load_weights(w, LoadMode::Strict).with_context(|| format!("initial weights {}", w.display()))?;

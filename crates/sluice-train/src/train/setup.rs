@@ -59,28 +59,74 @@ pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Devic
     Ok(m)
 }
 
-/// Validates `weights` on a split of `data` (`sluice val`).
-pub fn validate_weights(
-    weights: &Path,
-    model: Option<&str>,
-    data: &Path,
-    split: Split,
-    imgsz: u32,
-    batch: usize,
-    workers: usize,
-) -> Result<(ValResult, Vec<String>)> {
+/// What `sluice val` asks for. `None` takes the setting a training checkpoint was trained with (so the pass
+/// repeats the trainer's own validation), else the default given with each field.
+#[derive(Debug, Clone, Copy)]
+pub struct ValRequest<'a> {
+    /// A training checkpoint or a plain weights file.
+    pub weights: &'a Path,
+    /// The architecture; a checkpoint's own when `None` (required for a plain weights file).
+    pub model: Option<&'a str>,
+    /// The dataset YAML; a checkpoint's training data when `None` (required for a plain weights file).
+    pub data: Option<&'a Path>,
+    /// The split to validate.
+    pub split: Split,
+    /// The image size; a checkpoint's `imgsz` when `None`, else 640.
+    pub imgsz: Option<u32>,
+    /// Images per batch; a checkpoint's validation batch (twice its training batch, as the trainer validates) when
+    /// `None`, else 32. Rect batches pad each batch to its own canvas, so the batch size changes the metrics a little.
+    pub batch: Option<usize>,
+    /// Loader workers (0: about 80% of the cores).
+    pub workers: usize,
+    /// Fail on the first image that cannot be read or decoded instead of skipping and counting it.
+    pub strict: bool,
+}
+
+/// The settings a validation ran with, after [`ValRequest`]'s defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValSettings {
+    /// The dataset YAML.
+    pub data: std::path::PathBuf,
+    /// The image size.
+    pub imgsz: u32,
+    /// Images per batch.
+    pub batch: usize,
+}
+
+/// Validates a weights file on a split of a dataset (`sluice val`); returns the pass, the class names and the
+/// settings it used.
+pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>, ValSettings)> {
+    let trained = match read_meta(req.weights) {
+        Ok(meta) => Some(TrainConfig::from_yaml_str(&meta.config)?),
+        Err(_) => None,
+    };
+    let data = match (req.data, &trained) {
+        (Some(d), _) => d.to_path_buf(),
+        (None, Some(t)) => t.data.clone(),
+        (None, None) => {
+            crate::bail!("{}: a plain weights file names no dataset; say which with --data", req.weights.display())
+        }
+    };
+    let imgsz = req.imgsz.or(trained.as_ref().map(|t| t.imgsz)).unwrap_or(640);
+    let trained_batch = trained.as_ref().filter(|t| t.batch != super::config::AUTO_BATCH).map(|t| t.batch * 2);
+    let batch = req.batch.or(trained_batch).unwrap_or(32);
     let opts = IndexOptions { cache: true, find_orphans: false };
-    let loaded = load_split(data, split, &opts, false)
-        .with_context(|| format!("dataset {}, {} split", data.display(), split.as_str()))?;
+    let loaded = load_split(&data, req.split, &opts, false)
+        .with_context(|| format!("dataset {}, {} split", data.display(), req.split.as_str()))?;
+    let left_out = loaded.left_out();
+    if let (true, Some(line)) = (req.strict, left_out.line(&format!("{} split", req.split.as_str()))) {
+        crate::bail!("strict: {line}");
+    }
     let device = Device::Cpu;
     let nc = loaded.config.nc();
-    let m = load_model(weights, model, nc, &device)?;
-    let workers = if workers == 0 { default_workers() } else { workers };
-    let lcfg = LoaderConfig { workers, ..LoaderConfig::new(imgsz, batch, 0) };
-    let val = ValLoader::new(source(&loaded.source, loaded.indexed.index, imgsz, false, CacheMode::None)?, lcfg);
+    let m = load_model(req.weights, req.model, nc, &device)?;
+    let workers = if req.workers == 0 { default_workers() } else { req.workers };
+    let lcfg = LoaderConfig { workers, strict: req.strict, ..LoaderConfig::new(imgsz, batch, 0) };
+    let val = ValLoader::new(source(&loaded.source, loaded.indexed.index, imgsz, false, CacheMode::None)?, lcfg)
+        .with_left_out(left_out);
     let loss = DetectionLoss::new(nc);
     let v = validate(&m, &val, &loss, &DeviceTransfer::new(&device, DType::F32)?, ValOptions::default())?;
-    Ok((v, loaded.config.names))
+    Ok((v, loaded.config.names, ValSettings { data, imgsz, batch }))
 }
 
 /// Seed-determined subset of `fraction` of the samples (at least one), in their original order.

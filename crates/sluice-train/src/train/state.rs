@@ -46,7 +46,7 @@ pub struct TrainSummary {
     pub best: PathBuf,
 }
 
-/// Precision, recall and the two mAPs.
+/// Precision, recall and the two mAPs of a validation pass, with the images it had to leave out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Metrics {
     /// Mean precision.
@@ -57,14 +57,24 @@ pub struct Metrics {
     pub map50: f64,
     /// mAP over IoU 0.5:0.95.
     pub map50_95: f64,
-    /// `0.1·mAP50 + 0.9·mAP50-95`.
+    /// Ultralytics 8.4's fitness, the score that picks `best`: mAP50-95.
     pub fitness: f64,
+    /// Val images that could not be read or decoded, left out of the pass and of the metrics.
+    #[serde(default)]
+    pub skipped: u64,
 }
 
 impl Metrics {
     pub(crate) fn of(v: &ValResult) -> Self {
         let r = &v.report;
-        Self { precision: r.mp, recall: r.mr, map50: r.map50, map50_95: r.map50_95, fitness: r.fitness() }
+        Self {
+            precision: r.mp,
+            recall: r.mr,
+            map50: r.map50,
+            map50_95: r.map50_95,
+            fitness: r.fitness(),
+            skipped: v.skipped.skipped,
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::loss_path::{Items, dense_on, step_loss};
 
-use sluice_loader::ValLoader;
+use sluice_loader::{SkipReport, ValLoader};
 
 /// What a validation pass should keep besides the metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,6 +63,10 @@ pub struct ValResult {
     pub stats: StreamStats,
     /// The first batch with its detections, when [`ValOptions::keep_first_batch`] asked for it.
     pub first_batch: Option<FirstBatch>,
+    /// Images of the split that could not be read or decoded (left out at indexing, or skipped by this pass): not
+    /// validated, their boxes not counted, as Ultralytics leaves out a corrupt image; counted here with the first
+    /// messages, each naming the file. With the loader's `strict` the pass fails on the first one instead.
+    pub skipped: SkipReport,
 }
 
 impl ValResult {
@@ -165,6 +169,7 @@ pub fn validate(
     let mut in_flight = InFlight::default();
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
+    let skipped_before = loader.skips().skipped;
     let mut t_wait = Instant::now();
     for batch in loader.pass() {
         let batch = batch.context("validation loader")?;
@@ -231,6 +236,10 @@ pub fn validate(
         _ => None,
     };
     let n = batches.max(1) as f64;
+    let skips = loader.skips();
+    let skipped = skips.skipped - skipped_before;
+    let skipped =
+        loader.left_out().merged(&SkipReport { skipped, first: if skipped > 0 { skips.first } else { Vec::new() } });
     Ok(ValResult {
         report: report.metrics,
         loss: loss_sum.map(|s| s / n),
@@ -241,5 +250,6 @@ pub fn validate(
         model_s,
         stats: report.stats,
         first_batch,
+        skipped,
     })
 }

@@ -37,26 +37,33 @@ pub(crate) fn backward_weight<T: Elem>(x: &[T], dy: &[T], g: &Geom) -> Vec<T> {
     transpose_weight_grad(&acc_t, g, shift)
 }
 
-/// `Σ_task f(task, acc)` into one `o·c·k·k` accumulator: one partial sum per rayon split, added up, with
-/// `parallel`; else in order into one.
+/// `Σ_task f(task, acc)` into one `o·c·k·k` accumulator. With `parallel`, the tasks are cut into one contiguous
+/// run per pool thread, each run summed in order into its own accumulator, and the runs' sums added in run order:
+/// the order of every addition depends on the task count and the thread count only, never on which thread stole
+/// which task, so the same inputs give the same bits on every run (rayon's `fold`/`reduce` splits adaptively and
+/// would not). Without `parallel`, in order into one.
 fn sum_tasks<T: Elem>(tasks: usize, len: usize, parallel: bool, f: impl Fn(usize, &mut [T]) + Sync + Send) -> Vec<T> {
     let zero = || vec![T::ZERO; len];
-    if parallel && tasks > 1 {
-        (0..tasks)
-            .into_par_iter()
-            .fold(zero, |mut acc, t| {
-                f(t, &mut acc);
-                acc
-            })
-            .reduce(zero, |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += *b);
-                a
-            })
-    } else {
+    let runs = if parallel { rayon::current_num_threads().clamp(1, tasks.max(1)) } else { 1 };
+    if runs == 1 {
         let mut acc = zero();
         (0..tasks).for_each(|t| f(t, &mut acc));
-        acc
+        return acc;
     }
+    let partial: Vec<Vec<T>> = (0..runs)
+        .into_par_iter()
+        .map(|r| {
+            let mut acc = zero();
+            (r * tasks / runs..(r + 1) * tasks / runs).for_each(|t| f(t, &mut acc));
+            acc
+        })
+        .collect();
+    let mut parts = partial.into_iter();
+    let mut acc = parts.next().unwrap_or_else(zero);
+    for part in parts {
+        acc.iter_mut().zip(&part).for_each(|(a, b)| *a += *b);
+    }
+    acc
 }
 
 /// The tiled weight gradient of [`backward_weight`], as `dwᵀ` (`c·k·k × o`, row-major): per tile of `rows` output
