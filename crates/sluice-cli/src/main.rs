@@ -4,6 +4,7 @@
 mod cmd;
 mod plots;
 mod preview;
+mod samples;
 
 /// mimalloc, with freed memory kept: the policy and its measured effect are in `sluice_kernels::memory`.
 #[global_allocator]

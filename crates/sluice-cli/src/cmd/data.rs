@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use crate::preview::{PreviewOptions, preview};
+use crate::samples::{SampleOptions, dump};
 use anyhow::{Context, Result};
 use sluice_augment::Hyp;
 use sluice_dataset::synth::{SynthConfig, generate};
@@ -101,6 +102,47 @@ enum DataCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write what the training loader delivers, one JSON line per sample (epoch, mosaic on or off, box classes,
+    /// widths and heights as fractions of the side, per-channel pixel mean and mean square), for comparing its
+    /// distribution with another loader's (`scripts/augment_distribution.py`).
+    Samples {
+        /// The dataset YAML (its train split is read).
+        #[arg(long)]
+        data: PathBuf,
+        /// The JSON-lines file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Samples to write (whole epochs are read from `--epoch` on).
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// Training size.
+        #[arg(long, default_value_t = 640)]
+        imgsz: u32,
+        /// Images per batch.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Run seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The 0-based epoch to start from (from `epochs - close_mosaic` on, mosaic is off).
+        #[arg(long, default_value_t = 0)]
+        epoch: u32,
+        /// The run's epochs.
+        #[arg(long, default_value_t = 100)]
+        epochs: u32,
+        /// The final epochs without mosaic (Ultralytics' `close_mosaic`).
+        #[arg(long, default_value_t = 10)]
+        close_mosaic: u32,
+        /// The perspective's scale gain (Ultralytics' `scale`, 0.5).
+        #[arg(long, default_value_t = 0.5)]
+        scale: f64,
+        /// The perspective's translation (Ultralytics' `translate`, 0.1).
+        #[arg(long, default_value_t = 0.1)]
+        translate: f64,
+        /// Loader workers per stage.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+    },
 }
 
 /// A synthetic dataset preset.
@@ -165,6 +207,29 @@ pub(crate) fn run(args: Args) -> Result<()> {
                     if s.mosaic { "on" } else { "off" }
                 );
             }
+        }
+        DataCmd::Samples {
+            data,
+            out,
+            samples,
+            imgsz,
+            batch,
+            seed,
+            epoch,
+            epochs,
+            close_mosaic,
+            scale,
+            translate,
+            workers,
+        } => {
+            let hyp = Hyp { close_mosaic, scale, translate, ..Hyp::default() };
+            let opts = SampleOptions { data, imgsz, batch, seed, epoch, epochs, samples, hyp, workers };
+            let file = std::fs::File::create(&out).with_context(|| format!("creating {}", out.display()))?;
+            let mut w = std::io::BufWriter::new(file);
+            let (n, skipped) =
+                dump(&opts, &mut w).with_context(|| format!("reading the train split of {}", opts.data.display()))?;
+            std::io::Write::flush(&mut w).with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("wrote {n} samples to {} ({skipped} skipped for bad input)", out.display());
         }
     }
     Ok(())
