@@ -109,7 +109,8 @@ impl Report {
 /// are in its README, about a third of these). `loss items`, `grad norm` and `lr` are relative to Ultralytics'
 /// value (the learning rates are computed in float64 on both sides and must be equal); `weights` and `EMA` are the
 /// absolute error of the sampled values; the changes since the initial weights (`Δ`) are relative to Ultralytics'
-/// change of that tensor: its max abs for the sampled elements, its L2 norm for the L2 norm, and √n·L2 for the sum.
+/// change of that tensor: its max abs for the sampled elements, its L2 norm for the L2 norm, and √n·L2 for the sum;
+/// the EMA's lag behind the model (EMA − model) likewise relative to the L2 norm of Ultralytics' lag.
 const TOL: &[(&str, f64, f64)] = &[
     ("loss items", 1e-4, 1e-4),
     ("grad norm", 1e-4, 3e-4),
@@ -122,6 +123,8 @@ const TOL: &[(&str, f64, f64)] = &[
     ("EMA Δ sample", 2e-3, 2e-3),
     ("EMA Δ L2", 2e-3, 5e-4),
     ("EMA Δ sum", 2e-3, 5e-4),
+    ("EMA lag L2", 1e-3, 5e-3),
+    ("EMA lag sum", 1e-3, 5e-3),
 ];
 
 /// Batches whose loss differs from Ultralytics' through the order in which `torch.topk` returns equal metrics,
@@ -205,6 +208,25 @@ fn compare_weights(
                 delta.iter().all(|&d| d == 0.0),
                 "{run} batch {ckpt}: {tag} tensor {t} moved, Ultralytics' did not"
             );
+        }
+    }
+}
+
+/// Compares the EMA's lag behind the model (EMA − model, per tensor) with Ultralytics': early in training the EMA
+/// is within a percent of the model, so its distance from the initial weights hardly depends on the decay, and this
+/// difference is what pins the decay down.
+fn compare_lag(fx: &Fixture, report: &mut Report, run: &str, ckpt: usize, ema: &[Vec<f64>], now: &[Vec<f64>]) {
+    let want = fx.array(&format!("{run}_{ckpt}_lag_digest")).f64();
+    assert_eq!(want.len(), 3 * now.len());
+    for (t, (e, x)) in ema.iter().zip(now).enumerate() {
+        let lag: Vec<f64> = e.iter().zip(x).map(|(a, b)| a - b).collect();
+        let (sum, l2) = (lag.iter().sum::<f64>(), lag.iter().map(|d| d * d).sum::<f64>().sqrt());
+        let norm = want[3 * t + 1];
+        if norm > 0.0 {
+            report.add(run, ckpt, "EMA lag L2", l2, norm, norm, t);
+            report.add(run, ckpt, "EMA lag sum", sum, want[3 * t], norm * (lag.len() as f64).sqrt(), t);
+        } else {
+            assert!(l2 == 0.0, "{run} batch {ckpt}: EMA tensor {t} differs from the model, Ultralytics' does not");
         }
     }
 }
@@ -294,8 +316,10 @@ fn run(fx: &Fixture, name: &str, report: &mut Report) {
             assert_eq!(betas[1].as_f64().unwrap(), sluice_train::optim::optimizer::ADAM_BETA2);
         }
         if checkpoints.contains(&done) {
-            compare_weights(fx, report, name, done, "model", &tensors(&m, &names), &init, &idx);
-            compare_weights(fx, report, name, done, "ema", &tensors(opt.ema_model(), &names), &init, &idx);
+            let (now, ema) = (tensors(&m, &names), tensors(opt.ema_model(), &names));
+            compare_weights(fx, report, name, done, "model", &now, &init, &idx);
+            compare_weights(fx, report, name, done, "ema", &ema, &init, &idx);
+            compare_lag(fx, report, name, done, &ema, &now);
             ckpt += 1;
         }
     }

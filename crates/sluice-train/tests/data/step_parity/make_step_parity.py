@@ -20,7 +20,8 @@ fixture stays small. Hooks record, without changing Ultralytics' loop:
   * after every batch: the loss items, each param group's lr / momentum / betas / weight decay, `accumulate`,
     whether `optimizer_step` ran and the total gradient norm it clipped (torch's `clip_grad_norm_` value);
   * at the checkpoint batches: per-tensor digests (sum, L2 norm, max abs, in float64) of the model's and the EMA's
-    state dict, of both the values and their change since the initial weights, and a fixed sample of elements.
+    state dict, of both the values and their change since the initial weights, and a fixed sample of elements; and
+    the digests of the EMA's lag behind the model (EMA − model).
 Two runs: `mosaic` (close_mosaic 10: every recorded batch is a mosaic one) and `closed` (the same run with
 close_mosaic 90, so the dataloader closes mosaic at epoch 0: letterboxed batches, the close_mosaic augmentation).
 """
@@ -190,6 +191,10 @@ def run(name, data, model_cfg, tmp):
                 c[f"{tag}_delta_digest"] = digests(delta)
                 c[f"{tag}_sample"] = samples(now, idx)
                 c[f"{tag}_delta_sample"] = samples([d.float() for d in delta], idx)
+            # The EMA's lag behind the model, in float64: early in training the EMA is within a percent of the
+            # model, so only this difference pins the decay down.
+            msd, esd = tr.model.state_dict(), tr.ema.ema.state_dict()
+            c["lag_digest"] = digests([esd[n].double() - msd[n].double() for n in names])
             rec["checkpoints"][done] = c
         if done >= n_batches:
             raise StopRun()
