@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use common::npz::{self, Array};
 use serde_json::Value;
 use sluice_core::{BoxXyxy, Target};
-use sluice_model::{DetectionLoss, LoadMode, Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{DenseTargets, DetectionLoss, LoadMode, Mode, Scale, YoloConfig, YoloV8};
 use sluice_train::optim::{OptimSettings, Optimization, Rule, RunShape};
 
 const NC: usize = 6;
@@ -113,6 +113,7 @@ impl Report {
 /// the EMA's lag behind the model (EMA − model) likewise relative to the L2 norm of Ultralytics' lag.
 const TOL: &[(&str, f64, f64)] = &[
     ("loss items", 1e-4, 1e-4),
+    ("dense loss items", 1e-4, 1e-4),
     ("grad norm", 1e-4, 3e-4),
     ("lr", 0.0, 0.0),
     ("weights", 1e-6, 1e-5),
@@ -138,6 +139,26 @@ const TOL: &[(&str, f64, f64)] = &[
 /// fixture. These batches' loss items are reported apart, and the test asserts that they still differ, so that a
 /// change which removes the difference also removes the entry.
 const TIE_ORDER_BATCHES: &[(&str, usize)] = &[("mosaic", 23)];
+
+/// The targets as the padded per-image table the dense loss reads: `(B, M)` classes, `(B, M, 4)` boxes, mask.
+fn padded(targets: &[Target], b: usize) -> (Tensor, Tensor, Tensor) {
+    let per: Vec<Vec<&Target>> = (0..b).map(|i| targets.iter().filter(|t| t.image as usize == i).collect()).collect();
+    let m = per.iter().map(Vec::len).max().unwrap().max(1);
+    let (mut c, mut bx, mut k) = (vec![0f32; b * m], vec![0f32; b * m * 4], vec![0f32; b * m]);
+    for (i, rows) in per.iter().enumerate() {
+        for (j, t) in rows.iter().enumerate() {
+            c[i * m + j] = t.class as f32;
+            bx[(i * m + j) * 4..(i * m + j) * 4 + 4].copy_from_slice(&[t.bbox.x1, t.bbox.y1, t.bbox.x2, t.bbox.y2]);
+            k[i * m + j] = 1.0;
+        }
+    }
+    let d = &Device::Cpu;
+    (
+        Tensor::from_vec(c, (b, m), d).unwrap(),
+        Tensor::from_vec(bx, (b, m, 4), d).unwrap(),
+        Tensor::from_vec(k, (b, m), d).unwrap(),
+    )
+}
 
 fn model() -> YoloV8 {
     let scale = Scale::from_model_yaml(include_str!("../../../configs/models/yolov8-tiny.yaml")).unwrap();
@@ -298,6 +319,19 @@ fn run(fx: &Fixture, name: &str, report: &mut Report) {
                 worst > 1e-2,
                 "{name} batch {ni} now matches Ultralytics (rel {worst:.2e}): drop it from TIE_ORDER_BATCHES"
             );
+        }
+        // The dense loss (the device path, here on the CPU) on the same head outputs.
+        let (classes, boxes, mask) = padded(&targets, BATCH);
+        let dense =
+            loss_fn.compute_dense(&raw, DenseTargets { classes: &classes, boxes: &boxes, mask: &mask }).unwrap();
+        let dense_items: Vec<f32> = dense.items.to_vec1().unwrap();
+        for (k, v) in want["loss_items"].as_array().unwrap().iter().enumerate() {
+            let v = v.as_f64().unwrap();
+            if tie_order {
+                println!("{name} batch {ni} (top-k tie order): dense loss item {k} {}", dense_items[k]);
+            } else {
+                report.add(name, bucket, "dense loss items", f64::from(dense_items[k]), v, v.abs(), ni);
+            }
         }
         let out = opt.batch(&m, &loss.total, ni, epoch).unwrap();
         assert!(!out.skipped_nonfinite, "{name} batch {ni}");
