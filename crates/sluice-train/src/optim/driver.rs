@@ -192,7 +192,7 @@ impl Optimization {
     /// forward of `model`: `ni = i + batches_per_epoch · epoch` is the global iteration (strictly increasing).
     ///
     /// In order: the epoch's learning rates `lr0 · lf(epoch)` (at the first batch of an epoch, Ultralytics'
-    /// `scheduler.step()`); during warmup (`ni < nw`) the accumulation factor, each group's learning rate (the
+    /// `scheduler.step()`); during warmup (`ni ≤ nw`) the accumulation factor, each group's learning rate (the
     /// bias group from `warmup_bias_lr`, the others from 0, towards `lr0 · lf(epoch)`) and the SGD momentum
     /// (from `warmup_momentum`); a non-finite loss skips everything below; backward, the gradients added to the
     /// accumulated ones; when `ni − last_step ≥ accumulate`: clipping to total norm 10 (a non-finite norm skips
@@ -369,7 +369,7 @@ impl Optimization {
         if !self.schedule.in_warmup(ni) {
             return;
         }
-        self.accumulate = warmup_accumulate(&self.schedule, ni, self.settings.nbs, self.shape.batch);
+        self.accumulate = warmup_accumulate(&self.schedule, ni, self.resolved.accumulate);
         let target = self.resolved.lr0 * self.schedule.lf(epoch);
         for g in Group::ALL {
             let start = if g == Group::Bias { self.resolved.warmup_bias_lr } else { 0.0 };
@@ -464,7 +464,7 @@ mod tests {
                 let ni = i + 20 * epoch;
                 let out = opt.batch(&m, &linear_loss(&m, &[1e-3, -1e-3]), ni, epoch).unwrap();
                 let target = 0.01 * lf(epoch);
-                let (lr, bias_lr, mom, acc) = if ni < 60 {
+                let (lr, bias_lr, mom, acc) = if ni <= 60 {
                     let x = ni as f64;
                     (
                         interp(x, 0.0, 60.0, 0.0, target),
@@ -473,9 +473,9 @@ mod tests {
                         (interp(x, 0.0, 60.0, 1.0, 4.0).round_ties_even() as usize).max(1),
                     )
                 } else {
-                    // Ultralytics 8.4 warms up while `ni < nw`, so the momentum keeps its value of the last warmup
-                    // iteration (it never reaches `momentum` exactly).
-                    (target, target, interp(59.0, 0.0, 60.0, 0.8, 0.937), 4)
+                    // Ultralytics 8.4.190 warms up while `ni <= nw`: iteration nw set the momentum to `momentum`
+                    // exactly, and it stays there.
+                    (target, target, 0.937, 4)
                 };
                 assert_eq!(opt.lrs(), [lr, lr, bias_lr], "ni {ni}");
                 assert_eq!(opt.momenta(), [mom; 3], "ni {ni}");

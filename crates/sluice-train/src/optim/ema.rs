@@ -74,7 +74,7 @@ impl ModelEma {
         self.decay * (1.0 - (-(updates as f64) / self.tau).exp())
     }
 
-    /// `updates += 1; d = decay(updates); ema = d·ema + (1 − d)·model` for every floating-point variable
+    /// `updates += 1; d = decay(updates); ema = lerp(ema, model, 1 − d)` for every floating-point variable
     /// (parameters and running statistics; the integer `num_batches_tracked` counters are not averaged).
     pub fn update(&mut self, model: &YoloV8) -> Result<()> {
         self.update_inner(model, None)
@@ -88,6 +88,10 @@ impl ModelEma {
 
     fn update_inner(&mut self, model: &YoloV8, ok: Option<&Tensor>) -> Result<()> {
         let d = self.decay_at(self.updates + 1);
+        // torch's `lerp_(model, 1 − d)` (Ultralytics' `_foreach_lerp_`), with its weight in float32 and its two
+        // branches: `ema + w·(model − ema)` for a small weight, `model + (w − 1)·(model − ema)` otherwise. Unlike
+        // `d·ema + (1 − d)·model`, it leaves a tensor the step did not change exactly as it was.
+        let w = (1.0 - d) as f32;
         #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
         let src = model.varmap().data().lock().unwrap();
         if src.len() != self.vars.len() {
@@ -104,7 +108,13 @@ impl ModelEma {
             if !e.dtype().is_float() {
                 continue;
             }
-            let next = (e.affine(d, 0.0)? + m.as_tensor().detach().affine(1.0 - d, 0.0)?)?;
+            let m = m.as_tensor().detach();
+            let diff = (&m - e.as_tensor())?;
+            let next = if w.abs() < 0.5 {
+                (e.as_tensor() + diff.affine(f64::from(w), 0.0)?)?
+            } else {
+                (&m + diff.affine(f64::from(w - 1.0), 0.0)?)?
+            };
             let next = match ok {
                 Some(ok) => ok.broadcast_as(next.shape())?.where_cond(&next, e.as_tensor())?,
                 None => next,

@@ -36,9 +36,10 @@ impl Schedule {
         }
     }
 
-    /// Whether iteration `ni` is a warmup iteration.
+    /// Whether iteration `ni` is a warmup iteration: Ultralytics 8.4.190's `nw and ni <= nw`, so that iteration
+    /// `nw` lands the accumulation, learning rates and momentum exactly on their targets.
     pub fn in_warmup(&self, ni: usize) -> bool {
-        ni < self.nw
+        self.nw > 0 && ni <= self.nw
     }
 
     /// `np.interp(ni, [0, nw], [start, end])`.
@@ -49,7 +50,7 @@ impl Schedule {
 
 /// Ultralytics 8.4's `_get_warmup_iterations`: `round(min(warmup_epochs, max(epochs − 1, 0)) · nb)` when that
 /// epoch count is positive, else 0, so the last epoch always trains at the scheduled rate. (Ultralytics 8.0–8.3
-/// used `max(round(warmup_epochs · nb), 100)` and `ni <= nw`.)
+/// used `max(round(warmup_epochs · nb), 100)`.)
 pub fn warmup_iterations(warmup_epochs: f64, epochs: usize, batches_per_epoch: usize) -> usize {
     let w = warmup_epochs.min(epochs.saturating_sub(1) as f64);
     if w > 0.0 { (w * batches_per_epoch as f64).round_ties_even() as usize } else { 0 }
@@ -69,9 +70,11 @@ pub fn interp(x: f64, x0: f64, x1: f64, y0: f64, y1: f64) -> f64 {
     }
 }
 
-/// The warmup's gradient-accumulation factor: `max(1, int(np.interp(ni, [0, nw], [1, nbs / batch]).round()))`.
-pub fn warmup_accumulate(schedule: &Schedule, ni: usize, nbs: usize, batch: usize) -> usize {
-    let a = schedule.warmup_interp(ni, 1.0, nbs as f64 / batch as f64).round_ties_even();
+/// The warmup's gradient-accumulation factor: `max(1, int(np.interp(ni, [0, nw], [1, acc0]).round()))`, where
+/// `acc0` is the nominal (rounded and capped) accumulation of [`Resolved::accumulate`](super::Resolved), so the
+/// ramp ends on it.
+pub fn warmup_accumulate(schedule: &Schedule, ni: usize, nominal: usize) -> usize {
+    let a = schedule.warmup_interp(ni, 1.0, nominal as f64).round_ties_even();
     (a as usize).max(1)
 }
 
@@ -111,12 +114,19 @@ mod tests {
         assert_eq!(interp(150.0, 0.0, 100.0, 0.1, 0.01), 0.01);
         assert_eq!(interp(25.0, 0.0, 100.0, 0.0, 0.01), 0.01 / 100.0 * 25.0);
         let s = Schedule { epochs: 10, lrf: 0.01, cos_lr: false, nw: 100 };
-        // batch 16 → nbs/batch = 4: 1 + 3·ni/100; 2.5 at ni = 50 rounds to 2 (NumPy rounds half to even).
-        assert_eq!(warmup_accumulate(&s, 0, 64, 16), 1);
-        assert_eq!(warmup_accumulate(&s, 50, 64, 16), 2);
-        assert_eq!(warmup_accumulate(&s, 51, 64, 16), 3);
-        assert_eq!(warmup_accumulate(&s, 99, 64, 16), 4);
-        // batch 128 → nbs/batch = 0.5: never below 1.
-        assert_eq!(warmup_accumulate(&s, 99, 64, 128), 1);
+        // Nominal 4 (batch 16): 1 + 3·ni/100; 2.5 at ni = 50 rounds to 2 (NumPy rounds half to even).
+        assert_eq!(warmup_accumulate(&s, 0, 4), 1);
+        assert_eq!(warmup_accumulate(&s, 50, 4), 2);
+        assert_eq!(warmup_accumulate(&s, 51, 4), 3);
+        assert_eq!(warmup_accumulate(&s, 99, 4), 4);
+        assert_eq!(warmup_accumulate(&s, 100, 4), 4);
+        // Nominal 3 (batch 24: round(64 / 24)): the ramp ends on 3, not on 64 / 24 = 2.67.
+        assert_eq!(warmup_accumulate(&s, 80, 3), 3);
+        assert_eq!(warmup_accumulate(&s, 100, 3), 3);
+        // Nominal 1 (batch 128): never below 1.
+        assert_eq!(warmup_accumulate(&s, 99, 1), 1);
+        // Iteration nw is the last warmup iteration; none without warmup.
+        assert!(s.in_warmup(100) && !s.in_warmup(101));
+        assert!(!Schedule { nw: 0, ..s }.in_warmup(0));
     }
 }

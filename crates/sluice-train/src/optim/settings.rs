@@ -205,7 +205,7 @@ pub struct Resolved {
     pub warmup_bias_lr: f64,
     /// `weight_decay · batch · accumulate / nbs`, applied to the decay group.
     pub weight_decay: f64,
-    /// Batches per optimizer step after warmup: `max(round(nbs / batch), 1)`.
+    /// Batches per optimizer step after warmup: `min(max(round(nbs / batch), 1), batches_per_epoch · epochs)`.
     pub accumulate: usize,
     /// `ceil(train_images / max(batch, nbs)) · epochs`: `auto`'s run-length estimate.
     pub iterations: usize,
@@ -226,6 +226,9 @@ pub fn resolve(settings: &OptimSettings, nc: usize, shape: &RunShape) -> Result<
     shape.validate()?;
     let accumulate = ((settings.nbs as f64 / shape.batch as f64).round_ties_even() as usize).max(1);
     let weight_decay = settings.weight_decay * shape.batch as f64 * accumulate as f64 / settings.nbs as f64;
+    // Ultralytics then caps the accumulation at the run's batch count (after scaling the decay with the uncapped
+    // value), so a run shorter than one window still steps.
+    let accumulate = accumulate.min(shape.batches_per_epoch * shape.epochs);
     let iterations = shape.train_images.div_ceil(shape.batch.max(settings.nbs)) * shape.epochs;
     let (rule, lr0, momentum, warmup_bias_lr) = match settings.optimizer {
         OptimizerKind::Auto => {
@@ -303,6 +306,9 @@ mod tests {
         assert_eq!(r.weight_decay, 1e-3);
         // batch 48: round(1.333) = 1 → decay · 0.75.
         assert_eq!(resolve(&s, 1, &shape(48, 1, 100)).unwrap().weight_decay, 5e-4 * 48.0 / 64.0);
+        // Two batches in the whole run: the accumulation is capped at 2, the decay keeps the uncapped 4.
+        let r = resolve(&s, 1, &shape(16, 1, 32)).unwrap();
+        assert_eq!((r.accumulate, r.weight_decay), (2, 5e-4));
     }
 
     #[test]
