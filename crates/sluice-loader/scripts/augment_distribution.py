@@ -12,7 +12,8 @@ the share of each class among the boxes, and the per-channel pixel mean and stan
 read from Ultralytics' `RandomFlip` calls; Sluice's flips are drawn in its recipes (p = `fliplr`) and leave no
 trace in the output, so the script reports Ultralytics' side only. Sluice's side comes from
 `sluice data samples` (SLUICE_BIN, default target/release/sluice); both sides' statistics are computed here by the
-same code. Prints a Markdown table; `|z| > 3` marks a difference outside the sampling error.
+same code. The sampling errors are bootstrapped over samples (the boxes of one sample share its augmentation). Prints a
+Markdown table; `|z| > 3` marks a difference outside the sampling error.
 """
 import argparse
 import json
@@ -95,44 +96,52 @@ def sluice_samples(data, imgsz, n, mosaic, epochs, close_mosaic, seed):
     return rows
 
 
-def bootstrap_se(values, stat, reps=200, rng=np.random.default_rng(0)):
-    values = np.asarray(values)
-    if len(values) == 0:
-        return float("nan")
-    return float(np.std([stat(values[rng.integers(0, len(values), len(values))]) for _ in range(reps)]))
+def statistics(rows, nc, imgsz, reps=200):
+    """Each statistic as (value, sampling error).
 
-
-def statistics(rows, nc, imgsz):
-    """Each statistic as (value, sampling error)."""
+    The errors come from a bootstrap over samples, not over boxes: the boxes of one sample share its scale,
+    translation and source images, so they are not independent draws, and an error computed per box would be too
+    small. The same holds for the pixel moments, which are per sample already.
+    """
     n = len(rows)
-    counts = np.array([len(r["cls"]) for r in rows], dtype=float)
-    w = np.concatenate([r["w"] for r in rows]) if n else np.zeros(0)
-    h = np.concatenate([r["h"] for r in rows]) if n else np.zeros(0)
+    per_row = np.array([len(r["cls"]) for r in rows])
+    w = np.concatenate([r["w"] for r in rows]).astype(float)
+    h = np.concatenate([r["h"] for r in rows]).astype(float)
+    x = np.concatenate([r["x"] for r in rows]).astype(float)
+    y = np.concatenate([r["y"] for r in rows]).astype(float)
     cls = np.concatenate([np.asarray(r["cls"], dtype=int) for r in rows])
-    x = np.concatenate([r["x"] for r in rows]) if n else np.zeros(0)
-    y = np.concatenate([r["y"] for r in rows]) if n else np.zeros(0)
+    mean = np.array([r["mean"] for r in rows])
+    std = np.sqrt(np.maximum(np.array([r["sq"] for r in rows]) - mean ** 2, 0))
     # Boxes cut by the image border (an edge within half a pixel of it): where the clip and the candidate filter act.
     half = 0.5 / imgsz
     edge = ((x - w / 2 < half) | (y - h / 2 < half) | (x + w / 2 > 1 - half) | (y + h / 2 > 1 - half)).astype(float)
-    mean = np.array([r["mean"] for r in rows])
-    std = np.sqrt(np.maximum(np.array([r["sq"] for r in rows]) - mean ** 2, 0))
-    empty = float((counts == 0).mean())
-    out = {
-        "boxes per image": (counts.mean(), counts.std(ddof=1) / np.sqrt(n)),
-        "empty images (share)": (empty, np.sqrt(empty * (1 - empty) / n)),
-        "boxes at the border (share)": (edge.mean(), np.sqrt(edge.mean() * (1 - edge.mean()) / max(len(edge), 1))),
-        "log box area (mean)": (np.log(w * h).mean(), np.log(w * h).std(ddof=1) / np.sqrt(max(len(w), 1))),
-    }
-    for q in (0.1, 0.25, 0.5, 0.75, 0.9):
-        out[f"box width p{int(q * 100)}"] = (float(np.quantile(w, q)), bootstrap_se(w, lambda v: np.quantile(v, q)))
-        out[f"box height p{int(q * 100)}"] = (float(np.quantile(h, q)), bootstrap_se(h, lambda v: np.quantile(v, q)))
-    for c in range(nc):
-        p = float((cls == c).mean()) if len(cls) else 0.0
-        out[f"class {c} share of boxes"] = (p, np.sqrt(p * (1 - p) / max(len(cls), 1)))
-    for i, ch in enumerate("RGB"):
-        out[f"pixel mean {ch}"] = (mean[:, i].mean(), mean[:, i].std(ddof=1) / np.sqrt(n))
-        out[f"pixel std {ch}"] = (std[:, i].mean(), std[:, i].std(ddof=1) / np.sqrt(n))
-    return out
+    log_area = np.log(w * h)
+
+    def figures(row_weight):
+        box_weight = np.repeat(row_weight, per_row)
+        nb = box_weight.sum()
+        out = {
+            "boxes per image": (per_row * row_weight).sum() / row_weight.sum(),
+            "empty images (share)": ((per_row == 0) * row_weight).sum() / row_weight.sum(),
+            "boxes at the border (share)": (edge * box_weight).sum() / nb,
+            "log box area (mean)": (log_area * box_weight).sum() / nb,
+        }
+        for name, v in (("width", w), ("height", h)):
+            rep = np.repeat(v, box_weight)
+            for q in (0.1, 0.25, 0.5, 0.75, 0.9):
+                out[f"box {name} p{int(q * 100)}"] = float(np.quantile(rep, q))
+        counts = np.bincount(cls, weights=box_weight, minlength=nc)
+        for c in range(nc):
+            out[f"class {c} share of boxes"] = counts[c] / nb
+        for i, ch in enumerate("RGB"):
+            out[f"pixel mean {ch}"] = (mean[:, i] * row_weight).sum() / row_weight.sum()
+            out[f"pixel std {ch}"] = (std[:, i] * row_weight).sum() / row_weight.sum()
+        return out
+
+    value = figures(np.ones(n, dtype=np.int64))
+    rng = np.random.default_rng(0)
+    boot = [figures(rng.multinomial(n, np.full(n, 1.0 / n))) for _ in range(reps)]
+    return {k: (v, float(np.std([b[k] for b in boot]))) for k, v in value.items()}
 
 
 def main():
