@@ -22,6 +22,7 @@ pub mod loss;
 pub mod model;
 pub mod ops;
 mod params;
+pub mod pt;
 pub mod run;
 pub mod weights;
 
@@ -34,5 +35,6 @@ pub use head::RawHead;
 pub use layers::Mode;
 pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
 pub use model::{Detections, YoloV8};
+pub use pt::{PtCheckpoint, is_pt, read_pt, read_pt_bytes};
 pub use run::{RunOptions, RunSummary, run_npy};
 pub use weights::LoadMode;
