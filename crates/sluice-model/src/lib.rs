@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod config;
 pub mod error;
+pub mod graph;
 pub mod head;
 pub mod layers;
 pub mod loss;
@@ -31,6 +32,7 @@ pub use bench::{BenchOptions, BenchReport, bench_model, bench_model_with, peak_r
 pub use candle_core;
 pub use config::{REG_MAX, STRIDES, Scale, YoloConfig};
 pub use error::{ModelError, Result};
+pub use graph::{Activation, ConvOp, DetectDecode, Graph, Node, Op, ValueId};
 pub use head::RawHead;
 pub use layers::Mode;
 pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
