@@ -56,8 +56,8 @@ fn ir_version(opset: i64) -> i64 {
 /// Writes `graph` as an ONNX model.
 pub fn to_model_proto(graph: &Graph, opts: &OnnxOptions, meta: &Metadata) -> Result<ModelProto> {
     check_options(graph, opts)?;
-    let mut w = Writer { g: GraphProto::default(), dt: if opts.half { DataType::Float16 } else { DataType::Float } };
-    w.g.name = "main_graph".into();
+    let dt = if opts.half { DataType::Float16 } else { DataType::Float };
+    let mut w = Writer { g: GraphProto { name: "main_graph".into(), ..Default::default() }, dt };
     let mut names: Vec<String> = Vec::with_capacity(graph.nodes.len() + 1);
     names.push("images".into());
     let mut channels = vec![graph.in_channels];
@@ -141,22 +141,19 @@ pub fn to_model_proto(graph: &Graph, opts: &OnnxOptions, meta: &Metadata) -> Res
         w.dt,
         &[dim(b, "batch"), Dim::Value(nc_out as i64), dim(anchors as i64, "anchors")],
     ));
-    let mut m = ModelProto::default();
-    m.ir_version = ir_version(opts.opset);
-    m.producer_name = "sluice".into();
-    m.producer_version = env!("CARGO_PKG_VERSION").into();
-    let mut opset = OperatorSetIdProto::default();
-    opset.domain = String::default();
-    opset.version = opts.opset;
-    m.opset_import.push(opset);
-    m.graph = Some(w.g);
-    for (k, v) in meta.props() {
-        let mut e = StringStringEntryProto::default();
-        e.key = k.into();
-        e.value = v;
-        m.metadata_props.push(e);
-    }
-    Ok(m)
+    Ok(ModelProto {
+        ir_version: ir_version(opts.opset),
+        producer_name: "sluice".into(),
+        producer_version: env!("CARGO_PKG_VERSION").into(),
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: opts.opset }],
+        graph: Some(w.g),
+        metadata_props: meta
+            .props()
+            .into_iter()
+            .map(|(k, v)| StringStringEntryProto { key: k.into(), value: v })
+            .collect(),
+        ..Default::default()
+    })
 }
 
 /// Writes `graph` as ONNX protobuf bytes.
@@ -198,49 +195,36 @@ enum Dim {
 }
 
 fn value_info(name: &str, dt: DataType, dims: &[Dim]) -> ValueInfoProto {
-    let mut shape = TensorShapeProto::default();
-    for d in dims {
-        let mut dim = Dimension::default();
-        dim.value = Some(match d {
-            Dim::Value(v) => dimension::Value::DimValue(*v),
-            Dim::Param(p) => dimension::Value::DimParam(p.clone()),
-        });
-        shape.dim.push(dim);
-    }
-    let mut t = type_proto::Tensor::default();
-    t.elem_type = dt as i32;
-    t.shape = Some(shape);
-    let mut ty = TypeProto::default();
-    ty.value = Some(type_proto::Value::TensorType(t));
-    let mut v = ValueInfoProto::default();
-    v.name = name.into();
-    v.r#type = Some(ty);
-    v
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Dim::Value(v) => dimension::Value::DimValue(*v),
+                Dim::Param(p) => dimension::Value::DimParam(p.clone()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let t = type_proto::Tensor { elem_type: dt as i32, shape: Some(TensorShapeProto { dim }) };
+    let ty = TypeProto { value: Some(type_proto::Value::TensorType(t)), ..Default::default() };
+    ValueInfoProto { name: name.into(), r#type: Some(ty), ..Default::default() }
 }
 
-fn attr(name: &str, ty: AttributeType) -> AttributeProto {
-    let mut a = AttributeProto::default();
-    a.name = name.into();
-    a.r#type = ty as i32;
-    a
-}
-
-fn int_attr(name: &str, v: i64) -> AttributeProto {
-    let mut a = attr(name, AttributeType::Int);
-    a.i = v;
-    a
+fn int_attr(name: &str, i: i64) -> AttributeProto {
+    AttributeProto { name: name.into(), r#type: AttributeType::Int as i32, i, ..Default::default() }
 }
 
 fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
-    let mut a = attr(name, AttributeType::Ints);
-    a.ints = v.to_vec();
-    a
+    AttributeProto { name: name.into(), r#type: AttributeType::Ints as i32, ints: v.to_vec(), ..Default::default() }
 }
 
 fn str_attr(name: &str, v: &str) -> AttributeProto {
-    let mut a = attr(name, AttributeType::String);
-    a.s = v.as_bytes().to_vec();
-    a
+    AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::String as i32,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
+    }
 }
 
 /// Builds the graph proto: nodes and initializers, in the float type of the export (`dt`).
@@ -251,53 +235,59 @@ struct Writer {
 
 impl Writer {
     fn node(&mut self, op: &str, name: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>) {
-        let mut n = NodeProto::default();
-        n.op_type = op.into();
-        n.name = format!("/{name}/{op}");
+        let mut node_name = format!("/{name}/{op}");
         // Node names stay unique when one module emits several nodes of one type.
-        if self.g.node.iter().any(|m| m.name == n.name) {
-            n.name = format!("{}_{}", n.name, self.g.node.len());
+        if self.g.node.iter().any(|m| m.name == node_name) {
+            node_name = format!("{node_name}_{}", self.g.node.len());
         }
-        n.input = inputs.iter().map(|s| s.to_string()).collect();
-        n.output = vec![output.into()];
-        n.attribute = attribute;
-        self.g.node.push(n);
+        self.g.node.push(NodeProto {
+            op_type: op.into(),
+            name: node_name,
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec![output.into()],
+            attribute,
+            ..Default::default()
+        });
     }
 
     /// An int64 initializer; returns its name.
     fn ints(&mut self, name: &str, v: &[i64]) -> String {
-        let mut t = TensorProto::default();
-        t.name = name.into();
-        t.data_type = DataType::Int64 as i32;
-        t.dims = vec![v.len() as i64];
-        t.raw_data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.g.initializer.push(t);
+        self.g.initializer.push(TensorProto {
+            name: name.into(),
+            data_type: DataType::Int64 as i32,
+            dims: vec![v.len() as i64],
+            raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ..Default::default()
+        });
         name.into()
     }
 
     /// A float32 initializer whatever the export's float type (Resize's `scales` is always float32).
     fn floats32(&mut self, name: &str, v: &[f32]) -> String {
-        let mut t = TensorProto::default();
-        t.name = name.into();
-        t.data_type = DataType::Float as i32;
-        t.dims = vec![v.len() as i64];
-        t.raw_data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.g.initializer.push(t);
+        self.g.initializer.push(TensorProto {
+            name: name.into(),
+            data_type: DataType::Float as i32,
+            dims: vec![v.len() as i64],
+            raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ..Default::default()
+        });
         name.into()
     }
 
     /// A float initializer of the export's type with these dims.
     fn floats(&mut self, name: &str, dims: &[i64], v: &[f32]) -> String {
-        let mut t = TensorProto::default();
-        t.name = name.into();
-        t.data_type = self.dt as i32;
-        t.dims = dims.to_vec();
-        t.raw_data = if self.dt == DataType::Float16 {
+        let raw_data = if self.dt == DataType::Float16 {
             v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect()
         } else {
             v.iter().flat_map(|x| x.to_le_bytes()).collect()
         };
-        self.g.initializer.push(t);
+        self.g.initializer.push(TensorProto {
+            name: name.into(),
+            data_type: self.dt as i32,
+            dims: dims.to_vec(),
+            raw_data,
+            ..Default::default()
+        });
         name.into()
     }
 
@@ -373,11 +363,12 @@ impl Writer {
     }
 
     fn int_scalar(&mut self, name: &str, v: i64) -> String {
-        let mut t = TensorProto::default();
-        t.name = name.into();
-        t.data_type = DataType::Int64 as i32;
-        t.raw_data = v.to_le_bytes().to_vec();
-        self.g.initializer.push(t);
+        self.g.initializer.push(TensorProto {
+            name: name.into(),
+            data_type: DataType::Int64 as i32,
+            raw_data: v.to_le_bytes().to_vec(),
+            ..Default::default()
+        });
         name.into()
     }
 
