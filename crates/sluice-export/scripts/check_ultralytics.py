@@ -11,7 +11,8 @@ in float16) it writes the `.pt`, runs `sluice export --weights M.pt --imgsz 320`
   1. raw output: onnxruntime on N letterboxed images against the PyTorch eval forward (max |diff| / max(1, |y|));
   2. `YOLO("M.onnx").predict(...)` against `YOLO("M.pt").predict(...)` at conf 0.001: the share of PyTorch boxes
      that the ONNX run finds with the same class and IoU > 0.99, and the largest confidence difference;
-  3. the metadata Ultralytics read back (names, stride, imgsz, task).
+  3. the metadata Ultralytics read back (names, stride, imgsz, task);
+  4. the `--half` export (float16 input and output) in onnxruntime against the float32 PyTorch forward (printed).
 Exits 1 when a raw difference exceeds 1e-4 or fewer than 99% of the boxes match.
 """
 
@@ -95,6 +96,21 @@ def check(pt, sluice, images, imgsz, tmp):
               f"back: names {len(meta.get('names', {}))}, stride {meta.get('stride')}, imgsz {meta.get('imgsz')}, "
               f"task {meta.get('task')}")
         ok &= share >= 0.99
+
+    # --half: float16 weights, input and output, run by onnxruntime against the float32 PyTorch forward.
+    onnx = os.path.join(tmp, os.path.basename(pt).replace(".pt", "_half.onnx"))
+    subprocess.run([sluice, "export", "--weights", pt, "--imgsz", str(imgsz), "--half", "--output", onnx], check=True)
+    sess = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for p in images:
+        x = letterbox(p, imgsz)[None]
+        with torch.no_grad():
+            y = model(torch.from_numpy(x))
+        y = (y[0] if isinstance(y, (list, tuple)) else y).numpy()
+        z = sess.run(["output0"], {"images": x.astype(np.float16)})[0].astype(np.float32)
+        worst = max(worst, float((np.abs(y - z) / np.maximum(1.0, np.abs(y))).max()))
+    print(f"{os.path.basename(onnx)}: float16 raw output vs PyTorch float32 on {len(images)} images: worst relative "
+          f"difference {worst:.2e}")
     return ok
 
 
