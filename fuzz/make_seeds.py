@@ -249,8 +249,120 @@ def coco_jsons():
     w("truncated.json", '{"images":[{"id":1,"file_name":"a.jpg","wid')
 
 
+def pt_checkpoints():
+    """Small Ultralytics-like checkpoints in torch.save's layout (a zip: `archive/data.pkl`, protocol 2, tensors as
+    persistent ids to `archive/data/<key>`), pickled by the standard library through stand-in classes registered
+    under Ultralytics' and torch's module names: a two-layer DetectionModel (a Conv with its BatchNorm, a Detect
+    head) that the reader accepts, and variants it refuses."""
+    import io
+    import pickle
+    import struct
+    import sys
+    import types
+    import zipfile
+    from collections import OrderedDict
+
+    def module(name):
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+        return sys.modules[name]
+
+    def cls(modname, name, base=object):
+        c = type(name, (base,), {"__module__": modname})
+        setattr(module(modname), name, c)
+        return c
+
+    def rebuild(*args):
+        raise RuntimeError("only pickled")
+
+    rebuild.__module__, rebuild.__qualname__ = "torch._utils", "_rebuild_tensor_v2"
+    module("torch._utils")._rebuild_tensor_v2 = rebuild
+    storage_types = {"f": cls("torch", "FloatStorage"), "e": cls("torch", "HalfStorage")}
+    storages = []
+
+    class Storage:
+        def __init__(self, kind, values):
+            self.kind, self.values = kind, values
+
+    class Tensor:
+        def __init__(self, kind, shape, values):
+            self.storage, self.shape = Storage(kind, values), shape
+
+        def __reduce__(self):
+            strides, acc = [], 1
+            for d in reversed(self.shape):
+                strides.insert(0, acc)
+                acc *= d
+            return (rebuild, (self.storage, 0, tuple(self.shape), tuple(strides), False, OrderedDict()))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, Storage):
+                key = str(len(storages))
+                storages.append(obj)
+                return ("storage", storage_types[obj.kind], key, "cpu", len(obj.values))
+            return None
+
+    def new(modname, name, **state):
+        c = getattr(module(modname), name, None) or cls(modname, name)
+        o = c.__new__(c)
+        base = {"training": False, "_parameters": OrderedDict(), "_buffers": OrderedDict(), "_modules": OrderedDict()}
+        base.update(state)
+        o.__dict__.update(base)
+        return o
+
+    def t(shape, kind="f"):
+        n = 1
+        for d in shape:
+            n *= d
+        return Tensor(kind, shape, [0.25 * (i % 7) for i in range(n)])
+
+    def conv(kind, fused=False):
+        c2d = new("torch.nn.modules.conv", "Conv2d", _parameters=OrderedDict(weight=t((2, 3, 1, 1), kind)))
+        mods = OrderedDict(conv=c2d)
+        if not fused:
+            bn = new("torch.nn.modules.batchnorm", "BatchNorm2d",
+                     _parameters=OrderedDict(weight=t((2,), kind), bias=t((2,), kind)),
+                     _buffers=OrderedDict(running_mean=t((2,), kind), running_var=t((2,), kind)))
+            mods["bn"] = bn
+        mods["act"] = new("torch.nn.modules.activation", "SiLU")
+        return new("ultralytics.nn.modules.conv", "Conv", _modules=mods)
+
+    def checkpoint(kind="f", head="Detect", extra=None, fused=False, yaml=None):
+        storages.clear()
+        layers = OrderedDict([("0", conv(kind, fused)), ("1", new("ultralytics.nn.modules.head", head, nc=2))])
+        if extra:
+            layers["2"] = new("ultralytics.nn.modules.block", extra)
+        seq = new("torch.nn.modules.container", "Sequential", _modules=layers)
+        yaml = yaml or {"nc": 2, "scales": {"n": [0.33, 0.25, 1024]}, "scale": "n"}
+        model = new("ultralytics.nn.tasks", "DetectionModel", _modules=OrderedDict(model=seq), yaml=yaml,
+                    names={0: "cat", 1: "dog"})
+        buf = io.BytesIO()
+        Pickler(buf, protocol=2).dump({"model": model, "ema": None, "epoch": -1, "version": "8.4.190"})
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", buf.getvalue())
+            for key, st in enumerate(storages):
+                fmt = "<%d%s" % (len(st.values), st.kind)
+                z.writestr(f"archive/data/{key}", struct.pack(fmt, *st.values))
+            z.writestr("archive/version", "3\n")
+        return out.getvalue()
+
+    w = lambda name, data: write("pt_checkpoint", name, data)
+    ok = checkpoint()
+    w("detect.pt", ok)
+    w("detect_half.pt", checkpoint("e"))
+    w("legacy_yaml.pt", checkpoint(yaml={"nc": 2, "depth_multiple": 0.33, "width_multiple": 0.125}))
+    w("segment.pt", checkpoint(head="Segment"))
+    w("yolo11.pt", checkpoint(extra="C3k2"))
+    w("fused.pt", checkpoint(fused=True))
+    w("truncated.pt", ok[: len(ok) // 2])
+    w("not_zip.pt", b"PK\x03\x04 not really a zip")
+
+
 if __name__ == "__main__":
-    for t in ["yolo_labels", "packed_reader", "decode", "read_header", "data_yaml", "label_cache", "coco_json"]:
+    for t in ["yolo_labels", "packed_reader", "decode", "read_header", "data_yaml", "label_cache", "coco_json", "pt_checkpoint"]:
         d = CORPUS / t
         if d.is_dir():
             for f in d.glob("seed_*"):
@@ -261,5 +373,6 @@ if __name__ == "__main__":
     data_yamls()
     label_caches()
     coco_jsons()
+    pt_checkpoints()
     total = sum(f.stat().st_size for f in CORPUS.rglob("seed_*"))
     print(f"seeds: {len(list(CORPUS.rglob('seed_*')))} files, {total} bytes")

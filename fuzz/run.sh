@@ -4,14 +4,14 @@
 # here). Logs go to fuzz/logs/<target>-<sanitizer>.log; new corpus entries to fuzz/corpus/<target>/ (git-ignored
 # apart from the seeds), crashes to fuzz/artifacts/<target>/.
 #
-#   fuzz/run.sh                       # all seven targets, 2 minutes each
+#   fuzz/run.sh                       # all eight targets, 2 minutes each
 #   SECS=30 SAN=address fuzz/run.sh decode
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${SECS:-120}
 SAN=${SAN:-none}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(yolo_labels packed_reader decode read_header data_yaml label_cache coco_json)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(yolo_labels packed_reader decode read_header data_yaml label_cache coco_json pt_checkpoint)
 mkdir -p fuzz/logs
 extra=()
 [ "$SAN" = none ] || extra=(--target-dir fuzz/target/"$SAN")

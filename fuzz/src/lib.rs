@@ -436,3 +436,24 @@ pub fn coco_json(data: &[u8]) {
         Err(e) => render(&e),
     }
 }
+
+/// `sluice_model::read_pt_bytes` (the body of `read_pt`: the zip, candle's pickle parser, the module-tree walk,
+/// the tensor reads) on arbitrary bytes.
+///
+/// Checks on success: the weights come from `ema` or `model`, there is one name per class and at least one class,
+/// every tensor holds exactly its shape's elements and has a state-dict name, and the scale builds a configuration.
+pub fn pt_checkpoint(data: &[u8]) {
+    match sluice_model::read_pt_bytes(data, Path::new("fuzz.pt")) {
+        Err(e) => render(&e),
+        Ok(ckpt) => {
+            assert!(ckpt.entry == "ema" || ckpt.entry == "model", "entry {}", ckpt.entry);
+            assert!(ckpt.nc >= 1 && ckpt.names.len() == ckpt.nc, "{} names for nc {}", ckpt.names.len(), ckpt.nc);
+            for (name, t) in &ckpt.tensors {
+                assert!(!name.is_empty() && !name.ends_with('.'), "tensor name `{name}`");
+                assert_eq!(t.elem_count(), t.dims().iter().product::<usize>(), "{name}");
+            }
+            let cfg = ckpt.config();
+            assert!(cfg.head_channels().iter().all(|&c| c > 0));
+        }
+    }
+}

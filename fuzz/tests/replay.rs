@@ -56,6 +56,11 @@ fn coco_json() {
     replay("coco_json", sluice_fuzz::coco_json);
 }
 
+#[test]
+fn pt_checkpoint() {
+    replay("pt_checkpoint", sluice_fuzz::pt_checkpoint);
+}
+
 /// The harness's repairs really produce a shard the reader accepts, so the fuzzer gets past the checksums.
 #[test]
 fn fixups_make_valid_shards() {

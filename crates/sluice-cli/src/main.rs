@@ -32,7 +32,8 @@ enum Command {
     /// Dataset tools: `data check` (counts and problems of a split), `data gen` (synthetic dataset), `data preview`
     /// (one augmented training batch drawn with its boxes).
     Data(cmd::data::Args),
-    /// YOLOv8 model tools: `model run` runs the eval forward on an .npy input.
+    /// YOLOv8 model tools: `model run` runs the eval forward on an .npy input, `model convert` turns an Ultralytics
+    /// .pt into safetensors.
     Model(cmd::model::Args),
     /// Stage benchmarks: `bench model` (eval, fused and training-step times), `bench loader` (training/validation
     /// loader images/s, cold and warm), `bench decode` (decode images/s and MP/s), `bench read` (reader MB/s).
@@ -43,6 +44,9 @@ enum Command {
     Pack(cmd::pack::Args),
     /// Detect objects in images (`--weights W --source img|dir [--save] [--coco-json out.json]`).
     Predict(cmd::predict::Args),
+    /// Export a model (.pt, checkpoint or safetensors) as ONNX in Ultralytics' layout (`--format onnx --imgsz 640
+    /// [--batch B] [--dynamic] [--half] [--opset N]`).
+    Export(cmd::export::Args),
     /// GPU checks (builds with `cuda`): `gpu smoke` (GPU vs CPU results of the model's ops), `gpu h2d`
     /// (host→device bandwidth, plain and through the training transfer), `gpu convs` (conv speed, with `cudnn`).
     Gpu(cmd::gpu::Args),
@@ -62,6 +66,7 @@ fn main() -> Result<()> {
         Command::EvalCoco(args) => cmd::eval_coco::run(args),
         Command::Pack(args) => cmd::pack::run(args),
         Command::Predict(args) => cmd::predict::run(args),
+        Command::Export(args) => cmd::export::run(args),
         Command::Gpu(args) => cmd::gpu::run(args),
     }
 }

@@ -70,6 +70,14 @@ pub enum ModelError {
         /// Why it is unusable.
         reason: String,
     },
+    /// An Ultralytics `.pt` checkpoint that cannot be read or is not a YOLOv8 detection model.
+    #[error("{file}: {reason}")]
+    Pt {
+        /// The checkpoint.
+        file: PathBuf,
+        /// What was found.
+        reason: String,
+    },
     /// An input tensor has the wrong shape or type.
     #[error("bad input: {0}")]
     BadInput(String),

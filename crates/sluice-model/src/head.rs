@@ -54,6 +54,9 @@ impl Branch {
     }
 }
 
+/// One head branch: Conv, Conv, and the last convolution's weight and bias.
+pub(crate) type BranchView<'a> = (&'a Conv, &'a Conv, &'a Tensor, &'a Tensor);
+
 /// Raw head outputs, flattened over the three levels: `(B, 4·reg_max, A)` DFL logits and `(B, nc, A)` class logits.
 #[derive(Debug, Clone)]
 pub struct RawHead {
@@ -107,6 +110,14 @@ impl Detect {
             cv2: self.cv2.iter().map(Branch::fused).collect::<Result<_>>()?,
             cv3: self.cv3.iter().map(Branch::fused).collect::<Result<_>>()?,
         })
+    }
+
+    /// Per level, the box and the class branch: their two Convs and the final 1×1 convolution's weight and bias.
+    pub(crate) fn branches(&self) -> impl Iterator<Item = (BranchView<'_>, BranchView<'_>)> {
+        fn view(b: &Branch) -> BranchView<'_> {
+            (&b.c0, &b.c1, &b.out.weight, &b.out.bias)
+        }
+        self.cv2.iter().zip(&self.cv3).map(|(a, b)| (view(a), view(b)))
     }
 
     /// Every Conv of the head with its Ultralytics name (`<prefix>.cv2.0.0`, …).

@@ -194,6 +194,28 @@ impl Conv {
     pub(crate) fn weight_and_bias(&self) -> (&Tensor, Option<&Tensor>) {
         (&self.weight, self.fused_bias.as_ref())
     }
+
+    /// The weight and bias with BatchNorm folded in (the arithmetic of [`Conv::fused`]), float32 on the CPU.
+    pub(crate) fn folded(&self) -> crate::error::Result<(Tensor, Tensor)> {
+        let (w, b) = match (&self.bn, &self.fused_bias) {
+            (Some(bn), _) => bn.fold(&self.weight)?,
+            (None, Some(b)) => (self.weight.clone(), b.clone()),
+            (None, None) => {
+                (self.weight.clone(), Tensor::zeros(self.weight.dim(0)?, self.weight.dtype(), self.weight.device())?)
+            }
+        };
+        Ok((crate::graph::cpu_f32(&w)?, crate::graph::cpu_f32(&b)?))
+    }
+
+    /// The stride in H and W.
+    pub(crate) fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// The padding on every side.
+    pub(crate) fn pad(&self) -> usize {
+        self.pad
+    }
 }
 
 /// Bottleneck: two 3×3 Convs and a residual add when `shortcut` (channels in = out).
@@ -264,6 +286,24 @@ impl C2f {
         })
     }
 
+    pub(crate) fn cv1(&self) -> &Conv {
+        &self.cv1
+    }
+
+    pub(crate) fn cv2(&self) -> &Conv {
+        &self.cv2
+    }
+
+    /// Channels of each half of `cv1`'s output.
+    pub(crate) fn hidden(&self) -> usize {
+        self.c
+    }
+
+    /// Each Bottleneck's two Convs and whether it adds its input.
+    pub(crate) fn bottlenecks(&self) -> impl Iterator<Item = (&Conv, &Conv, bool)> {
+        self.m.iter().map(|b| (&b.cv1, &b.cv2, b.add))
+    }
+
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
         out.push((format!("{prefix}.cv1"), &self.cv1));
         out.push((format!("{prefix}.cv2"), &self.cv2));
@@ -297,6 +337,19 @@ impl Sppf {
 
     pub(crate) fn fused(&self) -> Result<Self> {
         Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, k: self.k })
+    }
+
+    pub(crate) fn cv1(&self) -> &Conv {
+        &self.cv1
+    }
+
+    pub(crate) fn cv2(&self) -> &Conv {
+        &self.cv2
+    }
+
+    /// The pooling window's side.
+    pub(crate) fn kernel(&self) -> usize {
+        self.k
     }
 
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {

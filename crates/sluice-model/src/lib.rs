@@ -16,12 +16,14 @@
 pub mod bench;
 pub mod config;
 pub mod error;
+pub mod graph;
 pub mod head;
 pub mod layers;
 pub mod loss;
 pub mod model;
 pub mod ops;
 mod params;
+pub mod pt;
 pub mod run;
 pub mod weights;
 
@@ -30,9 +32,11 @@ pub use bench::{BenchOptions, BenchReport, bench_model, bench_model_with, peak_r
 pub use candle_core;
 pub use config::{REG_MAX, STRIDES, Scale, YoloConfig};
 pub use error::{ModelError, Result};
+pub use graph::{Activation, ConvOp, DetectDecode, Graph, Node, Op, ValueId};
 pub use head::RawHead;
 pub use layers::Mode;
 pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
 pub use model::{Detections, YoloV8};
+pub use pt::{PtCheckpoint, is_pt, read_pt, read_pt_bytes};
 pub use run::{RunOptions, RunSummary, run_npy};
 pub use weights::LoadMode;

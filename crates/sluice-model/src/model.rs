@@ -323,6 +323,27 @@ impl YoloV8 {
         })
     }
 
+    pub(crate) fn layers_len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The top-level layers `model.0` … `model.21`, borrowed.
+    pub(crate) fn layer_views(&self) -> impl Iterator<Item = crate::graph::LayerView<'_>> {
+        use crate::graph::LayerView;
+        self.layers.iter().map(|l| match l {
+            Layer::Conv(m) => LayerView::Conv(m),
+            Layer::C2f(m) => LayerView::C2f(m),
+            Layer::Sppf(m) => LayerView::Sppf(m),
+            Layer::Upsample => LayerView::Upsample,
+            Layer::Concat(j) => LayerView::Concat(*j),
+        })
+    }
+
+    /// The Detect head's branches per level (box, class).
+    pub(crate) fn detect_branches(&self) -> impl Iterator<Item = (head::BranchView<'_>, head::BranchView<'_>)> {
+        self.detect.branches()
+    }
+
     /// Number of DFL bins per side.
     pub fn reg_max(&self) -> usize {
         REG_MAX

@@ -23,7 +23,8 @@ pub enum LoadMode {
 }
 
 impl YoloV8 {
-    /// A model of this configuration with the weights of a safetensors file (Ultralytics key names).
+    /// A model of this configuration with the weights of a safetensors file (Ultralytics key names) or an Ultralytics
+    /// `.pt` checkpoint.
     pub fn load(
         cfg: crate::config::YoloConfig,
         path: impl AsRef<Path>,
@@ -35,12 +36,16 @@ impl YoloV8 {
         Ok(m)
     }
 
-    /// Overwrites the model's parameters with the tensors of a safetensors file.
+    /// Overwrites the model's parameters with the tensors of a safetensors file, or of an Ultralytics `.pt`
+    /// checkpoint (by its extension, see [`crate::pt`]; its class count must be this model's).
     pub fn load_weights(&mut self, path: impl AsRef<Path>, mode: LoadMode) -> Result<()> {
         if self.is_fused() {
             return Err(ModelError::Fused("loading weights"));
         }
         let path = path.as_ref();
+        if crate::pt::is_pt(path) {
+            return self.load_pt(path, mode);
+        }
         let tensors = candle_core::safetensors::load(path, self.device())
             .map_err(|source| ModelError::WeightsIo { file: path.to_path_buf(), source })?;
         self.load_state_dict(&tensors, mode, path)

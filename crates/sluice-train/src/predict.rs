@@ -223,10 +223,17 @@ impl std::fmt::Debug for Predictor {
 
 impl Predictor {
     /// Loads `weights` (Ultralytics key names) as a YOLOv8 of `scale` with `nc` classes (`None`: read from the
-    /// file), folds BatchNorm into the convolutions, and picks the preferred decode backend.
+    /// file), or an Ultralytics `.pt` checkpoint with its own scale and class count, folds BatchNorm into the convolutions, and picks the preferred decode backend.
     pub fn load(weights: &Path, scale: Scale, nc: Option<usize>, opts: PredictOptions) -> Result<Self> {
+        let pt = sluice_model::is_pt(weights);
         let nc = match nc {
             Some(n) => n,
+            // An Ultralytics checkpoint says its class count (and its scale, which wins over `scale`).
+            None if pt => {
+                sluice_model::read_pt(weights)
+                    .map_err(|e| PredictError::Weights { path: weights.to_path_buf(), reason: e.to_string() })?
+                    .nc
+            }
             None => weights_num_classes(weights)?,
         };
         let invalid = |reason: String| PredictError::Invalid { what: "predict options", reason };
@@ -244,7 +251,17 @@ impl Predictor {
         let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
         // A training checkpoint (sluice train's last/best): its EMA weights, as Ultralytics predicts with.
         let checkpoint = crate::optim::read_user_metadata(weights).is_ok();
-        let model = if checkpoint {
+        let model = if pt {
+            YoloV8::from_pt(weights, DType::F32, &Device::Cpu).and_then(|(m, ckpt)| {
+                if ckpt.nc != nc {
+                    return Err(sluice_model::ModelError::Pt {
+                        file: weights.to_path_buf(),
+                        reason: format!("a model for {} classes, {nc} asked", ckpt.nc),
+                    });
+                }
+                Ok(m)
+            })
+        } else if checkpoint {
             YoloV8::new(YoloConfig::new(scale, nc), DType::F32, &Device::Cpu).and_then(|mut m| {
                 m.load_weights_prefixed(weights, "ema.", sluice_model::LoadMode::Strict)?;
                 Ok(m)

@@ -1,3 +1,4 @@
+//! `sluice model convert`: an Ultralytics `.pt` checkpoint to safetensors (`sluice_model::pt`, no Python);
 //! `sluice model run`: the eval-mode YOLOv8 forward on an NCHW float32 `.npy` (decoded output, optional raw
 //! logits), to check a port of weights against another implementation; `sluice model bench`: eval, fused and
 //! training-step timings. The logic is in `sluice_model` (`run_npy`, `bench_model_with`); the training step's update
@@ -32,6 +33,18 @@ enum ModelCommand {
     Run(RunArgs),
     /// Time eval forward, fused forward and a training step on the CPU (medians after warm-up).
     Bench(BenchArgs),
+    /// Convert an Ultralytics .pt checkpoint to safetensors with Ultralytics key names (float32), without Python.
+    Convert(ConvertArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ConvertArgs {
+    /// The Ultralytics checkpoint (`YOLO.save` or a trainer's last.pt / best.pt: its EMA when it has one).
+    #[arg(long)]
+    weights: PathBuf,
+    /// The safetensors file to write (default: the checkpoint's path with the .safetensors extension).
+    #[arg(long)]
+    output: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -84,7 +97,7 @@ struct RunArgs {
     /// Number of classes.
     #[arg(long, default_value_t = 80)]
     nc: usize,
-    /// Weights in safetensors with Ultralytics key names.
+    /// Weights in safetensors with Ultralytics key names, or an Ultralytics .pt checkpoint.
     #[arg(long)]
     weights: PathBuf,
     /// Input (B, 3, H, W) float32 .npy; H and W multiples of 32.
@@ -119,6 +132,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
     match args.command {
         ModelCommand::Run(a) => run_forward(a),
         ModelCommand::Bench(a) => run_bench(a),
+        ModelCommand::Convert(a) => run_convert(a),
     }
 }
 
@@ -176,6 +190,30 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
             mib(report.peak_conv_workspace_bytes as u64),
         );
     }
+    Ok(())
+}
+
+fn run_convert(a: ConvertArgs) -> Result<()> {
+    let (model, ckpt) = sluice_model::YoloV8::from_pt(
+        &a.weights,
+        sluice_model::candle_core::DType::F32,
+        &sluice_model::candle_core::Device::Cpu,
+    )
+    .with_context(|| format!("sluice model convert {}", a.weights.display()))?;
+    let out = a.output.unwrap_or_else(|| a.weights.with_extension("safetensors"));
+    model.save(&out)?;
+    let shown: Vec<&str> = ckpt.names.iter().take(5).map(String::as_str).collect();
+    println!(
+        "{}: {} ({} classes: {}{}) from `{}` of {} ({:?}, written as float32)",
+        out.display(),
+        ckpt.scale.name(),
+        ckpt.nc,
+        shown.join(", "),
+        if ckpt.names.len() > 5 { ", …" } else { "" },
+        ckpt.entry,
+        a.weights.display(),
+        ckpt.dtype
+    );
     Ok(())
 }
 

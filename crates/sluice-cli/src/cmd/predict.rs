@@ -16,7 +16,8 @@ use sluice_train::predict::{PredictOptions, Prediction, Predictor, coco_results,
 /// Arguments of `sluice predict`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Weights in safetensors with Ultralytics key names.
+    /// Weights: an Ultralytics .pt checkpoint (its own scale, classes and names), or safetensors with Ultralytics
+    /// key names.
     #[arg(long)]
     weights: PathBuf,
     /// yolov8n, yolov8s, yolov8m, yolov8l or yolov8x (`.yaml` accepted).
@@ -43,7 +44,7 @@ pub(crate) struct Args {
     /// Number of classes (default: read from the weights).
     #[arg(long)]
     nc: Option<usize>,
-    /// A dataset YAML whose `names` label the classes (default: class numbers).
+    /// A dataset YAML whose `names` label the classes (default: a .pt's names, else class numbers).
     #[arg(long)]
     data: Option<PathBuf>,
     /// Write the images with their boxes drawn into PROJECT/NAME (incremented when it exists).
@@ -139,6 +140,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let sources = list_sources(&a.source)?;
     let names = match &a.data {
         Some(yaml) => sluice_dataset::DataConfig::load(yaml)?.names,
+        None if sluice_model::is_pt(&a.weights) => sluice_model::read_pt(&a.weights)?.names,
         None => Vec::new(),
     };
     let opts =

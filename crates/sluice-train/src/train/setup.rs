@@ -38,9 +38,18 @@ pub(crate) fn device_of(name: &str) -> Result<Device> {
 }
 
 /// A model for validation or prediction from `weights`: a training checkpoint (its EMA weights, architecture from
-/// the stored configuration unless `model` is given) or a plain weights file (Ultralytics key names; `model`
-/// required). `nc` is the dataset's class count.
+/// the stored configuration unless `model` is given), an Ultralytics `.pt` checkpoint (its own architecture unless
+/// `model` is given) or a plain weights file (Ultralytics key names; `model` required). `nc` is the dataset's class
+/// count.
 pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Device) -> Result<YoloV8> {
+    if model.is_none() && sluice_model::is_pt(weights) {
+        // An Ultralytics checkpoint says its own architecture; its class count must be the dataset's.
+        let m = load_pt(weights, device)?;
+        if m.config().nc != nc {
+            crate::bail!("{}: a model for {} classes, the dataset has {nc}", weights.display(), m.config().nc);
+        }
+        return Ok(m);
+    }
     let stored = read_meta(weights).ok();
     let name = match (model, &stored) {
         (Some(m), _) => m.to_string(),
@@ -57,6 +66,10 @@ pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Devic
     }
     .with_context(|| format!("loading {} for {nc} classes", weights.display()))?;
     Ok(m)
+}
+
+fn load_pt(weights: &Path, device: &Device) -> Result<YoloV8> {
+    Ok(YoloV8::from_pt(weights, DType::F32, device).with_context(|| format!("loading {}", weights.display()))?.0)
 }
 
 /// What `sluice val` asks for. `None` takes the setting a training checkpoint was trained with (so the pass

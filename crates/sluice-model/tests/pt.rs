@@ -1,0 +1,122 @@
+//! Ultralytics `.pt` checkpoints read without Python (`sluice_model::pt`): the fixtures of `tests/fixtures/pt/`
+//! (written by `make_pt_fixtures.py` beside them with Ultralytics 8.4.190) against their safetensors conversion by
+//! `scripts/convert_weights.py` and against Ultralytics' own forward, and the errors for what Sluice cannot use.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use sluice_model::{LoadMode, Scale, YoloConfig, YoloV8, read_pt, read_pt_bytes};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt").join(name)
+}
+
+fn input() -> Tensor {
+    Tensor::read_npy(fixture("v8t_in_64.npy")).unwrap()
+}
+
+/// The fixtures' scale: depth 0.33, width 0.125, max channels 128.
+fn tiny() -> Scale {
+    Scale::custom(0.33, 0.125, 128).unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+fn err(path: &Path) -> String {
+    read_pt(path).map(|c| format!("read {} tensors", c.tensors.len())).expect_err("must be refused").to_string()
+}
+
+#[test]
+fn trainer_checkpoint_gives_its_ema_bit_for_bit_as_the_safetensors_conversion() {
+    let ckpt = read_pt(fixture("v8t_trainer.pt")).unwrap();
+    assert_eq!(ckpt.entry, "ema");
+    assert_eq!(ckpt.dtype, DType::F16);
+    assert_eq!(ckpt.nc, 3);
+    assert_eq!(ckpt.names, ["cat", "dog", "bird"]);
+    assert_eq!(ckpt.scale, tiny());
+    // 355 keys: the model's parameters and running statistics, `num_batches_tracked` and the DFL projection; none
+    // of the optimizer's float16 momenta in the same pickle.
+    assert_eq!(ckpt.tensors.len(), 355);
+
+    let (from_pt, _) = YoloV8::from_pt(fixture("v8t_trainer.pt"), DType::F32, &Device::Cpu).unwrap();
+    let from_st =
+        YoloV8::load(YoloConfig::new(tiny(), 3), fixture("v8t_trainer_ema.safetensors"), DType::F32, &Device::Cpu)
+            .unwrap();
+    let (a, b) = (from_pt.state_dict().unwrap(), from_st.state_dict().unwrap());
+    assert_eq!(a.len(), b.len());
+    for (k, t) in &a {
+        assert_eq!(bits(t), bits(&b[k]), "{k}");
+    }
+    let x = input();
+    let (ya, yb) = (from_pt.forward(&x).unwrap().y, from_st.forward(&x).unwrap().y);
+    assert_eq!(ya.dims(), [1, 7, 84]);
+    assert_eq!(bits(&ya), bits(&yb));
+    let (fa, fb) = (from_pt.fuse().unwrap().forward(&x).unwrap().y, from_st.fuse().unwrap().forward(&x).unwrap().y);
+    assert_eq!(bits(&fa), bits(&fb));
+}
+
+#[test]
+fn saved_model_reads_its_model_entry_and_loads_through_load_weights() {
+    let ckpt = read_pt(fixture("v8t_save.pt")).unwrap();
+    assert_eq!((ckpt.entry, ckpt.dtype, ckpt.nc), ("model", DType::F16, 3));
+    let mut m = YoloV8::new(YoloConfig::new(tiny(), 3), DType::F32, &Device::Cpu).unwrap();
+    m.load_weights(fixture("v8t_save.pt"), LoadMode::Strict).unwrap();
+    let w = m.var("model.0.conv.weight").unwrap().as_tensor().clone();
+    assert_eq!(bits(&w), bits(&ckpt.tensors["model.0.conv.weight"]));
+    // A float16 value widened to float32 keeps its bits' meaning: every weight is representable in half.
+    let back = w.to_dtype(DType::F16).unwrap().to_dtype(DType::F32).unwrap();
+    assert_eq!(bits(&back), bits(&w));
+}
+
+#[test]
+fn float32_checkpoint_matches_the_ultralytics_forward() {
+    let (m, ckpt) = YoloV8::from_pt(fixture("v8t_float.pt"), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!((ckpt.entry, ckpt.dtype), ("model", DType::F32));
+    let y = m.forward(&input()).unwrap().y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let want = Tensor::read_npy(fixture("v8t_float_out_64.npy")).unwrap();
+    assert_eq!(want.dims(), [1, 7, 84]);
+    let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let worst = y.iter().zip(&want).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0f32, f32::max);
+    assert!(worst < 1e-4, "worst relative difference {worst}");
+}
+
+#[test]
+fn checkpoints_sluice_cannot_use_are_refused_naming_the_file_and_what_was_found() {
+    let e = err(&fixture("v8t_fused.pt"));
+    assert!(e.contains("v8t_fused.pt") && e.contains("fused"), "{e}");
+    let e = err(&fixture("v8t_seg.pt"));
+    assert!(e.contains("v8t_seg.pt") && e.contains("segmentation") && e.contains("Segment"), "{e}");
+    let e = err(&fixture("y11t.pt"));
+    assert!(e.contains("y11t.pt") && e.contains("family not supported") && e.contains("YOLO11"), "{e}");
+    let e = err(&fixture("v8t_custom.pt"));
+    assert!(e.contains("v8t_custom.pt") && e.contains("unknown module class __main__.Custom"), "{e}");
+
+    let bytes = std::fs::read(fixture("v8t_save.pt")).unwrap();
+    for cut in [10, bytes.len() / 2, bytes.len() - 30] {
+        let e = read_pt_bytes(&bytes[..cut], Path::new("cut.pt")).expect_err("truncated").to_string();
+        assert!(e.starts_with("cut.pt: ") && e.contains("truncated"), "{e}");
+    }
+    let e = read_pt(fixture("v8t_in_64.npy")).expect_err("not a zip").to_string();
+    assert!(e.contains("v8t_in_64.npy") && e.contains("zip"), "{e}");
+}
+
+#[test]
+fn a_checkpoint_for_other_classes_or_another_scale_is_an_error() {
+    let mut m = YoloV8::new(YoloConfig::new(tiny(), 5), DType::F32, &Device::Cpu).unwrap();
+    let e = m.load_weights(fixture("v8t_save.pt"), LoadMode::Strict).expect_err("nc").to_string();
+    assert!(e.contains("v8t_save.pt") && e.contains("3 classes (cat, dog, bird)") && e.contains("has 5"), "{e}");
+    let mut m = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).unwrap();
+    let e = m.load_weights(fixture("v8t_save.pt"), LoadMode::Strict).expect_err("scale").to_string();
+    assert!(e.contains("v8t_save.pt") && e.contains("shape"), "{e}");
+}
