@@ -55,7 +55,7 @@ def main():
         finals[name] = [final(kind, root, s) for s in a.seeds]
     ax.set_xlabel("epoch")
     ax.set_ylabel("mAP50-95 (val, EMA weights)")
-    ax.set_title("Embedded default (configs/quick.yaml): per-epoch mAP50-95, min-max band")
+    ax.set_title("configs/quick.yaml: per-epoch mAP50-95 (min-max band)")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
