@@ -83,9 +83,9 @@ impl Detect {
         let mut cv2 = Vec::new();
         let mut cv3 = Vec::new();
         for (i, (&c, &s)) in ch.iter().zip(STRIDES.iter()).enumerate() {
-            // Ultralytics `Detect.bias_init`: box bias 1.0, class bias log(5 / nc / (640 / s)^2).
+            // Ultralytics 8.4 `Detect.bias_init`: box bias 2.0, class bias log(5 / nc / (640 / s)^2).
             let cls_bias = (5.0 / cfg.nc as f64 / (640.0 / s as f64).powi(2)).ln();
-            cv2.push(Branch::new(&p.pp("cv2").pp(i), c, c2, 4 * REG_MAX, 1.0)?);
+            cv2.push(Branch::new(&p.pp("cv2").pp(i), c, c2, 4 * REG_MAX, 2.0)?);
             cv3.push(Branch::new(&p.pp("cv3").pp(i), c, c3, cfg.nc, cls_bias)?);
         }
         Ok(Self { nc: cfg.nc, cv2, cv3 })
