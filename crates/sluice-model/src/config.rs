@@ -1,5 +1,5 @@
-//! YOLOv8 scales (depth, width, max channels from Ultralytics' `yolov8.yaml`), custom multipliers from a model
-//! YAML, and the channel arithmetic.
+//! The model families (YOLOv8, YOLO11), their scales (depth, width, max channels from Ultralytics' `yolov8.yaml` and
+//! `yolo11.yaml`), custom multipliers from a model YAML, and the channel arithmetic.
 
 use std::path::Path;
 
@@ -118,8 +118,8 @@ impl Scale {
         {
             if present {
                 return Err(format!(
-                    "`{key}` is not supported: Sluice builds the YOLOv8 architecture and takes only depth_multiple, \
-                     width_multiple and max_channels from a model YAML"
+                    "`{key}` is not supported: Sluice builds its families' own layer tables and takes only \
+                     depth_multiple, width_multiple, max_channels and family from a model YAML"
                 ));
             }
         }
@@ -144,13 +144,110 @@ impl Scale {
     }
 }
 
-/// Architecture of one YOLOv8 detection model.
+/// The layer table a model is built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Family {
+    /// `yolov8.yaml`: C2f blocks, SPPF, the legacy Detect head (two 3×3 Convs per class branch).
+    #[default]
+    V8,
+    /// `yolo11.yaml`: C3k2 blocks (C3k inside where the table or the scale asks), SPPF then C2PSA (attention),
+    /// the Detect head with depthwise convolutions in its class branch.
+    V11,
+}
+
+impl Family {
+    /// The name prefix Ultralytics gives the family's models (`yolov8`, `yolo11`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Family::V8 => "yolov8",
+            Family::V11 => "yolo11",
+        }
+    }
+
+    /// The row of the Detect head in the layer table (`model.<i>`).
+    pub fn detect_index(self) -> usize {
+        match self {
+            Family::V8 => 22,
+            Family::V11 => 23,
+        }
+    }
+
+    /// The top-level layers whose outputs feed the Detect head (P3, P4, P5).
+    pub fn detect_from(self) -> [usize; 3] {
+        match self {
+            Family::V8 => [15, 18, 21],
+            Family::V11 => [16, 19, 22],
+        }
+    }
+
+    /// `(depth, width, max_channels)` of a named scale in this family's YAML (custom scales give their own).
+    pub fn multipliers(self, scale: Scale) -> (f64, f64, usize) {
+        match (self, scale) {
+            (Family::V11, Scale::N) => (0.50, 0.25, 1024),
+            (Family::V11, Scale::S) => (0.50, 0.50, 1024),
+            (Family::V11, Scale::M) => (0.50, 1.00, 512),
+            (Family::V11, Scale::L) => (1.00, 1.00, 512),
+            (Family::V11, Scale::X) => (1.00, 1.50, 512),
+            (_, s) => s.multipliers(),
+        }
+    }
+
+    /// The model's name: `yolov8n`, `yolo11s`, … or the multipliers of a custom scale.
+    pub fn model_name(self, scale: Scale) -> String {
+        match scale {
+            Scale::Custom(_) => {
+                let (d, w, c) = scale.multipliers();
+                format!("{}(d{d},w{w},c{c})", self.prefix())
+            }
+            named => format!("{}{}", self.prefix(), named.name().trim_start_matches("yolov8")),
+        }
+    }
+}
+
+/// A model named as Ultralytics names it: `yolov8n`, `yolo11s.yaml`, or a model YAML's path. Returns the family
+/// and the scale. A YAML gives `depth_multiple` and `width_multiple` (and optionally `max_channels`, default 1024)
+/// and may name its family with `family: yolo11` (default YOLOv8); a YAML that gives `backbone` or `head` is
+/// refused, because Sluice builds its families' own layer tables and would silently train something else.
+pub fn parse_model(model: &str) -> Result<(Family, Scale)> {
+    let path = Path::new(model);
+    let is_yaml = model.ends_with(".yaml") || model.ends_with(".yml");
+    if is_yaml && path.is_file() {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ModelError::Io { file: path.to_path_buf(), source })?;
+        return parse_model_yaml(&text).map_err(|e| ModelError::BadInput(format!("{}: {e}", path.display())));
+    }
+    let name = path.file_name().and_then(|s| s.to_str()).unwrap_or(model);
+    let name = name.trim_end_matches(".yaml").trim_end_matches(".yml").to_ascii_lowercase();
+    if let Some(s) = name.strip_prefix("yolo11") {
+        return Ok((Family::V11, Scale::parse(s).map_err(|_| ModelError::UnknownModel(model.to_string()))?));
+    }
+    Ok((Family::V8, Scale::parse(&name).map_err(|_| ModelError::UnknownModel(model.to_string()))?))
+}
+
+/// Parses a model YAML's family and multipliers (see [`parse_model`]).
+pub fn parse_model_yaml(text: &str) -> std::result::Result<(Family, Scale), String> {
+    #[derive(serde::Deserialize)]
+    struct FamilyYaml {
+        family: Option<String>,
+    }
+    let f: FamilyYaml = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    let family = match f.family.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("yolov8") => Family::V8,
+        Some("yolo11") => Family::V11,
+        Some(other) => return Err(format!("family `{other}` is not one Sluice builds (yolov8, yolo11)")),
+    };
+    Ok((family, Scale::from_model_yaml(text)?))
+}
+
+/// Architecture of one detection model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct YoloConfig {
     /// The scale.
     pub scale: Scale,
     /// Number of classes.
     pub nc: usize,
+    /// The layer table.
+    pub family: Family,
 }
 
 /// DFL bins per box side.
@@ -159,25 +256,46 @@ pub const REG_MAX: usize = 16;
 pub const STRIDES: [usize; 3] = [8, 16, 32];
 
 impl YoloConfig {
-    /// A configuration.
+    /// A YOLOv8 configuration.
     pub fn new(scale: Scale, nc: usize) -> Self {
-        Self { scale, nc }
+        Self { scale, nc, family: Family::V8 }
+    }
+
+    /// The same scale and class count in another family.
+    pub fn with_family(self, family: Family) -> Self {
+        Self { family, ..self }
+    }
+
+    /// The configuration a model name or YAML gives (see [`parse_model`]).
+    pub fn from_model(model: &str, nc: usize) -> Result<Self> {
+        let (family, scale) = parse_model(model)?;
+        Ok(Self { scale, nc, family })
+    }
+
+    /// The model's name (`yolov8n`, `yolo11s`, …).
+    pub fn name(&self) -> String {
+        self.family.model_name(self.scale)
+    }
+
+    /// `(depth, width, max_channels)`.
+    pub fn multipliers(&self) -> (f64, f64, usize) {
+        self.family.multipliers(self.scale)
     }
 
     /// Output channels of a layer whose yaml row asks for `c` (Ultralytics `make_divisible(min(c, max) * width, 8)`).
     pub fn ch(&self, c: usize) -> usize {
-        let (_, width, max_ch) = self.scale.multipliers();
+        let (_, width, max_ch) = self.multipliers();
         let x = c.min(max_ch) as f64 * width;
         ((x / 8.0).ceil() as usize) * 8
     }
 
     /// Repeats of a block whose yaml row asks for `n` (Ultralytics `max(round(n * depth), 1)`).
     pub fn depth(&self, n: usize) -> usize {
-        let (depth, _, _) = self.scale.multipliers();
+        let (depth, _, _) = self.multipliers();
         if n > 1 { ((n as f64 * depth).round() as usize).max(1) } else { n }
     }
 
-    /// Input channels of the Detect head (outputs of layers 15, 18, 21).
+    /// Input channels of the Detect head (outputs of layers 15, 18, 21 in YOLOv8; 16, 19, 22 in YOLO11).
     pub fn head_channels(&self) -> [usize; 3] {
         [self.ch(256), self.ch(512), self.ch(1024)]
     }
@@ -246,5 +364,24 @@ mod tests {
             Scale::from_model_yaml("depth_multiple: 1\nwidth_multiple: 1\nbackbone:\n  - [-1, 1, Conv, [64]]").is_err()
         );
         assert!(Scale::from_model_yaml("depth_multiple: 0\nwidth_multiple: 1").is_err());
+    }
+
+    #[test]
+    fn yolo11_names_scales_and_yaml_family() {
+        let c = YoloConfig::from_model("yolo11n.yaml", 80).expect("yolo11n");
+        assert_eq!((c.family, c.scale), (Family::V11, Scale::N));
+        assert_eq!(c.multipliers(), (0.5, 0.25, 1024));
+        assert_eq!(c.depth(2), 1);
+        assert_eq!(c.head_channels(), [64, 128, 256]);
+        assert_eq!(c.name(), "yolo11n");
+        let m = YoloConfig::from_model("some/dir/yolo11m", 80).expect("yolo11m");
+        assert_eq!(m.multipliers(), (0.5, 1.0, 512));
+        assert_eq!(m.ch(1024), 512);
+        assert_eq!(YoloConfig::from_model("yolov8s", 3).expect("v8").family, Family::V8);
+        assert!(parse_model("yolo11q").is_err());
+        let (f, s) = parse_model_yaml("family: yolo11\ndepth_multiple: 0.5\nwidth_multiple: 0.125\n").expect("yaml");
+        assert_eq!(f, Family::V11);
+        assert_eq!(f.model_name(s), "yolo11(d0.5,w0.125,c1024)");
+        assert!(parse_model_yaml("family: yolo12\ndepth_multiple: 0.5\nwidth_multiple: 0.125").is_err());
     }
 }

@@ -167,9 +167,17 @@ impl YoloV8 {
     /// The evaluation graph with every BatchNorm folded into its convolution (the arithmetic of
     /// [`YoloV8::fuse`]), weights as float32 on the CPU.
     pub fn graph(&self) -> Result<Graph> {
+        let unsupported = || {
+            ModelError::BadInput(format!(
+                "{}: its C3k2 / C2PSA blocks and depthwise head have no graph description, so it cannot be exported",
+                self.config().name()
+            ))
+        };
+        let views = self.layer_views().ok_or_else(unsupported)?;
+        let branches = self.detect_branches().ok_or_else(unsupported)?;
         let mut b = Builder { nodes: Vec::new() };
         let mut outs: Vec<ValueId> = Vec::with_capacity(self.layers_len());
-        for (i, layer) in self.layer_views().enumerate() {
+        for (i, layer) in views.into_iter().enumerate() {
             let name = format!("model.{i}");
             let prev = outs.last().copied().unwrap_or(0);
             let v = match layer {
@@ -186,7 +194,7 @@ impl YoloV8 {
         }
         let feats = [outs[15], outs[18], outs[21]];
         let mut head_inputs = Vec::with_capacity(6);
-        for (i, (boxes, classes)) in self.detect_branches().enumerate() {
+        for (i, (boxes, classes)) in branches.into_iter().enumerate() {
             for (branch, (c0, c1, out_w, out_b)) in [("cv2", boxes), ("cv3", classes)] {
                 let p = format!("model.22.{branch}.{i}");
                 let h = b.conv(&format!("{p}.0"), c0, Activation::Silu, feats[i])?;

@@ -1,10 +1,10 @@
-//! The legacy YOLOv8 Detect head (box branch `cv2` with 4×reg_max DFL logits, class branch `cv3`), anchors and
-//! the DFL box decode.
+//! The Detect head (box branch `cv2` with 4×reg_max DFL logits, class branch `cv3`: YOLOv8's legacy one or
+//! YOLO11's depthwise one), anchors and the DFL box decode.
 
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::Init;
 
-use crate::config::{REG_MAX, STRIDES, YoloConfig};
+use crate::config::{Family, REG_MAX, STRIDES, YoloConfig};
 use crate::layers::{Conv, Mode};
 use crate::ops;
 use crate::params::Params;
@@ -54,6 +54,66 @@ impl Branch {
     }
 }
 
+/// The class branch of YOLO11's head: DWConv 3×3 → Conv 1×1 → DWConv 3×3 → Conv 1×1 → Conv2d 1×1 with bias.
+#[derive(Debug, Clone)]
+struct DwBranch {
+    dw0: Conv,
+    pw0: Conv,
+    dw1: Conv,
+    pw1: Conv,
+    out: Conv2dBias,
+}
+
+impl DwBranch {
+    fn new(p: &Params<'_>, cin: usize, hidden: usize, cout: usize, bias_init: f64) -> Result<Self> {
+        Ok(Self {
+            dw0: Conv::depthwise(&p.pp(0).pp(0), cin, 3, true)?,
+            pw0: Conv::new(&p.pp(0).pp(1), cin, hidden, 1, 1)?,
+            dw1: Conv::depthwise(&p.pp(1).pp(0), hidden, 3, true)?,
+            pw1: Conv::new(&p.pp(1).pp(1), hidden, hidden, 1, 1)?,
+            out: Conv2dBias::new(&p.pp(2), hidden, cout, bias_init)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let y = self.pw0.forward(&self.dw0.forward(x, mode)?, mode)?;
+        self.out.forward(&self.pw1.forward(&self.dw1.forward(&y, mode)?, mode)?)
+    }
+
+    fn fused(&self) -> Result<Self> {
+        Ok(Self {
+            dw0: self.dw0.fused()?,
+            pw0: self.pw0.fused()?,
+            dw1: self.dw1.fused()?,
+            pw1: self.pw1.fused()?,
+            out: self.out.clone(),
+        })
+    }
+}
+
+/// A class branch: YOLOv8's (legacy) or YOLO11's (depthwise).
+#[derive(Debug, Clone)]
+enum ClsBranch {
+    Legacy(Branch),
+    Depthwise(DwBranch),
+}
+
+impl ClsBranch {
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        match self {
+            ClsBranch::Legacy(b) => b.forward(x, mode),
+            ClsBranch::Depthwise(b) => b.forward(x, mode),
+        }
+    }
+
+    fn fused(&self) -> Result<Self> {
+        Ok(match self {
+            ClsBranch::Legacy(b) => ClsBranch::Legacy(b.fused()?),
+            ClsBranch::Depthwise(b) => ClsBranch::Depthwise(b.fused()?),
+        })
+    }
+}
+
 /// One head branch: Conv, Conv, and the last convolution's weight and bias.
 pub(crate) type BranchView<'a> = (&'a Conv, &'a Conv, &'a Tensor, &'a Tensor);
 
@@ -68,12 +128,12 @@ pub struct RawHead {
     pub grids: [(usize, usize); 3],
 }
 
-/// The legacy v8 Detect head.
+/// The Detect head: the box branches `cv2` and the class branches `cv3` (legacy in YOLOv8, depthwise in YOLO11).
 #[derive(Debug, Clone)]
 pub(crate) struct Detect {
     nc: usize,
     cv2: Vec<Branch>,
-    cv3: Vec<Branch>,
+    cv3: Vec<ClsBranch>,
 }
 
 impl Detect {
@@ -86,7 +146,11 @@ impl Detect {
             // Ultralytics 8.4 `Detect.bias_init`: box bias 2.0, class bias log(5 / nc / (640 / s)^2).
             let cls_bias = (5.0 / cfg.nc as f64 / (640.0 / s as f64).powi(2)).ln();
             cv2.push(Branch::new(&p.pp("cv2").pp(i), c, c2, 4 * REG_MAX, 2.0)?);
-            cv3.push(Branch::new(&p.pp("cv3").pp(i), c, c3, cfg.nc, cls_bias)?);
+            let q = p.pp("cv3").pp(i);
+            cv3.push(match cfg.family {
+                Family::V8 => ClsBranch::Legacy(Branch::new(&q, c, c3, cfg.nc, cls_bias)?),
+                Family::V11 => ClsBranch::Depthwise(DwBranch::new(&q, c, c3, cfg.nc, cls_bias)?),
+            });
         }
         Ok(Self { nc: cfg.nc, cv2, cv3 })
     }
@@ -108,24 +172,43 @@ impl Detect {
         Ok(Self {
             nc: self.nc,
             cv2: self.cv2.iter().map(Branch::fused).collect::<Result<_>>()?,
-            cv3: self.cv3.iter().map(Branch::fused).collect::<Result<_>>()?,
+            cv3: self.cv3.iter().map(ClsBranch::fused).collect::<Result<_>>()?,
         })
     }
 
-    /// Per level, the box and the class branch: their two Convs and the final 1×1 convolution's weight and bias.
-    pub(crate) fn branches(&self) -> impl Iterator<Item = (BranchView<'_>, BranchView<'_>)> {
+    /// Per level, the box and the class branch: their two Convs and the final 1×1 convolution's weight and bias;
+    /// `None` for a head with depthwise class branches.
+    pub(crate) fn branches(&self) -> Option<Vec<(BranchView<'_>, BranchView<'_>)>> {
         fn view(b: &Branch) -> BranchView<'_> {
             (&b.c0, &b.c1, &b.out.weight, &b.out.bias)
         }
-        self.cv2.iter().zip(&self.cv3).map(|(a, b)| (view(a), view(b)))
+        self.cv2
+            .iter()
+            .zip(&self.cv3)
+            .map(|(a, b)| match b {
+                ClsBranch::Legacy(b) => Some((view(a), view(b))),
+                ClsBranch::Depthwise(_) => None,
+            })
+            .collect()
     }
 
     /// Every Conv of the head with its Ultralytics name (`<prefix>.cv2.0.0`, …).
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
-        for (name, branches) in [("cv2", &self.cv2), ("cv3", &self.cv3)] {
-            for (i, b) in branches.iter().enumerate() {
-                out.push((format!("{prefix}.{name}.{i}.0"), &b.c0));
-                out.push((format!("{prefix}.{name}.{i}.1"), &b.c1));
+        for (i, b) in self.cv2.iter().enumerate() {
+            out.push((format!("{prefix}.cv2.{i}.0"), &b.c0));
+            out.push((format!("{prefix}.cv2.{i}.1"), &b.c1));
+        }
+        for (i, b) in self.cv3.iter().enumerate() {
+            match b {
+                ClsBranch::Legacy(b) => {
+                    out.push((format!("{prefix}.cv3.{i}.0"), &b.c0));
+                    out.push((format!("{prefix}.cv3.{i}.1"), &b.c1));
+                }
+                ClsBranch::Depthwise(b) => {
+                    for (name, c) in [("0.0", &b.dw0), ("0.1", &b.pw0), ("1.0", &b.dw1), ("1.1", &b.pw1)] {
+                        out.push((format!("{prefix}.cv3.{i}.{name}"), c));
+                    }
+                }
             }
         }
     }

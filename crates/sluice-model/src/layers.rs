@@ -96,6 +96,38 @@ impl BatchNorm {
         norm::fold_batch_norm(weight, self.params(), BN_EPS)
     }
 
+    /// `BatchNorm(x)` without activation (the `act=False` Convs of attention blocks): running statistics in eval
+    /// mode; in train mode batch statistics through candle's ops (these Convs sit on the smallest maps), with the
+    /// running statistics updated as in [`Self::forward_silu`].
+    fn forward_plain(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let c = x.dim(1)?;
+        match mode {
+            Mode::Eval => {
+                let (scale, shift) = self.eval_affine()?;
+                x.broadcast_mul(&scale.reshape((1, c, 1, 1))?)?.broadcast_add(&shift.reshape((1, c, 1, 1))?)
+            }
+            Mode::Train => {
+                let (b, _, h, w) = x.dims4()?;
+                let n = (b * h * w) as f64;
+                let mean = x.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
+                let centred = x.broadcast_sub(&mean)?;
+                let var = centred.sqr()?.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
+                let inv = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
+                let y = centred
+                    .broadcast_mul(&inv)?
+                    .broadcast_mul(&self.weight.as_tensor().reshape((1, c, 1, 1))?)?
+                    .broadcast_add(&self.bias.as_tensor().reshape((1, c, 1, 1))?)?;
+                let (mean, var) = (mean.detach().flatten_all()?, var.detach().flatten_all()?);
+                let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
+                let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
+                let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
+                self.running_mean.set(&rm)?;
+                self.running_var.set(&rv)?;
+                Ok(y)
+            }
+        }
+    }
+
     /// `SiLU(BatchNorm(x))`, fused (`sluice_kernels::norm`): running statistics in eval mode; batch statistics
     /// in train mode, where the running statistics are updated too.
     fn forward_silu(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
@@ -122,6 +154,8 @@ impl BatchNorm {
 }
 
 /// Ultralytics `Conv`: Conv2d (no bias, padding k/2) + BatchNorm2d + SiLU; after folding, Conv2d with bias + SiLU.
+/// Two variants share it: `act=False` (no SiLU, the projections of attention blocks) and the depthwise `DWConv`
+/// (one filter per channel, `groups = channels`).
 #[derive(Debug, Clone)]
 pub(crate) struct Conv {
     weight: Tensor,
@@ -130,6 +164,8 @@ pub(crate) struct Conv {
     stride: usize,
     pad: usize,
     autocast: Autocast,
+    act: bool,
+    depthwise: bool,
 }
 
 impl Conv {
@@ -142,10 +178,59 @@ impl Conv {
             stride: s,
             pad: k / 2,
             autocast: p.autocast().clone(),
+            act: true,
+            depthwise: false,
         })
     }
 
+    /// `Conv(c1, c2, k, s, act=False)`: BatchNorm without SiLU.
+    pub(crate) fn linear(p: &Params<'_>, c1: usize, c2: usize, k: usize, s: usize) -> Result<Self> {
+        Ok(Self { act: false, ..Self::new(p, c1, c2, k, s)? })
+    }
+
+    /// `DWConv(c, c, k)` (`act` true) or `Conv(c, c, k, g=c, act=False)`: a k×k filter per channel, stride 1.
+    pub(crate) fn depthwise(p: &Params<'_>, c: usize, k: usize, act: bool) -> Result<Self> {
+        let weight = p.pp("conv").var("weight", (c, 1, k, k), Params::conv_init(k * k))?;
+        Ok(Self {
+            weight: weight.as_tensor().clone(),
+            bn: Some(BatchNorm::new(&p.pp("bn"), c)?),
+            fused_bias: None,
+            stride: 1,
+            pad: k / 2,
+            autocast: p.autocast().clone(),
+            act,
+            depthwise: true,
+        })
+    }
+
+    /// The forward of the variants (`act=False`, depthwise), which run on candle's ops with their autograd.
+    fn forward_variant(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let conv = |x: &Tensor, w: &Tensor| {
+            if self.depthwise {
+                ops::depthwise_conv2d(x, w, self.pad)
+            } else {
+                sluice_kernels::conv::conv2d(x, w, self.stride, self.pad)
+            }
+        };
+        let y = match (&self.bn, &self.fused_bias, mode) {
+            (Some(bn), _, Mode::Train) => {
+                let y = conv(x, &self.weight)?;
+                return if self.act { bn.forward_silu(&y, mode) } else { bn.forward_plain(&y, mode) };
+            }
+            (Some(bn), _, Mode::Eval) => {
+                let (w, shift) = bn.fold(&self.weight)?;
+                conv(x, &w)?.broadcast_add(&shift.reshape((1, shift.dim(0)?, 1, 1))?)?
+            }
+            (None, Some(b), _) => conv(x, &self.weight)?.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?,
+            (None, None, _) => conv(x, &self.weight)?,
+        };
+        if self.act { y.silu() } else { Ok(y) }
+    }
+
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if self.depthwise || !self.act {
+            return self.forward_variant(x, mode);
+        }
         // Inference in the model's dtype: one conv + bias + SiLU op (`sluice_kernels::conv::conv2d_bias_silu`), with
         // the running statistics folded into the weight and bias on the fly when the block is not fused yet.
         if self.autocast.get().is_none_or(|half| half == x.dtype()) {
@@ -187,6 +272,8 @@ impl Conv {
             stride: self.stride,
             pad: self.pad,
             autocast: Autocast::default(),
+            act: self.act,
+            depthwise: self.depthwise,
         })
     }
 
@@ -218,7 +305,8 @@ impl Conv {
     }
 }
 
-/// Bottleneck: two 3×3 Convs and a residual add when `shortcut` (channels in = out).
+/// Bottleneck: two 3×3 Convs (through `hidden` channels: `c` in C2f and C3k, `c/2` in C3k2) and a residual add
+/// when `shortcut` (channels in = out).
 #[derive(Debug, Clone)]
 pub(crate) struct Bottleneck {
     cv1: Conv,
@@ -228,19 +316,27 @@ pub(crate) struct Bottleneck {
 
 impl Bottleneck {
     fn new(p: &Params<'_>, c: usize, shortcut: bool) -> Result<Self> {
-        Ok(Self { cv1: Conv::new(&p.pp("cv1"), c, c, 3, 1)?, cv2: Conv::new(&p.pp("cv2"), c, c, 3, 1)?, add: shortcut })
+        Self::with_hidden(p, c, c, shortcut)
     }
 
-    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+    pub(crate) fn with_hidden(p: &Params<'_>, c: usize, hidden: usize, shortcut: bool) -> Result<Self> {
+        Ok(Self {
+            cv1: Conv::new(&p.pp("cv1"), c, hidden, 3, 1)?,
+            cv2: Conv::new(&p.pp("cv2"), hidden, c, 3, 1)?,
+            add: shortcut,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let y = self.cv2.forward(&self.cv1.forward(x, mode)?, mode)?;
         if self.add { x + y } else { Ok(y) }
     }
 
-    fn fused(&self) -> Result<Self> {
+    pub(crate) fn fused(&self) -> Result<Self> {
         Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, add: self.add })
     }
 
-    fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
+    pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
         out.push((format!("{prefix}.cv1"), &self.cv1));
         out.push((format!("{prefix}.cv2"), &self.cv2));
     }

@@ -1,5 +1,5 @@
-//! YOLOv8 detection in candle, matched to Ultralytics 8.4: the model at every scale (n, s, m, l, x) and any
-//! class count, weights in safetensors with Ultralytics' key names, Conv+BN folding, and the
+//! YOLOv8 and YOLO11 detection in candle, matched to Ultralytics 8.4: the models at every scale (n, s, m, l, x) and
+//! any class count, weights in safetensors with Ultralytics' key names, Conv+BN folding, and the
 //! v8 detection loss with the task-aligned assigner.
 //!
 //! ```no_run
@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+mod blocks;
 pub mod config;
 pub mod error;
 pub mod graph;
@@ -30,13 +31,13 @@ pub mod weights;
 pub use bench::{BenchOptions, BenchReport, bench_model, bench_model_with, peak_rss_bytes};
 /// The candle version this crate is built on (for devices and tensors in the public API).
 pub use candle_core;
-pub use config::{REG_MAX, STRIDES, Scale, YoloConfig};
+pub use config::{Family, REG_MAX, STRIDES, Scale, YoloConfig, parse_model};
 pub use error::{ModelError, Result};
 pub use graph::{Activation, ConvOp, DetectDecode, Graph, Node, Op, ValueId};
 pub use head::RawHead;
 pub use layers::Mode;
 pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
-pub use model::{Detections, YoloV8};
+pub use model::{Detections, YoloV8, dfl_key};
 pub use pt::{PtCheckpoint, is_pt, read_pt, read_pt_bytes};
 pub use run::{RunOptions, RunSummary, run_npy};
 pub use weights::LoadMode;

@@ -1,22 +1,26 @@
-//! The YOLOv8 detection model (backbone, PAN neck, legacy Detect head) at any scale and class count.
+//! The detection model (backbone, PAN neck, Detect head) of the YOLOv8 and YOLO11 families at any scale and class
+//! count.
 
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
-use crate::config::{REG_MAX, YoloConfig};
+use crate::blocks::{C2psa, C3k2};
+use crate::config::{Family, REG_MAX, Scale, YoloConfig};
 use crate::error::{ModelError, Result};
 use crate::head::{self, Detect, RawHead};
 use crate::layers::{Autocast, C2f, Conv, Mode, Sppf};
 use crate::ops;
 use crate::params::Params;
 
-/// One top-level layer `model.<i>` of `yolov8.yaml` (the Detect head, `model.22`, is kept apart).
+/// One top-level layer `model.<i>` of the family's table (the Detect head, `model.22` / `model.23`, is kept apart).
 #[derive(Debug, Clone)]
 enum Layer {
     Conv(Conv),
     C2f(C2f),
+    C3k2(C3k2),
+    C2psa(C2psa),
     Sppf(Sppf),
     Upsample,
     /// Concat of the previous output and the output of layer `.0`.
@@ -30,11 +34,12 @@ pub struct Detections {
     pub y: Tensor,
     /// Raw head outputs (DFL logits `(B, 64, A)` and class logits `(B, nc, A)`).
     pub raw: RawHead,
-    /// The Detect inputs P3, P4, P5 (outputs of `model.15`, `model.18`, `model.21`).
+    /// The Detect inputs P3, P4, P5 (outputs of `model.15`, `model.18`, `model.21` in YOLOv8).
     pub feats: [Tensor; 3],
 }
 
-/// YOLOv8 detection model. Parameters live in a [`VarMap`] under Ultralytics' state-dict names.
+/// A YOLOv8 or YOLO11 detection model (the name is the first family's). Parameters live in a [`VarMap`] under
+/// Ultralytics' state-dict names.
 pub struct YoloV8 {
     cfg: YoloConfig,
     layers: Vec<Layer>,
@@ -58,8 +63,13 @@ impl std::fmt::Debug for YoloV8 {
     }
 }
 
-/// Key of the fixed DFL projection (0..15) in Ultralytics checkpoints.
+/// Key of the fixed DFL projection (0..15) in Ultralytics' YOLOv8 checkpoints (`model.23.…` in YOLO11's).
 pub const DFL_KEY: &str = "model.22.dfl.conv.weight";
+
+/// Key of the fixed DFL projection in a family's checkpoints.
+pub fn dfl_key(family: Family) -> String {
+    format!("model.{}.dfl.conv.weight", family.detect_index())
+}
 
 impl YoloV8 {
     /// A freshly initialised model (PyTorch default conv init, BN weight 1 / bias 0 / mean 0 / var 1,
@@ -83,33 +93,11 @@ impl YoloV8 {
         let (layers, detect) = {
             let p = Params::new(&varmap, dtype, device, seed).pp("model");
             autocast = p.autocast().clone();
-            let c = |x| cfg.ch(x);
-            let d = |x| cfg.depth(x);
-            let layers = vec![
-                Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
-                Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
-                Layer::C2f(C2f::new(&p.pp(2), c(128), c(128), d(3), true)?),
-                Layer::Conv(Conv::new(&p.pp(3), c(128), c(256), 3, 2)?),
-                Layer::C2f(C2f::new(&p.pp(4), c(256), c(256), d(6), true)?),
-                Layer::Conv(Conv::new(&p.pp(5), c(256), c(512), 3, 2)?),
-                Layer::C2f(C2f::new(&p.pp(6), c(512), c(512), d(6), true)?),
-                Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
-                Layer::C2f(C2f::new(&p.pp(8), c(1024), c(1024), d(3), true)?),
-                Layer::Sppf(Sppf::new(&p.pp(9), c(1024), c(1024), 5)?),
-                Layer::Upsample,
-                Layer::Concat(6),
-                Layer::C2f(C2f::new(&p.pp(12), c(1024) + c(512), c(512), d(3), false)?),
-                Layer::Upsample,
-                Layer::Concat(4),
-                Layer::C2f(C2f::new(&p.pp(15), c(512) + c(256), c(256), d(3), false)?),
-                Layer::Conv(Conv::new(&p.pp(16), c(256), c(256), 3, 2)?),
-                Layer::Concat(12),
-                Layer::C2f(C2f::new(&p.pp(18), c(256) + c(512), c(512), d(3), false)?),
-                Layer::Conv(Conv::new(&p.pp(19), c(512), c(512), 3, 2)?),
-                Layer::Concat(9),
-                Layer::C2f(C2f::new(&p.pp(21), c(512) + c(1024), c(1024), d(3), false)?),
-            ];
-            (layers, Detect::new(&p.pp(22), &cfg)?)
+            let layers = match cfg.family {
+                Family::V8 => v8_layers(&p, &cfg)?,
+                Family::V11 => v11_layers(&p, &cfg)?,
+            };
+            (layers, Detect::new(&p.pp(cfg.family.detect_index()), &cfg)?)
         };
         let num_batches_tracked = bn_prefixes(&varmap).into_iter().map(|p| (p, 0)).collect();
         Ok(Self {
@@ -246,6 +234,8 @@ impl YoloV8 {
             let y = match layer {
                 Layer::Conv(m) => m.forward(prev, mode)?,
                 Layer::C2f(m) => m.forward(prev, mode)?,
+                Layer::C3k2(m) => m.forward(prev, mode)?,
+                Layer::C2psa(m) => m.forward(prev, mode)?,
                 Layer::Sppf(m) => m.forward(prev, mode)?,
                 Layer::Upsample => ops::upsample_nearest2x(prev)?,
                 Layer::Concat(j) => Tensor::cat(&[prev, &outs[*j]], 1)?,
@@ -259,7 +249,8 @@ impl YoloV8 {
     /// statistics and updates its running statistics.
     pub fn forward_raw(&self, x: &Tensor, mode: Mode) -> Result<(RawHead, [Tensor; 3])> {
         let outs = self.forward_layers(x, mode)?;
-        let feats = [outs[15].clone(), outs[18].clone(), outs[21].clone()];
+        let [p3, p4, p5] = self.cfg.family.detect_from();
+        let feats = [outs[p3].clone(), outs[p4].clone(), outs[p5].clone()];
         let raw = self.detect.forward(&feats, mode)?;
         Ok((raw, feats))
     }
@@ -281,6 +272,8 @@ impl YoloV8 {
                 Ok(match l {
                     Layer::Conv(m) => Layer::Conv(m.fused()?),
                     Layer::C2f(m) => Layer::C2f(m.fused()?),
+                    Layer::C3k2(m) => Layer::C3k2(m.fused()?),
+                    Layer::C2psa(m) => Layer::C2psa(m.fused()?),
                     Layer::Sppf(m) => Layer::Sppf(m.fused()?),
                     Layer::Upsample => Layer::Upsample,
                     Layer::Concat(j) => Layer::Concat(*j),
@@ -307,11 +300,13 @@ impl YoloV8 {
             match l {
                 Layer::Conv(m) => out.push((p, m)),
                 Layer::C2f(m) => m.convs(&p, &mut out),
+                Layer::C3k2(m) => m.convs(&p, &mut out),
+                Layer::C2psa(m) => m.convs(&p, &mut out),
                 Layer::Sppf(m) => m.convs(&p, &mut out),
                 Layer::Upsample | Layer::Concat(_) => {}
             }
         }
-        self.detect.convs("model.22", &mut out);
+        self.detect.convs(&format!("model.{}", self.cfg.family.detect_index()), &mut out);
         out
     }
 
@@ -327,20 +322,24 @@ impl YoloV8 {
         self.layers.len()
     }
 
-    /// The top-level layers `model.0` … `model.21`, borrowed.
-    pub(crate) fn layer_views(&self) -> impl Iterator<Item = crate::graph::LayerView<'_>> {
+    /// The top-level layers `model.0` … `model.21`, borrowed; `None` when one has no graph description yet.
+    pub(crate) fn layer_views(&self) -> Option<Vec<crate::graph::LayerView<'_>>> {
         use crate::graph::LayerView;
-        self.layers.iter().map(|l| match l {
-            Layer::Conv(m) => LayerView::Conv(m),
-            Layer::C2f(m) => LayerView::C2f(m),
-            Layer::Sppf(m) => LayerView::Sppf(m),
-            Layer::Upsample => LayerView::Upsample,
-            Layer::Concat(j) => LayerView::Concat(*j),
-        })
+        self.layers
+            .iter()
+            .map(|l| match l {
+                Layer::Conv(m) => Some(LayerView::Conv(m)),
+                Layer::C2f(m) => Some(LayerView::C2f(m)),
+                Layer::Sppf(m) => Some(LayerView::Sppf(m)),
+                Layer::Upsample => Some(LayerView::Upsample),
+                Layer::Concat(j) => Some(LayerView::Concat(*j)),
+                Layer::C3k2(_) | Layer::C2psa(_) => None,
+            })
+            .collect()
     }
 
-    /// The Detect head's branches per level (box, class).
-    pub(crate) fn detect_branches(&self) -> impl Iterator<Item = (head::BranchView<'_>, head::BranchView<'_>)> {
+    /// The Detect head's branches per level (box, class); `None` for YOLO11's depthwise class branches.
+    pub(crate) fn detect_branches(&self) -> Option<Vec<(head::BranchView<'_>, head::BranchView<'_>)>> {
         self.detect.branches()
     }
 
@@ -348,6 +347,72 @@ impl YoloV8 {
     pub fn reg_max(&self) -> usize {
         REG_MAX
     }
+}
+
+/// `yolov8.yaml`'s layers 0–21.
+fn v8_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer>> {
+    let c = |x| cfg.ch(x);
+    let d = |x| cfg.depth(x);
+    Ok(vec![
+        Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
+        Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
+        Layer::C2f(C2f::new(&p.pp(2), c(128), c(128), d(3), true)?),
+        Layer::Conv(Conv::new(&p.pp(3), c(128), c(256), 3, 2)?),
+        Layer::C2f(C2f::new(&p.pp(4), c(256), c(256), d(6), true)?),
+        Layer::Conv(Conv::new(&p.pp(5), c(256), c(512), 3, 2)?),
+        Layer::C2f(C2f::new(&p.pp(6), c(512), c(512), d(6), true)?),
+        Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
+        Layer::C2f(C2f::new(&p.pp(8), c(1024), c(1024), d(3), true)?),
+        Layer::Sppf(Sppf::new(&p.pp(9), c(1024), c(1024), 5)?),
+        Layer::Upsample,
+        Layer::Concat(6),
+        Layer::C2f(C2f::new(&p.pp(12), c(1024) + c(512), c(512), d(3), false)?),
+        Layer::Upsample,
+        Layer::Concat(4),
+        Layer::C2f(C2f::new(&p.pp(15), c(512) + c(256), c(256), d(3), false)?),
+        Layer::Conv(Conv::new(&p.pp(16), c(256), c(256), 3, 2)?),
+        Layer::Concat(12),
+        Layer::C2f(C2f::new(&p.pp(18), c(256) + c(512), c(512), d(3), false)?),
+        Layer::Conv(Conv::new(&p.pp(19), c(512), c(512), 3, 2)?),
+        Layer::Concat(9),
+        Layer::C2f(C2f::new(&p.pp(21), c(512) + c(1024), c(1024), d(3), false)?),
+    ])
+}
+
+/// `yolo11.yaml`'s layers 0–22. C3k2 rows give `(c2, c3k, e)`; Ultralytics turns C3k on in every C3k2 at the
+/// scales m, l and x.
+fn v11_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer>> {
+    let c = |x| cfg.ch(x);
+    let d = |x| cfg.depth(x);
+    let big = matches!(cfg.scale, Scale::M | Scale::L | Scale::X);
+    let c3k2 = |i: usize, c1: usize, c2: usize, c3k: bool, e: f64| -> candle_core::Result<Layer> {
+        Ok(Layer::C3k2(C3k2::new(&p.pp(i), c1, c(c2), d(2), c3k || big, e)?))
+    };
+    Ok(vec![
+        Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
+        Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
+        c3k2(2, c(128), 256, false, 0.25)?,
+        Layer::Conv(Conv::new(&p.pp(3), c(256), c(256), 3, 2)?),
+        c3k2(4, c(256), 512, false, 0.25)?,
+        Layer::Conv(Conv::new(&p.pp(5), c(512), c(512), 3, 2)?),
+        c3k2(6, c(512), 512, true, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
+        c3k2(8, c(1024), 1024, true, 0.5)?,
+        Layer::Sppf(Sppf::new(&p.pp(9), c(1024), c(1024), 5)?),
+        Layer::C2psa(C2psa::new(&p.pp(10), c(1024), c(1024), d(2))?),
+        Layer::Upsample,
+        Layer::Concat(6),
+        c3k2(13, c(1024) + c(512), 512, false, 0.5)?,
+        Layer::Upsample,
+        Layer::Concat(4),
+        c3k2(16, c(512) + c(512), 256, false, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(17), c(256), c(256), 3, 2)?),
+        Layer::Concat(13),
+        c3k2(19, c(256) + c(512), 512, false, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(20), c(512), c(512), 3, 2)?),
+        Layer::Concat(10),
+        c3k2(22, c(512) + c(1024), 1024, true, 0.5)?,
+    ])
 }
 
 /// `model.x.bn` prefixes of every BatchNorm in a var map.

@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 
 use crate::config::REG_MAX;
 use crate::error::{ModelError, Result};
-use crate::model::{DFL_KEY, YoloV8};
+use crate::model::{YoloV8, dfl_key};
 
 /// How [`YoloV8::load_weights`] treats the keys of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,8 +104,8 @@ impl YoloV8 {
                 if !self.num_batches_tracked.contains_key(prefix) {
                     return Err(ModelError::UnexpectedKey { file, key: (*key).clone() });
                 }
-            } else if key.as_str() == DFL_KEY {
-                check_dfl(&file, t)?;
+            } else if **key == dfl_key(self.config().family) {
+                check_dfl(&file, key, t)?;
             } else {
                 return Err(ModelError::UnexpectedKey { file, key: (*key).clone() });
             }
@@ -148,7 +148,7 @@ impl YoloV8 {
             out.insert(format!("{prefix}.num_batches_tracked"), Tensor::new(*n, &cpu)?);
         }
         let proj = Tensor::arange(0f32, REG_MAX as f32, &cpu)?.reshape((1, REG_MAX, 1, 1))?;
-        out.insert(DFL_KEY.to_string(), proj);
+        out.insert(dfl_key(self.config().family), proj);
         Ok(out)
     }
 
@@ -162,8 +162,8 @@ impl YoloV8 {
 }
 
 /// The DFL projection must be 0, 1, …, 15 shaped (1, 16, 1, 1).
-fn check_dfl(file: &Path, t: &Tensor) -> Result<()> {
-    let bad = |reason: String| ModelError::BadWeight { file: file.to_path_buf(), key: DFL_KEY.into(), reason };
+fn check_dfl(file: &Path, key: &str, t: &Tensor) -> Result<()> {
+    let bad = |reason: String| ModelError::BadWeight { file: file.to_path_buf(), key: key.into(), reason };
     if t.dims() != [1, REG_MAX, 1, 1] {
         return Err(bad(format!("shape {:?}, expected [1, {REG_MAX}, 1, 1]", t.dims())));
     }
