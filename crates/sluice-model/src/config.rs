@@ -204,24 +204,53 @@ impl Family {
     }
 }
 
+/// A family and a scale: what a model's name gives before the class count is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Arch {
+    /// The layer table.
+    pub family: Family,
+    /// The scale.
+    pub scale: Scale,
+}
+
+impl Arch {
+    /// YOLOv8 at this scale.
+    pub fn v8(scale: Scale) -> Self {
+        Self { family: Family::V8, scale }
+    }
+
+    /// The model's configuration for `nc` classes.
+    pub fn config(self, nc: usize) -> YoloConfig {
+        YoloConfig { scale: self.scale, nc, family: self.family }
+    }
+
+    /// The model's name (`yolov8n`, `yolo11s`, …).
+    pub fn name(self) -> String {
+        self.family.model_name(self.scale)
+    }
+}
+
 /// A model named as Ultralytics names it: `yolov8n`, `yolo11s.yaml`, or a model YAML's path. Returns the family
 /// and the scale. A YAML gives `depth_multiple` and `width_multiple` (and optionally `max_channels`, default 1024)
 /// and may name its family with `family: yolo11` (default YOLOv8); a YAML that gives `backbone` or `head` is
 /// refused, because Sluice builds its families' own layer tables and would silently train something else.
-pub fn parse_model(model: &str) -> Result<(Family, Scale)> {
+pub fn parse_model(model: &str) -> Result<Arch> {
     let path = Path::new(model);
     let is_yaml = model.ends_with(".yaml") || model.ends_with(".yml");
     if is_yaml && path.is_file() {
         let text =
             std::fs::read_to_string(path).map_err(|source| ModelError::Io { file: path.to_path_buf(), source })?;
-        return parse_model_yaml(&text).map_err(|e| ModelError::BadInput(format!("{}: {e}", path.display())));
+        return parse_model_yaml(&text)
+            .map(|(family, scale)| Arch { family, scale })
+            .map_err(|e| ModelError::BadInput(format!("{}: {e}", path.display())));
     }
     let name = path.file_name().and_then(|s| s.to_str()).unwrap_or(model);
     let name = name.trim_end_matches(".yaml").trim_end_matches(".yml").to_ascii_lowercase();
     if let Some(s) = name.strip_prefix("yolo11") {
-        return Ok((Family::V11, Scale::parse(s).map_err(|_| ModelError::UnknownModel(model.to_string()))?));
+        let scale = Scale::parse(s).map_err(|_| ModelError::UnknownModel(model.to_string()))?;
+        return Ok(Arch { family: Family::V11, scale });
     }
-    Ok((Family::V8, Scale::parse(&name).map_err(|_| ModelError::UnknownModel(model.to_string()))?))
+    Ok(Arch::v8(Scale::parse(&name).map_err(|_| ModelError::UnknownModel(model.to_string()))?))
 }
 
 /// Parses a model YAML's family and multipliers (see [`parse_model`]).
@@ -268,13 +297,17 @@ impl YoloConfig {
 
     /// The configuration a model name or YAML gives (see [`parse_model`]).
     pub fn from_model(model: &str, nc: usize) -> Result<Self> {
-        let (family, scale) = parse_model(model)?;
-        Ok(Self { scale, nc, family })
+        Ok(parse_model(model)?.config(nc))
     }
 
     /// The model's name (`yolov8n`, `yolo11s`, …).
     pub fn name(&self) -> String {
         self.family.model_name(self.scale)
+    }
+
+    /// The family and scale.
+    pub fn arch(&self) -> Arch {
+        Arch { family: self.family, scale: self.scale }
     }
 
     /// `(depth, width, max_channels)`.

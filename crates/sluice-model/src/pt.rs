@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::pickle::{Object, Stack, TensorInfo};
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{Scale, YoloConfig};
+use crate::config::{Family, REG_MAX, Scale, YoloConfig};
 use crate::error::{ModelError, Result};
 use crate::model::YoloV8;
 use crate::weights::LoadMode;
@@ -53,10 +53,11 @@ const OTHER_TASKS: &[(&str, &str)] = &[
     ("RTDETRDecoder", "RT-DETR"),
 ];
 
+/// The module classes YOLO11 adds to YOLOv8's.
+const V11_CLASSES: &[&str] = &["C3k2", "C3k", "C2PSA", "PSABlock", "Attention", "DWConv"];
+
 /// Blocks that mark a YOLO family Sluice does not build, with the family's name for the error.
 const OTHER_FAMILIES: &[(&str, &str)] = &[
-    ("C3k2", "YOLO11/YOLO26"),
-    ("C2PSA", "YOLO11/YOLO26"),
     ("A2C2f", "YOLO12"),
     ("v10Detect", "YOLOv10"),
     ("SCDown", "YOLOv10"),
@@ -65,7 +66,6 @@ const OTHER_FAMILIES: &[(&str, &str)] = &[
     ("RepNCSPELAN4", "YOLOv9"),
     ("ADown", "YOLOv9"),
     ("C3", "YOLOv5"),
-    ("C3k", "YOLO11/YOLO26"),
 ];
 
 /// What an Ultralytics checkpoint holds for Sluice: the detection model's `state_dict` and its description.
@@ -83,6 +83,8 @@ pub struct PtCheckpoint {
     pub nc: usize,
     /// The scale from the model's `yaml` (`scales[scale]`, or `depth_multiple` / `width_multiple`).
     pub scale: Scale,
+    /// The family, from the module classes (C3k2 and C2PSA make a YOLO11).
+    pub family: Family,
     /// The dtype the floating-point weights are stored in.
     pub dtype: DType,
 }
@@ -90,7 +92,7 @@ pub struct PtCheckpoint {
 impl PtCheckpoint {
     /// The model's architecture.
     pub fn config(&self) -> YoloConfig {
-        YoloConfig::new(self.scale, self.nc)
+        YoloConfig::new(self.scale, self.nc).with_family(self.family)
     }
 }
 
@@ -132,7 +134,7 @@ pub fn read_pt_bytes(bytes: &[u8], origin: &Path) -> Result<PtCheckpoint> {
     let mut walk = Walk { infos: Vec::new(), classes: Vec::new() };
     let root_state = module_state(module).map_err(|e| bad(format!("`{entry}`: {e}")))?;
     walk.module(module, "", 0).map_err(|e| bad(format!("`{entry}`: {e}")))?;
-    check_classes(&walk.classes).map_err(&bad)?;
+    let family = check_classes(&walk.classes).map_err(&bad)?;
     if walk.classes.iter().any(|c| c == "Conv") && !walk.infos.iter().any(|i| i.name.contains(".bn.")) {
         return Err(bad(
             "a fused model (Conv+BN folded by fuse()): Sluice reads unfused weights; use the checkpoint as saved by \
@@ -143,6 +145,7 @@ pub fn read_pt_bytes(bytes: &[u8], origin: &Path) -> Result<PtCheckpoint> {
     let nc = detect_nc(module).map_err(&bad)?;
     let names = class_names(root_state, nc).map_err(&bad)?;
     let scale = scale_of(root_state).map_err(&bad)?;
+    check_head(root_state).map_err(&bad)?;
     let mut tensors = HashMap::with_capacity(walk.infos.len());
     let mut dtype = DType::F32;
     for info in &walk.infos {
@@ -152,7 +155,7 @@ pub fn read_pt_bytes(bytes: &[u8], origin: &Path) -> Result<PtCheckpoint> {
         }
         tensors.insert(info.name.clone(), t);
     }
-    Ok(PtCheckpoint { file: origin.to_path_buf(), entry, tensors, names, nc, scale, dtype })
+    Ok(PtCheckpoint { file: origin.to_path_buf(), entry, tensors, names, nc, scale, family, dtype })
 }
 
 impl YoloV8 {
@@ -165,11 +168,17 @@ impl YoloV8 {
         Ok((m, ckpt))
     }
 
-    /// Overwrites the model's parameters with those of an Ultralytics checkpoint, after checking that its class
-    /// count and scale are this model's.
+    /// Overwrites the model's parameters with those of an Ultralytics checkpoint, after checking that its family
+    /// and class count are this model's (a scale that differs fails on the first shape).
     pub(crate) fn load_pt(&mut self, path: &Path, mode: LoadMode) -> Result<()> {
         let ckpt = read_pt(path)?;
         let cfg = self.config();
+        if ckpt.family != cfg.family {
+            return Err(ModelError::Pt {
+                file: path.to_path_buf(),
+                reason: format!("a {} model, this one is a {}", ckpt.config().name(), cfg.name()),
+            });
+        }
         if ckpt.nc != cfg.nc {
             let shown: Vec<&str> = ckpt.names.iter().take(3).map(String::as_str).collect();
             return Err(ModelError::Pt {
@@ -319,8 +328,9 @@ fn describe(o: &Object) -> String {
     }
 }
 
-/// Refuses a model of another task or family, or with a layer YOLOv8 detection does not have.
-fn check_classes(classes: &[String]) -> std::result::Result<(), String> {
+/// Refuses a model of another task or family, or with a layer YOLOv8 / YOLO11 detection does not have; returns
+/// the family.
+fn check_classes(classes: &[String]) -> std::result::Result<Family, String> {
     for c in classes {
         if let Some((_, task)) = OTHER_TASKS.iter().find(|(n, _)| n == c) {
             return Err(format!("a {task} model ({c} head): Sluice trains and exports detection models only"));
@@ -328,13 +338,38 @@ fn check_classes(classes: &[String]) -> std::result::Result<(), String> {
     }
     for c in classes {
         if let Some((_, family)) = OTHER_FAMILIES.iter().find(|(n, _)| n == c) {
-            return Err(format!("family not supported: a {family} model ({c} layers); Sluice builds YOLOv8 only"));
+            return Err(format!(
+                "family not supported: a {family} model ({c} layers); Sluice builds YOLOv8 and YOLO11"
+            ));
         }
     }
-    match classes.iter().find(|c| !V8_CLASSES.contains(&c.as_str())) {
-        Some(c) => Err(format!("family not supported: a `{c}` layer, which YOLOv8 detection does not have")),
+    let v11 = classes.iter().any(|c| c == "C3k2" || c == "C2PSA");
+    let known = |c: &str| V8_CLASSES.contains(&c) || (v11 && V11_CLASSES.contains(&c));
+    match classes.iter().find(|c| !known(c.as_str())) {
+        Some(c) => Err(format!(
+            "family not supported: a `{c}` layer, which {} detection does not have",
+            if v11 { "YOLO11" } else { "YOLOv8" }
+        )),
         None if !classes.iter().any(|c| c == "Detect") => Err("no Detect head in the model".into()),
-        None => Ok(()),
+        None if v11 => Ok(Family::V11),
+        None => Ok(Family::V8),
+    }
+}
+
+/// Refuses an end-to-end head (YOLO26, YOLOv10-style `end2end: True`) or another `reg_max` than 16: the model's
+/// `yaml` says so before any layer is built.
+fn check_head(state: &[(Object, Object)]) -> std::result::Result<(), String> {
+    let Some(Object::Dict(yaml)) = field(state, "yaml") else { return Ok(()) };
+    if matches!(field(yaml, "end2end"), Some(Object::Bool(true))) {
+        return Err("family not supported: an end-to-end model (`end2end: True`, as YOLO26); Sluice builds \
+                    YOLOv8 and YOLO11"
+            .into());
+    }
+    match field(yaml, "reg_max").and_then(float) {
+        Some(r) if r != REG_MAX as f64 => {
+            Err(format!("family not supported: `reg_max: {r}` (Sluice's Detect head has {REG_MAX} DFL bins)"))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use sluice_model::{LoadMode, Scale, YoloConfig, YoloV8, read_pt, read_pt_bytes};
+use sluice_model::{Family, LoadMode, Scale, YoloConfig, YoloV8, read_pt, read_pt_bytes};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt").join(name)
@@ -35,6 +35,22 @@ fn bits(t: &Tensor) -> Vec<u32> {
 
 fn err(path: &Path) -> String {
     read_pt(path).map(|c| format!("read {} tensors", c.tensors.len())).expect_err("must be refused").to_string()
+}
+
+#[test]
+fn yolo11_checkpoint_loads_and_runs_as_ultralytics() {
+    let (m, ckpt) = YoloV8::from_pt(fixture("y11t.pt"), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(ckpt.family, Family::V11);
+    assert_eq!((ckpt.scale, ckpt.nc, ckpt.dtype), (tiny(), 3, DType::F16));
+    let y = m.forward(&input()).unwrap().y;
+    let want = Tensor::read_npy(fixture("y11t_out_64.npy")).unwrap();
+    let d = (y - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    println!("y11t: max abs diff {d:e}");
+    assert!(d < 1e-3, "max abs diff {d}");
+    // A YOLOv8 of the same scale refuses it by family, naming both.
+    let mut v8 = YoloV8::new(YoloConfig::new(tiny(), 3), DType::F32, &Device::Cpu).unwrap();
+    let e = v8.load_weights(fixture("y11t.pt"), LoadMode::Strict).expect_err("family").to_string();
+    assert!(e.contains("y11t.pt") && e.contains("yolo11") && e.contains("yolov8"), "{e}");
 }
 
 #[test]
@@ -97,8 +113,8 @@ fn checkpoints_sluice_cannot_use_are_refused_naming_the_file_and_what_was_found(
     assert!(e.contains("v8t_fused.pt") && e.contains("fused"), "{e}");
     let e = err(&fixture("v8t_seg.pt"));
     assert!(e.contains("v8t_seg.pt") && e.contains("segmentation") && e.contains("Segment"), "{e}");
-    let e = err(&fixture("y11t.pt"));
-    assert!(e.contains("y11t.pt") && e.contains("family not supported") && e.contains("YOLO11"), "{e}");
+    let e = err(&fixture("y26t.pt"));
+    assert!(e.contains("y26t.pt") && e.contains("family not supported") && e.contains("end-to-end"), "{e}");
     let e = err(&fixture("v8t_custom.pt"));
     assert!(e.contains("v8t_custom.pt") && e.contains("unknown module class __main__.Custom"), "{e}");
 

@@ -14,7 +14,7 @@ use sluice_dataset::{ImageFormat, Sample, SampleIndex};
 use sluice_decode::{Backend, Format};
 use sluice_eval::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredView};
 use sluice_model::candle_core::{DType, Device, Tensor};
-use sluice_model::{ModelError, Scale, YoloConfig, YoloV8};
+use sluice_model::{Arch, ModelError, YoloV8};
 
 /// The largest stride of a YOLOv8 model: canvases are multiples of it.
 pub const MAX_STRIDE: u32 = 32;
@@ -222,13 +222,13 @@ impl std::fmt::Debug for Predictor {
 }
 
 impl Predictor {
-    /// Loads `weights` (Ultralytics key names) as a YOLOv8 of `scale` with `nc` classes (`None`: read from the
-    /// file), or an Ultralytics `.pt` checkpoint with its own scale and class count, folds BatchNorm into the convolutions, and picks the preferred decode backend.
-    pub fn load(weights: &Path, scale: Scale, nc: Option<usize>, opts: PredictOptions) -> Result<Self> {
+    /// Loads `weights` (Ultralytics key names) as a model of `arch` with `nc` classes (`None`: read from the
+    /// file), or an Ultralytics `.pt` checkpoint with its own architecture and class count, folds BatchNorm into the convolutions, and picks the preferred decode backend.
+    pub fn load(weights: &Path, arch: Arch, nc: Option<usize>, opts: PredictOptions) -> Result<Self> {
         let pt = sluice_model::is_pt(weights);
         let nc = match nc {
             Some(n) => n,
-            // An Ultralytics checkpoint says its class count (and its scale, which wins over `scale`).
+            // An Ultralytics checkpoint says its class count (and its architecture, which wins over `arch`).
             None if pt => {
                 sluice_model::read_pt(weights)
                     .map_err(|e| PredictError::Weights { path: weights.to_path_buf(), reason: e.to_string() })?
@@ -262,12 +262,12 @@ impl Predictor {
                 Ok(m)
             })
         } else if checkpoint {
-            YoloV8::new(YoloConfig::new(scale, nc), DType::F32, &Device::Cpu).and_then(|mut m| {
+            YoloV8::new(arch.config(nc), DType::F32, &Device::Cpu).and_then(|mut m| {
                 m.load_weights_prefixed(weights, "ema.", sluice_model::LoadMode::Strict)?;
                 Ok(m)
             })
         } else {
-            YoloV8::load(YoloConfig::new(scale, nc), weights, DType::F32, &Device::Cpu)
+            YoloV8::load(arch.config(nc), weights, DType::F32, &Device::Cpu)
         }
         .and_then(|m| m.fuse())
         .map_err(model_err)?;
@@ -364,6 +364,7 @@ impl Predictor {
 #[cfg(test)]
 mod tests {
     use sluice_core::BoxXyxy;
+    use sluice_model::{Scale, YoloConfig};
 
     use super::*;
 
@@ -406,7 +407,8 @@ mod tests {
     #[test]
     fn predict_letterbox_round_trips_boxes_exactly() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let p = Predictor::load(&saved_model(dir.path(), 2), Scale::N, None, PredictOptions::default()).expect("load");
+        let p = Predictor::load(&saved_model(dir.path(), 2), Arch::v8(Scale::N), None, PredictOptions::default())
+            .expect("load");
         // Ultralytics predict on a 640x426 image at 640: ratio 1, canvas 640x448 (auto), 11 px top padding.
         let lb = p.letterbox_for(640, 426);
         assert_eq!((lb.ratio, lb.pad, lb.canvas), ((1.0, 1.0), [0, 11, 0, 11], (640, 448)));
@@ -423,12 +425,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let w = saved_model(dir.path(), 1);
         let o = PredictOptions { conf: 1.5, ..PredictOptions::default() };
-        assert!(Predictor::load(&w, Scale::N, None, o).is_err());
+        assert!(Predictor::load(&w, Arch::v8(Scale::N), None, o).is_err());
         // A class count that does not match the file is a model error naming the file.
-        let e = Predictor::load(&w, Scale::N, Some(4), PredictOptions::default()).expect_err("nc mismatch");
+        let e = Predictor::load(&w, Arch::v8(Scale::N), Some(4), PredictOptions::default()).expect_err("nc mismatch");
         assert!(e.to_string().contains("n1.safetensors"), "{e}");
-        let p = Predictor::load(&w, Scale::N, None, PredictOptions { imgsz: 100, ..PredictOptions::default() })
-            .expect("load");
+        let p =
+            Predictor::load(&w, Arch::v8(Scale::N), None, PredictOptions { imgsz: 100, ..PredictOptions::default() })
+                .expect("load");
         assert_eq!(p.options().imgsz, 128);
     }
 }

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use sluice_dataset::Split;
 use sluice_dataset::synth::{SynthConfig, generate};
-use sluice_model::Scale;
 use sluice_model::candle_core::Device;
+use sluice_model::{Arch, Scale};
 use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
@@ -129,7 +129,7 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     let m = load_model(&summary.best, None, 6, &Device::Cpu).unwrap();
     assert_eq!(m.config().nc, 6);
     let opts = PredictOptions { imgsz: 64, ..Default::default() };
-    let p = Predictor::load(&summary.best, Scale::N, None, opts).unwrap();
+    let p = Predictor::load(&summary.best, Arch::v8(Scale::N), None, opts).unwrap();
     assert_eq!(p.num_classes(), 6);
     let telemetry = std::fs::read_to_string(&t.paths().telemetry).unwrap();
     assert_eq!(telemetry.lines().count(), 2);

@@ -49,8 +49,8 @@ struct ConvertArgs {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
-    /// Scale: n, s, m, l or x.
-    #[arg(long, default_value = "n")]
+    /// The model: a scale of YOLOv8 (n, s, m, l, x), a name (yolov8n … yolo11x) or a model YAML.
+    #[arg(long = "model", alias = "scale", default_value = "n")]
     scale: String,
     /// Number of classes.
     #[arg(long, default_value_t = 80)]
@@ -91,7 +91,7 @@ struct BenchJson {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// yolov8n, yolov8s, yolov8m, yolov8l or yolov8x.
+    /// yolov8n … yolov8x, yolo11n … yolo11x, or a model YAML.
     #[arg(long)]
     model: String,
     /// Number of classes.
@@ -137,9 +137,9 @@ pub(crate) fn run(args: Args) -> Result<()> {
 }
 
 pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
-    let scale = sluice_model::Scale::from_model(&a.scale)?;
+    let arch = sluice_model::parse_model(&a.scale)?;
     let opts = sluice_model::BenchOptions {
-        config: sluice_model::YoloConfig::new(scale, a.nc),
+        config: arch.config(a.nc),
         imgsz: a.imgsz,
         batch: a.batch,
         warmup: a.warmup,
@@ -161,7 +161,7 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
     })
     .context("sluice model bench")?;
     let report = BenchJson {
-        model: scale.name(),
+        model: arch.name(),
         imgsz: a.imgsz,
         batch: a.batch,
         device: "cpu",
@@ -218,9 +218,9 @@ fn run_convert(a: ConvertArgs) -> Result<()> {
 }
 
 fn run_forward(a: RunArgs) -> Result<()> {
-    let scale = sluice_model::Scale::from_model(&a.model)?;
+    let arch = sluice_model::parse_model(&a.model)?;
     let opts = sluice_model::RunOptions {
-        config: sluice_model::YoloConfig::new(scale, a.nc),
+        config: arch.config(a.nc),
         weights: a.weights,
         input: a.input,
         output: a.output,
@@ -229,7 +229,7 @@ fn run_forward(a: RunArgs) -> Result<()> {
     };
     let s = sluice_model::run_npy(&opts).with_context(|| format!("sluice model run --model {}", a.model))?;
     let report = Report {
-        model: scale.name(),
+        model: arch.name(),
         nc: a.nc,
         input_shape: s.input_shape,
         output_shape: s.output_shape,

@@ -10,7 +10,6 @@ use std::time::Instant;
 use crate::plots::{Annotation, annotate, save_rgb};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use sluice_model::Scale;
 use sluice_train::predict::{PredictOptions, Prediction, Predictor, coco_results, list_sources, next_run_dir};
 
 /// Arguments of `sluice predict`.
@@ -136,7 +135,7 @@ fn saved_name(dir: &Path, image: &Path, used: &mut std::collections::HashSet<Pat
 
 pub(crate) fn run(a: Args) -> Result<()> {
     let t0 = Instant::now();
-    let scale = Scale::from_model(&a.model)?;
+    let arch = sluice_model::parse_model(&a.model)?;
     let sources = list_sources(&a.source)?;
     let names = match &a.data {
         Some(yaml) => sluice_dataset::DataConfig::load(yaml)?.names,
@@ -145,7 +144,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     };
     let opts =
         PredictOptions { imgsz: a.imgsz, conf: a.conf, iou: a.iou, max_det: a.max_det, agnostic: a.agnostic_nms };
-    let mut predictor = Predictor::load(&a.weights, scale, a.nc, opts).context("loading the model")?;
+    let mut predictor = Predictor::load(&a.weights, arch, a.nc, opts).context("loading the model")?;
     if !names.is_empty() && names.len() != predictor.num_classes() {
         bail!(
             "{} names {} classes, the weights {} have {}",
@@ -228,7 +227,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
             })
             .collect();
         let report = Report {
-            model: scale.name(),
+            model: arch.name(),
             weights: &a.weights,
             nc: predictor.num_classes(),
             imgsz: opts.imgsz,

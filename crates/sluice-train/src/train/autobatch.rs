@@ -6,7 +6,7 @@
 
 use crate::error::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use sluice_model::{DenseTargets, DetectionLoss, Mode, YoloConfig, YoloV8};
+use sluice_model::{DenseTargets, DetectionLoss, Mode, YoloV8};
 
 use super::config::TrainConfig;
 
@@ -22,7 +22,7 @@ pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<(usiz
     let Some((_, total)) = sluice_transfer::device_memory(device) else {
         return Ok((CPU_BATCH, format!("AutoBatch: no CUDA device, using the default CPU batch size {CPU_BATCH}")));
     };
-    let model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, device, cfg.seed)?;
+    let model = YoloV8::new_seeded(cfg.arch()?.config(nc), DType::F32, device, cfg.seed)?;
     model.set_autocast(super::setup::amp_dtype(cfg, device))?;
     let loss = DetectionLoss::new(nc);
     let side = cfg.imgsz as usize;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Context, Result};
 use serde::{Deserialize, Serialize};
 use sluice_augment::Hyp;
-use sluice_model::{LossGains, Scale};
+use sluice_model::{Arch, LossGains};
 
 use crate::optim::OptimSettings;
 pub use sluice_loader::{CacheMode, ParseCacheModeError, ReadFrom};
@@ -215,16 +215,19 @@ impl TrainConfig {
         Ok(serde_yaml_ng::to_string(self)?)
     }
 
-    /// The model scale named by `model`.
-    pub fn scale(&self) -> Result<Scale> {
-        Scale::from_model(&self.model).with_context(|| {
-            format!("model '{}': expected yolov8n|s|m|l|x[.yaml] or a model YAML with multipliers", self.model)
+    /// The model family and scale named by `model`.
+    pub fn arch(&self) -> Result<Arch> {
+        sluice_model::parse_model(&self.model).with_context(|| {
+            format!(
+                "model '{}': expected yolov8n|s|m|l|x[.yaml], yolo11n|s|m|l|x[.yaml] or a model YAML with multipliers",
+                self.model
+            )
         })
     }
 
     /// Checks every value; errors name the key.
     pub fn validate(&self) -> Result<()> {
-        self.scale()?;
+        self.arch()?;
         if self.epochs == 0 {
             crate::bail!("epochs must be at least 1");
         }

@@ -13,7 +13,7 @@ use sluice_dataset::{IndexOptions, Split};
 use sluice_loader::split::{LoadedSplit, load_split, packed};
 use sluice_loader::{LoaderConfig, ReadFrom, STRIDE, TrainLoader, ValLoader, default_workers};
 use sluice_model::candle_core::DType;
-use sluice_model::{DetectionLoss, LoadMode, YoloConfig, YoloV8};
+use sluice_model::{DetectionLoss, LoadMode, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::config::TrainConfig;
@@ -157,7 +157,7 @@ impl Trainer {
         let vcfg = LoaderConfig { batch: cfg.batch * 2, multi_scale: 0.0, ..lcfg };
         let val = ValLoader::new(source(&val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg)
             .with_left_out(val_left_out);
-        let mut model = YoloV8::new_seeded(YoloConfig::new(cfg.scale()?, nc), DType::F32, &device, cfg.seed)?;
+        let mut model = YoloV8::new_seeded(cfg.arch()?.config(nc), DType::F32, &device, cfg.seed)?;
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
             model.load_weights(w, LoadMode::Strict).with_context(|| format!("initial weights {}", w.display()))?;
         }

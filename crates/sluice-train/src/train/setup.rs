@@ -10,7 +10,7 @@ use sluice_dataset::{IndexOptions, SampleIndex, Split};
 use sluice_loader::split::load_split;
 use sluice_loader::{CacheMode, DecodedSource, LoaderConfig, SourceKind, ValLoader, default_workers};
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{DetectionLoss, LoadMode, YoloConfig, YoloV8};
+use sluice_model::{DetectionLoss, LoadMode, YoloV8};
 use sluice_transfer::DeviceTransfer;
 
 use super::config::TrainConfig;
@@ -59,7 +59,7 @@ pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Devic
         }
     };
     let cfg = TrainConfig { model: name, ..Default::default() };
-    let mut m = YoloV8::new(YoloConfig::new(cfg.scale()?, nc), DType::F32, device)?;
+    let mut m = YoloV8::new(cfg.arch()?.config(nc), DType::F32, device)?;
     match stored {
         Some(_) => m.load_weights_prefixed(weights, "ema.", LoadMode::Strict),
         None => m.load_weights(weights, LoadMode::Strict),
