@@ -22,6 +22,9 @@ pub const MAX_STRIDE: u32 = 32;
 /// The key whose shape `(nc,)` gives a YOLOv8 checkpoint's class count (the last class conv of the head).
 pub const NC_KEY: &str = "model.22.cv3.0.2.bias";
 
+/// The same tensor in a YOLO11 (whose Detect head is `model.23`).
+pub const NC_KEY_V11: &str = "model.23.cv3.0.2.bias";
+
 /// What can go wrong while predicting.
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
@@ -122,8 +125,8 @@ pub struct Prediction {
     pub letterbox: Letterbox,
 }
 
-/// The class count of a YOLOv8 safetensors checkpoint: the length of [`NC_KEY`], read from the file's JSON header
-/// alone (the tensor data is not read).
+/// The class count of a YOLOv8 or YOLO11 safetensors checkpoint: the length of [`NC_KEY`] (or [`NC_KEY_V11`]), read
+/// from the file's JSON header alone (the tensor data is not read).
 pub fn weights_num_classes(path: &Path) -> Result<usize> {
     use std::io::Read;
     let io = |source| PredictError::Io { path: path.to_path_buf(), source };
@@ -143,10 +146,12 @@ pub fn weights_num_classes(path: &Path) -> Result<usize> {
     let header: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(&buf[8..]).map_err(|e| bad(format!("not a safetensors header: {e}")))?;
     // A training checkpoint keeps the weights to predict with under `ema.`.
-    let info = header
-        .get(NC_KEY)
-        .or_else(|| header.get(&format!("ema.{NC_KEY}")))
-        .ok_or_else(|| bad(format!("no tensor '{NC_KEY}' (not a YOLOv8 detection model?)")))?;
+    let info = [NC_KEY, NC_KEY_V11]
+        .iter()
+        .find_map(|k| header.get(*k).or_else(|| header.get(&format!("ema.{k}"))))
+        .ok_or_else(|| {
+            bad(format!("no tensor '{NC_KEY}' or '{NC_KEY_V11}' (not a YOLOv8 / YOLO11 detection model?)"))
+        })?;
     let shape: Option<Vec<u64>> =
         info.get("shape").and_then(|s| s.as_array()).map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect());
     match shape.as_deref() {
@@ -251,6 +256,12 @@ impl Predictor {
         let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
         // A training checkpoint (sluice train's last/best): its EMA weights, as Ultralytics predicts with.
         let checkpoint = crate::optim::read_user_metadata(weights).is_ok();
+        // Its architecture is the one it trained (a yolo11 checkpoint predicts as yolo11 whatever `arch` says).
+        let arch = crate::train::state::read_meta(weights)
+            .ok()
+            .and_then(|meta| crate::train::TrainConfig::from_yaml_str(&meta.config).ok())
+            .and_then(|cfg| cfg.arch().ok())
+            .unwrap_or(arch);
         let model = if pt {
             YoloV8::from_pt(weights, DType::F32, &Device::Cpu).and_then(|(m, ckpt)| {
                 if ckpt.nc != nc {

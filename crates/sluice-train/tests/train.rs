@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use sluice_dataset::Split;
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_model::candle_core::Device;
-use sluice_model::{Arch, Scale};
+use sluice_model::{Arch, Family, Scale};
 use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
@@ -200,6 +200,41 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     }
     let e = validate_weights(&ValRequest { strict: true, ..req }).unwrap_err();
     assert!(format!("{e:#}").contains("not a jpeg") || format!("{e:#}").contains(".jpg"), "{e:#}");
+}
+
+#[test]
+fn a_yolo11_trains_and_its_checkpoint_serves_val_and_predict() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth =
+        SynthConfig { out: dir.path().join("data"), seed: 6, train: 8, val: 4, imgsz: 96, ..Default::default() };
+    let data = generate(&synth).unwrap().data_yaml;
+    let project = dir.path().join("runs");
+    let mut rec = Record::default();
+    let cfg = TrainConfig { model: "yolo11n".into(), multi_scale: 0.0, ..config(&data, &project, "y11") };
+    let mut t = Trainer::new(cfg).unwrap();
+    let summary = t.run(&mut rec).unwrap();
+    assert_eq!(rec.losses.len(), 4, "2 batches x 2 epochs");
+    assert!(rec.losses.iter().all(|(_, _, _, l)| l.iter().all(|v| v.is_finite() && *v > 0.0)), "{:?}", rec.losses);
+    // The checkpoint names its architecture: loading, validating and predicting need no --model.
+    let m = load_model(&summary.best, None, 6, &Device::Cpu).unwrap();
+    assert_eq!((m.config().family, m.config().scale, m.config().nc), (Family::V11, Scale::N, 6));
+    let p =
+        Predictor::load(&summary.best, Arch::v8(Scale::N), None, PredictOptions { imgsz: 64, ..Default::default() })
+            .unwrap();
+    assert_eq!(p.num_classes(), 6);
+    let req = ValRequest {
+        weights: &summary.best,
+        model: None,
+        data: None,
+        split: Split::Val,
+        imgsz: None,
+        batch: None,
+        workers: 2,
+        strict: false,
+    };
+    let (r, _, settings) = validate_weights(&req).unwrap();
+    assert_eq!(settings.imgsz, 64);
+    assert_eq!((r.report.map50, r.report.map50_95), (summary.best_metrics.map50, summary.best_metrics.map50_95));
 }
 
 #[test]

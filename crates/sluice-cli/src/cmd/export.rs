@@ -90,7 +90,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let opts = OnnxOptions { imgsz, batch: a.batch, dynamic: a.dynamic, half: a.half, opset: a.opset };
     let name = a.weights.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
     let meta = Metadata {
-        description: format!("Sluice {} model ({name})", model.config().scale.name()),
+        description: format!("Sluice {} model ({name})", model.config().name()),
         author: "Sluice".into(),
         date: sluice_export::metadata::utc_now_iso(),
         version: env!("CARGO_PKG_VERSION").into(),

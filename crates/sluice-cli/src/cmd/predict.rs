@@ -19,7 +19,7 @@ pub(crate) struct Args {
     /// key names.
     #[arg(long)]
     weights: PathBuf,
-    /// yolov8n, yolov8s, yolov8m, yolov8l or yolov8x (`.yaml` accepted).
+    /// yolov8n … yolov8x or yolo11n … yolo11x (`.yaml` accepted), or a model YAML; a training checkpoint says its own.
     #[arg(long, default_value = "yolov8n")]
     model: String,
     /// An image, a folder of images (searched recursively) or a .txt list of image paths.
