@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sluice's YOLOv8n against PyTorch 2.15 (Ultralytics 8.4's DetectionModel) on the CPU, back to back on one machine
+# Sluice's YOLOv8n (or YOLO11n: MODEL=yolo11n) against PyTorch 2.15 (Ultralytics 8.4's DetectionModel) on the CPU, back to back on one machine
 # with the same thread count (2, as the peers run it). For each case it runs the peer's own code first
 # ($PEERS_DIR/m4_model_cpu.py: its train_step_ms / infer_ms functions, called for that case alone; the
 # figures, their names and the timing protocol are the script's), then `sluice bench model`, and prints peer ms,
@@ -12,6 +12,8 @@
 #        PEERS_DIR        the peer scripts (default $SLUICE_SHARED/peers)
 #        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release` of the package that
 #                         holds it, then use it)
+#        MODEL            yolov8n (default) or yolo11n: the model of both sides (the peer's make_model builds
+#                         DetectionModel("$MODEL.yaml"), its figure names say $MODEL)
 #        THREADS          threads of both sides (default 2): the peer's PEERS_THREADS / OMP / MKL, sluice's
 #                         RAYON_NUM_THREADS (rayon's pool runs sluice's kernels and candle's matmuls)
 #        PEERS_REPEATS    the peer's timed repeats (default 5); also sluice's timed iterations unless ITERS is set
@@ -45,6 +47,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS_VENV=${PEERS_VENV:-$HOME/.cache/sluice-peers/venv}
 . "$ROOT/benches/locations.sh"
 THREADS=${THREADS:-2}
+MODEL=${MODEL:-yolov8n}
+case $MODEL in yolov8n|yolo11n) ;; *) echo "MODEL $MODEL: yolov8n or yolo11n" >&2; exit 1 ;; esac
 WARMUP=${WARMUP:-2}
 ITERS=${ITERS:-${PEERS_REPEATS:-5}}
 OUT=${BENCH_OUT:-$BENCH_SCRATCH/model}
@@ -65,9 +69,23 @@ export PEERS_THREADS=$THREADS
 # the script's name, which emit() records with every figure.
 M4_CASE=$(cat <<'EOF'
 import sys
-case = sys.argv[1]
+case, model = sys.argv[1], sys.argv[2]
 sys.argv = ["m4_model_cpu.py", case]
 import m4_model_cpu as m4
+if model != "yolov8n":  # the same protocol on another model: its builder and its figure names
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    def make_model():
+        torch.manual_seed(0)
+        m = DetectionModel(f"{model}.yaml", nc=80, verbose=False)
+        m.args = get_cfg()
+        return m
+
+    emit = m4.emit
+    m4.make_model = make_model
+    m4.emit = lambda name, *a, **k: emit(name.replace("yolov8n_cpu", f"{model}_cpu"), *a, **k)
 if case == "train320":
     m4.train_step_ms(320, 8)
 elif case == "train640":
@@ -82,7 +100,7 @@ EOF
 peer() {  # peer CASE: the peer's figures for one case, its log in $OUT/m4_CASE.log
   local c=$1
   echo "== peer $c: m4_model_cpu.py ($THREADS threads, $(date +%T), load $(load))"
-  if ! (cd "$PEERS_DIR" && "$PY" -c "$M4_CASE" "$c") > "$OUT/m4_$c.log" 2>&1; then
+  if ! (cd "$PEERS_DIR" && "$PY" -c "$M4_CASE" "$c" "$MODEL") > "$OUT/m4_$c.log" 2>&1; then
     echo "!! peer $c failed, see $OUT/m4_$c.log (its ratios print as nan)" >&2; tail -5 "$OUT/m4_$c.log" >&2
     return 0
   fi
@@ -92,7 +110,7 @@ peer() {  # peer CASE: the peer's figures for one case, its log in $OUT/m4_CASE.
 ours() {  # ours CASE IMGSZ BATCH: one `sluice bench model --json` run into $OUT/CASE.json
   local c=$1 imgsz=$2 batch=$3
   echo "== sluice $c: bench model --imgsz $imgsz --batch $batch ($THREADS threads, $(date +%T), load $(load))"
-  RAYON_NUM_THREADS=$THREADS "$SLUICE" bench model --scale n --nc 80 --imgsz "$imgsz" --batch "$batch" \
+  RAYON_NUM_THREADS=$THREADS "$SLUICE" bench model --model "$MODEL" --nc 80 --imgsz "$imgsz" --batch "$batch" \
     --warmup "$WARMUP" --iters "$ITERS" --json > "$OUT/$c.json"
   cat "$OUT/$c.json"
 }
@@ -101,7 +119,7 @@ ours() {  # ours CASE IMGSZ BATCH: one `sluice bench model --json` run into $OUT
 ROWS=$OUT/rows.tsv
 : > "$ROWS"
 row() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$ROWS"; }
-P=yolov8n_cpu.t$THREADS
+P=${MODEL}_cpu.t$THREADS
 
 for c in $CASES; do
   peer "$c"

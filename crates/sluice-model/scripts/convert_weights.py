@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert YOLOv8 weights between Ultralytics/PyTorch `.pt` and Sluice's `.safetensors` (both directions).
+"""Convert YOLOv8 and YOLO11 weights between Ultralytics/PyTorch `.pt` and Sluice's `.safetensors` (both directions).
 
 Sluice's safetensors files hold exactly Ultralytics' `DetectionModel.state_dict()`: the same key names
 (`model.0.conv.weight`, ..., `model.22.dfl.conv.weight`), float tensors as float32, `num_batches_tracked` as int64
@@ -39,6 +39,7 @@ import sys
 SLUICE_CHECKPOINT_FORMAT = "sluice-train-checkpoint/1"
 # The bias of the first class-branch output conv: its length is the class count.
 NC_KEY = "model.22.cv3.0.2.bias"
+NC_KEY_V11 = "model.23.cv3.0.2.bias"  # YOLO11's Detect head is layer 23
 
 
 def _load_pt(path):
@@ -99,14 +100,17 @@ def _read_safetensors(path, prefix=None):
 
 
 def _nc_of(sd, path):
-    if NC_KEY not in sd:
-        sys.exit(f"{path}: no `{NC_KEY}`, so the class count is unknown; is it a YOLOv8 detection model? (pass --nc)")
-    return int(sd[NC_KEY].shape[0])
+    for key in (NC_KEY, NC_KEY_V11):
+        if key in sd:
+            return int(sd[key].shape[0])
+    sys.exit(f"{path}: no `{NC_KEY}` or `{NC_KEY_V11}`, so the class count is unknown; is it a YOLOv8 or YOLO11 "
+             "detection model? (pass --nc)")
 
 
 def _model_dict(cfg):
     """What DetectionModel builds from: an Ultralytics model name or YAML as is; a Sluice model YAML of multipliers
-    (`depth_multiple`, `width_multiple`, `max_channels`, no layer table) as yolov8.yaml with that one scale."""
+    (`depth_multiple`, `width_multiple`, `max_channels`, `family` yolov8 or yolo11, no layer table) as yolov8.yaml
+    or yolo11.yaml with that one scale."""
     name = os.path.basename(cfg)
     if not name.endswith((".yaml", ".yml")):
         return cfg + ".yaml"  # yolov8n -> yolov8n.yaml (Ultralytics ships it)
@@ -120,7 +124,10 @@ def _model_dict(cfg):
         return cfg
     from ultralytics.nn.tasks import yaml_model_load
 
-    base = yaml_model_load("yolov8.yaml")
+    family = str(d.get("family", "yolov8")).lower()
+    if family not in ("yolov8", "yolo11"):
+        sys.exit(f"{cfg}: family {family}: yolov8 or yolo11")
+    base = yaml_model_load(f"{family}.yaml")
     try:
         mult = [float(d["depth_multiple"]), float(d["width_multiple"]), int(d.get("max_channels", 1024))]
     except KeyError as e:
