@@ -1,5 +1,5 @@
-//! YOLO11's blocks: C3k2 (C2f whose inner blocks are narrow Bottlenecks or C3k), C3k, and C2PSA with its PSABlocks
-//! and multi-head Attention, each in eval or train mode and foldable like the YOLOv8 blocks of [`crate::layers`].
+//! YOLO11's and YOLO26's blocks: C3k2 (C2f whose inner blocks are narrow Bottlenecks, C3k, or a Bottleneck and a
+//! PSABlock), C3k, and C2PSA with its PSABlocks and multi-head Attention, each in eval or train mode and foldable like the YOLOv8 blocks of [`crate::layers`].
 
 use candle_core::{Result, Tensor};
 
@@ -60,6 +60,8 @@ enum Inner {
     Bottleneck(Bottleneck),
     /// `C3k(c, c, 2, shortcut)`.
     C3k(C3k),
+    /// `Sequential(Bottleneck(c, c, shortcut, e=0.5), PSABlock(c, 0.5, max(c / 64, 1)))` (YOLO26's `attn`).
+    Attn(Bottleneck, PsaBlock),
 }
 
 /// C3k2: cv1 (1×1, 2c) → split → n inner blocks chained on the second half → concat of all → cv2 (1×1), with
@@ -73,13 +75,18 @@ pub(crate) struct C3k2 {
 }
 
 impl C3k2 {
-    /// `C3k2(c1, c2, n, c3k, e)` with Ultralytics' default `shortcut=True`.
-    pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, n: usize, c3k: bool, e: f64) -> Result<Self> {
+    /// `C3k2(c1, c2, n, c3k, e, attn)` with Ultralytics' default `shortcut=True`.
+    pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, n: usize, c3k: bool, e: f64, attn: bool) -> Result<Self> {
         let c = (c2 as f64 * e) as usize;
         let m = (0..n)
             .map(|i| {
                 let q = p.pp("m").pp(i);
-                Ok(if c3k {
+                Ok(if attn {
+                    Inner::Attn(
+                        Bottleneck::with_hidden(&q.pp(0), c, c / 2, true)?,
+                        PsaBlock::new(&q.pp(1), c, (c / 64).max(1))?,
+                    )
+                } else if c3k {
                     Inner::C3k(C3k::new(&q, c, c, 2, true)?)
                 } else {
                     Inner::Bottleneck(Bottleneck::with_hidden(&q, c, c / 2, true)?)
@@ -102,6 +109,7 @@ impl C3k2 {
             ys.push(match b {
                 Inner::Bottleneck(b) => b.forward(&last, mode)?,
                 Inner::C3k(b) => b.forward(&last, mode)?,
+                Inner::Attn(b, a) => a.forward(&b.forward(&last, mode)?, mode)?,
             });
         }
         self.cv2.forward(&Tensor::cat(&ys, 1)?, mode)
@@ -119,6 +127,7 @@ impl C3k2 {
                     Ok(match b {
                         Inner::Bottleneck(b) => Inner::Bottleneck(b.fused()?),
                         Inner::C3k(b) => Inner::C3k(b.fused()?),
+                        Inner::Attn(b, a) => Inner::Attn(b.fused()?, a.fused()?),
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -133,6 +142,10 @@ impl C3k2 {
             match b {
                 Inner::Bottleneck(b) => b.convs(&q, out),
                 Inner::C3k(b) => b.convs(&q, out),
+                Inner::Attn(b, a) => {
+                    b.convs(&format!("{q}.0"), out);
+                    a.convs(&format!("{q}.1"), out);
+                }
             }
         }
     }

@@ -153,6 +153,10 @@ pub enum Family {
     /// `yolo11.yaml`: C3k2 blocks (C3k inside where the table or the scale asks), SPPF then C2PSA (attention),
     /// the Detect head with depthwise convolutions in its class branch.
     V11,
+    /// `yolo26.yaml`: YOLO11's table with C3k inside every C3k2 of the neck, a PSABlock inside the last one, an
+    /// SPPF without activation on its first Conv and with a residual, and an end-to-end Detect head: `reg_max` 1
+    /// (no DFL) and a one-to-one copy of both branches, whose top-k output needs no NMS.
+    V26,
 }
 
 impl Family {
@@ -161,6 +165,7 @@ impl Family {
         match self {
             Family::V8 => "yolov8",
             Family::V11 => "yolo11",
+            Family::V26 => "yolo26",
         }
     }
 
@@ -168,7 +173,7 @@ impl Family {
     pub fn detect_index(self) -> usize {
         match self {
             Family::V8 => 22,
-            Family::V11 => 23,
+            Family::V11 | Family::V26 => 23,
         }
     }
 
@@ -176,18 +181,31 @@ impl Family {
     pub fn detect_from(self) -> [usize; 3] {
         match self {
             Family::V8 => [15, 18, 21],
-            Family::V11 => [16, 19, 22],
+            Family::V11 | Family::V26 => [16, 19, 22],
         }
+    }
+
+    /// DFL bins per box side: 16, or 1 in YOLO26 (the box branch gives the four distances directly).
+    pub fn reg_max(self) -> usize {
+        match self {
+            Family::V8 | Family::V11 => REG_MAX,
+            Family::V26 => 1,
+        }
+    }
+
+    /// Whether the Detect head has a one-to-one branch (end-to-end detection without NMS).
+    pub fn end2end(self) -> bool {
+        self == Family::V26
     }
 
     /// `(depth, width, max_channels)` of a named scale in this family's YAML (custom scales give their own).
     pub fn multipliers(self, scale: Scale) -> (f64, f64, usize) {
         match (self, scale) {
-            (Family::V11, Scale::N) => (0.50, 0.25, 1024),
-            (Family::V11, Scale::S) => (0.50, 0.50, 1024),
-            (Family::V11, Scale::M) => (0.50, 1.00, 512),
-            (Family::V11, Scale::L) => (1.00, 1.00, 512),
-            (Family::V11, Scale::X) => (1.00, 1.50, 512),
+            (Family::V11 | Family::V26, Scale::N) => (0.50, 0.25, 1024),
+            (Family::V11 | Family::V26, Scale::S) => (0.50, 0.50, 1024),
+            (Family::V11 | Family::V26, Scale::M) => (0.50, 1.00, 512),
+            (Family::V11 | Family::V26, Scale::L) => (1.00, 1.00, 512),
+            (Family::V11 | Family::V26, Scale::X) => (1.00, 1.50, 512),
             (_, s) => s.multipliers(),
         }
     }
@@ -246,9 +264,11 @@ pub fn parse_model(model: &str) -> Result<Arch> {
     }
     let name = path.file_name().and_then(|s| s.to_str()).unwrap_or(model);
     let name = name.trim_end_matches(".yaml").trim_end_matches(".yml").to_ascii_lowercase();
-    if let Some(s) = name.strip_prefix("yolo11") {
-        let scale = Scale::parse(s).map_err(|_| ModelError::UnknownModel(model.to_string()))?;
-        return Ok(Arch { family: Family::V11, scale });
+    for family in [Family::V11, Family::V26] {
+        if let Some(s) = name.strip_prefix(family.prefix()) {
+            let scale = Scale::parse(s).map_err(|_| ModelError::UnknownModel(model.to_string()))?;
+            return Ok(Arch { family, scale });
+        }
     }
     Ok(Arch::v8(Scale::parse(&name).map_err(|_| ModelError::UnknownModel(model.to_string()))?))
 }
@@ -263,7 +283,8 @@ pub fn parse_model_yaml(text: &str) -> std::result::Result<(Family, Scale), Stri
     let family = match f.family.as_deref().map(str::to_ascii_lowercase).as_deref() {
         None | Some("yolov8") => Family::V8,
         Some("yolo11") => Family::V11,
-        Some(other) => return Err(format!("family `{other}` is not one Sluice builds (yolov8, yolo11)")),
+        Some("yolo26") => Family::V26,
+        Some(other) => return Err(format!("family `{other}` is not one Sluice builds (yolov8, yolo11, yolo26)")),
     };
     Ok((family, Scale::from_model_yaml(text)?))
 }
@@ -335,7 +356,7 @@ impl YoloConfig {
 
     /// Hidden channels of the box branch: `max(16, ch[0] / 4, 4 * reg_max)`.
     pub fn box_hidden(&self) -> usize {
-        16.max(self.head_channels()[0] / 4).max(4 * REG_MAX)
+        16.max(self.head_channels()[0] / 4).max(4 * self.family.reg_max())
     }
 
     /// Hidden channels of the legacy class branch: `max(ch[0], min(nc, 100))`.

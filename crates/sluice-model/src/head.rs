@@ -128,52 +128,84 @@ pub struct RawHead {
     pub grids: [(usize, usize); 3],
 }
 
-/// The Detect head: the box branches `cv2` and the class branches `cv3` (legacy in YOLOv8, depthwise in YOLO11).
+/// The Detect head: the box branches `cv2` and the class branches `cv3` (legacy in YOLOv8, depthwise in YOLO11 and
+/// YOLO26), and in YOLO26 their one-to-one copies `one2one_cv2` / `one2one_cv3`.
 #[derive(Debug, Clone)]
 pub(crate) struct Detect {
     nc: usize,
+    reg_max: usize,
     cv2: Vec<Branch>,
     cv3: Vec<ClsBranch>,
+    one2one: Option<(Vec<Branch>, Vec<ClsBranch>)>,
+}
+
+/// The box and class branches of each level, for `nc` classes (`cv2` / `cv3` under `p`, with `prefix` before them).
+fn branches(p: &Params<'_>, prefix: &str, cfg: &YoloConfig) -> Result<(Vec<Branch>, Vec<ClsBranch>)> {
+    let ch = cfg.head_channels();
+    let (c2, c3) = (cfg.box_hidden(), cfg.cls_hidden());
+    let reg_max = cfg.family.reg_max();
+    let mut cv2 = Vec::new();
+    let mut cv3 = Vec::new();
+    for (i, (&c, &s)) in ch.iter().zip(STRIDES.iter()).enumerate() {
+        // Ultralytics 8.4 `Detect.bias_init`: box bias 2.0, class bias log(5 / nc / (640 / s)^2).
+        let cls_bias = (5.0 / cfg.nc as f64 / (640.0 / s as f64).powi(2)).ln();
+        cv2.push(Branch::new(&p.pp(format!("{prefix}cv2")).pp(i), c, c2, 4 * reg_max, 2.0)?);
+        let q = p.pp(format!("{prefix}cv3")).pp(i);
+        cv3.push(match cfg.family {
+            Family::V8 => ClsBranch::Legacy(Branch::new(&q, c, c3, cfg.nc, cls_bias)?),
+            Family::V11 | Family::V26 => ClsBranch::Depthwise(DwBranch::new(&q, c, c3, cfg.nc, cls_bias)?),
+        });
+    }
+    Ok((cv2, cv3))
 }
 
 impl Detect {
     pub(crate) fn new(p: &Params<'_>, cfg: &YoloConfig) -> Result<Self> {
-        let ch = cfg.head_channels();
-        let (c2, c3) = (cfg.box_hidden(), cfg.cls_hidden());
-        let mut cv2 = Vec::new();
-        let mut cv3 = Vec::new();
-        for (i, (&c, &s)) in ch.iter().zip(STRIDES.iter()).enumerate() {
-            // Ultralytics 8.4 `Detect.bias_init`: box bias 2.0, class bias log(5 / nc / (640 / s)^2).
-            let cls_bias = (5.0 / cfg.nc as f64 / (640.0 / s as f64).powi(2)).ln();
-            cv2.push(Branch::new(&p.pp("cv2").pp(i), c, c2, 4 * REG_MAX, 2.0)?);
-            let q = p.pp("cv3").pp(i);
-            cv3.push(match cfg.family {
-                Family::V8 => ClsBranch::Legacy(Branch::new(&q, c, c3, cfg.nc, cls_bias)?),
-                Family::V11 => ClsBranch::Depthwise(DwBranch::new(&q, c, c3, cfg.nc, cls_bias)?),
-            });
-        }
-        Ok(Self { nc: cfg.nc, cv2, cv3 })
+        let (cv2, cv3) = branches(p, "", cfg)?;
+        let one2one = if cfg.family.end2end() { Some(branches(p, "one2one_", cfg)?) } else { None };
+        Ok(Self { nc: cfg.nc, reg_max: cfg.family.reg_max(), cv2, cv3, one2one })
     }
 
-    pub(crate) fn forward(&self, feats: &[Tensor; 3], mode: Mode) -> Result<RawHead> {
+    fn run(&self, cv2: &[Branch], cv3: &[ClsBranch], feats: &[Tensor; 3], mode: Mode) -> Result<RawHead> {
         let mut boxes = Vec::with_capacity(3);
         let mut scores = Vec::with_capacity(3);
         let mut grids = [(0, 0); 3];
         for i in 0..3 {
             let (b, _, h, w) = feats[i].dims4()?;
             grids[i] = (h, w);
-            boxes.push(self.cv2[i].forward(&feats[i], mode)?.reshape((b, 4 * REG_MAX, h * w))?);
-            scores.push(self.cv3[i].forward(&feats[i], mode)?.reshape((b, self.nc, h * w))?);
+            boxes.push(cv2[i].forward(&feats[i], mode)?.reshape((b, 4 * self.reg_max, h * w))?);
+            scores.push(cv3[i].forward(&feats[i], mode)?.reshape((b, self.nc, h * w))?);
         }
         Ok(RawHead { boxes: Tensor::cat(&boxes, 2)?, scores: Tensor::cat(&scores, 2)?, grids })
     }
 
+    /// The one-to-many branches (YOLOv8's and YOLO11's only head; YOLO26's default eval output and the branch its
+    /// one-to-many loss trains).
+    pub(crate) fn forward(&self, feats: &[Tensor; 3], mode: Mode) -> Result<RawHead> {
+        self.run(&self.cv2, &self.cv3, feats, mode)
+    }
+
+    /// The one-to-one branches on the features, detached as Ultralytics detaches them (the one-to-one loss trains the
+    /// branches, not the backbone); `None` without an end-to-end head.
+    pub(crate) fn forward_one2one(&self, feats: &[Tensor; 3], mode: Mode) -> Result<Option<RawHead>> {
+        let Some((cv2, cv3)) = &self.one2one else { return Ok(None) };
+        let detached = [feats[0].detach(), feats[1].detach(), feats[2].detach()];
+        self.run(cv2, cv3, &detached, mode).map(Some)
+    }
+
     pub(crate) fn fused(&self) -> Result<Self> {
-        Ok(Self {
-            nc: self.nc,
-            cv2: self.cv2.iter().map(Branch::fused).collect::<Result<_>>()?,
-            cv3: self.cv3.iter().map(ClsBranch::fused).collect::<Result<_>>()?,
-        })
+        let fuse = |cv2: &[Branch], cv3: &[ClsBranch]| -> Result<(Vec<Branch>, Vec<ClsBranch>)> {
+            Ok((
+                cv2.iter().map(Branch::fused).collect::<Result<_>>()?,
+                cv3.iter().map(ClsBranch::fused).collect::<Result<_>>()?,
+            ))
+        };
+        let (cv2, cv3) = fuse(&self.cv2, &self.cv3)?;
+        let one2one = match &self.one2one {
+            Some((a, b)) => Some(fuse(a, b)?),
+            None => None,
+        };
+        Ok(Self { nc: self.nc, reg_max: self.reg_max, cv2, cv3, one2one })
     }
 
     /// Per level, the box and the class branch: their two Convs and the final 1×1 convolution's weight and bias;
@@ -194,19 +226,25 @@ impl Detect {
 
     /// Every Conv of the head with its Ultralytics name (`<prefix>.cv2.0.0`, …).
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
-        for (i, b) in self.cv2.iter().enumerate() {
-            out.push((format!("{prefix}.cv2.{i}.0"), &b.c0));
-            out.push((format!("{prefix}.cv2.{i}.1"), &b.c1));
+        let mut heads = vec![("", &self.cv2, &self.cv3)];
+        if let Some((cv2, cv3)) = &self.one2one {
+            heads.push(("one2one_", cv2, cv3));
         }
-        for (i, b) in self.cv3.iter().enumerate() {
-            match b {
-                ClsBranch::Legacy(b) => {
-                    out.push((format!("{prefix}.cv3.{i}.0"), &b.c0));
-                    out.push((format!("{prefix}.cv3.{i}.1"), &b.c1));
-                }
-                ClsBranch::Depthwise(b) => {
-                    for (name, c) in [("0.0", &b.dw0), ("0.1", &b.pw0), ("1.0", &b.dw1), ("1.1", &b.pw1)] {
-                        out.push((format!("{prefix}.cv3.{i}.{name}"), c));
+        for (pre, cv2, cv3) in heads {
+            for (i, b) in cv2.iter().enumerate() {
+                out.push((format!("{prefix}.{pre}cv2.{i}.0"), &b.c0));
+                out.push((format!("{prefix}.{pre}cv2.{i}.1"), &b.c1));
+            }
+            for (i, b) in cv3.iter().enumerate() {
+                match b {
+                    ClsBranch::Legacy(b) => {
+                        out.push((format!("{prefix}.{pre}cv3.{i}.0"), &b.c0));
+                        out.push((format!("{prefix}.{pre}cv3.{i}.1"), &b.c1));
+                    }
+                    ClsBranch::Depthwise(b) => {
+                        for (name, c) in [("0.0", &b.dw0), ("0.1", &b.pw0), ("1.0", &b.dw1), ("1.1", &b.pw1)] {
+                            out.push((format!("{prefix}.{pre}cv3.{i}.{name}"), c));
+                        }
                     }
                 }
             }
@@ -245,10 +283,19 @@ pub fn dist2bbox_xyxy(dist: &Tensor, anchors: &Tensor) -> Result<Tensor> {
     Tensor::cat(&[&x1y1, &x2y2], 1)
 }
 
+/// The distances `(B, 4, A)` in grid units of raw box outputs: the DFL expectation over 16 bins, or the outputs
+/// themselves when the head has one bin (YOLO26).
+pub fn box_distances(raw: &RawHead) -> Result<Tensor> {
+    match raw.boxes.dim(1)? {
+        4 => Ok(raw.boxes.clone()),
+        _ => ops::dfl_decode(&raw.boxes, REG_MAX),
+    }
+}
+
 /// The eval-mode output `y = cat(cx, cy, w, h (input pixels), sigmoid(class logits))`, `(B, 4 + nc, A)`.
 pub fn decode(raw: &RawHead) -> Result<Tensor> {
     let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
-    let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?;
+    let dist = box_distances(raw)?;
     let xyxy = dist2bbox_xyxy(&dist, &anchors)?;
     let x1y1 = xyxy.narrow(1, 0, 2)?;
     let x2y2 = xyxy.narrow(1, 2, 2)?;
@@ -257,4 +304,37 @@ pub fn decode(raw: &RawHead) -> Result<Tensor> {
     let s = strides.t()?.unsqueeze(0)?; // (1, 1, A)
     let dbox = Tensor::cat(&[&c, &wh], 1)?.broadcast_mul(&s)?;
     Tensor::cat(&[&dbox, &ops::sigmoid(&raw.scores)?], 1)
+}
+
+/// The end-to-end output of a one-to-one head (Ultralytics' `Detect.postprocess` with `max_det`, class-aware):
+/// `(B, k, 6)` rows `x1, y1, x2, y2` (input pixels), score, class, with `k = min(max_det, anchors)`. The `k` anchors
+/// with the highest best-class score are taken first, then the `k` highest (anchor, class) scores among them, each
+/// ordered by score with ties in index order. Computed on the host: one read of `(B, 4 + nc, A)` per call.
+pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
+    let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
+    let xyxy = dist2bbox_xyxy(&box_distances(raw)?, &anchors)?.broadcast_mul(&strides.t()?.unsqueeze(0)?)?;
+    let probs = ops::sigmoid(&raw.scores)?;
+    let (b, nc, a) = probs.dims3()?;
+    let k = max_det.min(a);
+    let boxes: Vec<Vec<Vec<f32>>> = xyxy.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?;
+    let probs: Vec<Vec<Vec<f32>>> = probs.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?;
+    let mut out = Vec::with_capacity(b * k * 6);
+    for (bx, p) in boxes.iter().zip(&probs) {
+        let best: Vec<f32> = (0..a).map(|j| (0..nc).map(|c| p[c][j]).fold(f32::NEG_INFINITY, f32::max)).collect();
+        let mut top: Vec<usize> = (0..a).collect();
+        top.sort_by(|&x, &y| best[y].total_cmp(&best[x]).then(x.cmp(&y)));
+        top.truncate(k);
+        let mut cand: Vec<(f32, usize)> = top
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &j)| (0..nc).map(move |c| (r, j, c)))
+            .map(|(r, j, c)| (p[c][j], r * nc + c))
+            .collect();
+        cand.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+        for &(score, flat) in cand.iter().take(k) {
+            let (j, c) = (top[flat / nc], flat % nc);
+            out.extend_from_slice(&[bx[0][j], bx[1][j], bx[2][j], bx[3][j], score, c as f32]);
+        }
+    }
+    Tensor::from_vec(out, (b, k, 6), &Device::Cpu)?.to_dtype(raw.boxes.dtype())?.to_device(raw.boxes.device())
 }

@@ -410,29 +410,53 @@ impl C2f {
 }
 
 /// SPPF: cv1 (1×1, c1/2, with SiLU) → three 5×5 stride-1 max-pools in a row → concat of the four → cv2 (1×1).
+/// YOLO26's variant has no SiLU after cv1 and adds the input to the output.
 #[derive(Debug, Clone)]
 pub(crate) struct Sppf {
     cv1: Conv,
     cv2: Conv,
     k: usize,
+    residual: bool,
 }
 
 impl Sppf {
     pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, k: usize) -> Result<Self> {
         let c = c1 / 2;
-        Ok(Self { cv1: Conv::new(&p.pp("cv1"), c1, c, 1, 1)?, cv2: Conv::new(&p.pp("cv2"), 4 * c, c2, 1, 1)?, k })
+        Ok(Self {
+            cv1: Conv::new(&p.pp("cv1"), c1, c, 1, 1)?,
+            cv2: Conv::new(&p.pp("cv2"), 4 * c, c2, 1, 1)?,
+            k,
+            residual: false,
+        })
+    }
+
+    /// YOLO26's `SPPF(c1, c2, k, 3, shortcut=True)`: cv1 without SiLU, and the residual when `c1 == c2`.
+    pub(crate) fn new_residual(p: &Params<'_>, c1: usize, c2: usize, k: usize) -> Result<Self> {
+        let c = c1 / 2;
+        Ok(Self {
+            cv1: Conv::linear(&p.pp("cv1"), c1, c, 1, 1)?,
+            cv2: Conv::new(&p.pp("cv2"), 4 * c, c2, 1, 1)?,
+            k,
+            residual: c1 == c2,
+        })
     }
 
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let x = self.cv1.forward(x, mode)?;
-        let y1 = ops::max_pool2d_same(&x, self.k)?;
+        let h = self.cv1.forward(x, mode)?;
+        let y1 = ops::max_pool2d_same(&h, self.k)?;
         let y2 = ops::max_pool2d_same(&y1, self.k)?;
         let y3 = ops::max_pool2d_same(&y2, self.k)?;
-        self.cv2.forward(&Tensor::cat(&[&x, &y1, &y2, &y3], 1)?, mode)
+        let y = self.cv2.forward(&Tensor::cat(&[&h, &y1, &y2, &y3], 1)?, mode)?;
+        if self.residual { y + x } else { Ok(y) }
+    }
+
+    /// Whether this is YOLO26's variant (no SiLU after cv1, a residual), which has no graph description yet.
+    pub(crate) fn is_residual(&self) -> bool {
+        self.residual || !self.cv1.act
     }
 
     pub(crate) fn fused(&self) -> Result<Self> {
-        Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, k: self.k })
+        Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, k: self.k, residual: self.residual })
     }
 
     pub(crate) fn cv1(&self) -> &Conv {

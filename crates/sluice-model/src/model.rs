@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
 use crate::blocks::{C2psa, C3k2};
-use crate::config::{Family, REG_MAX, Scale, YoloConfig};
+use crate::config::{Family, Scale, YoloConfig};
 use crate::error::{ModelError, Result};
 use crate::head::{self, Detect, RawHead};
 use crate::layers::{Autocast, C2f, Conv, Mode, Sppf};
@@ -96,6 +96,7 @@ impl YoloV8 {
             let layers = match cfg.family {
                 Family::V8 => v8_layers(&p, &cfg)?,
                 Family::V11 => v11_layers(&p, &cfg)?,
+                Family::V26 => v26_layers(&p, &cfg)?,
             };
             (layers, Detect::new(&p.pp(cfg.family.detect_index()), &cfg)?)
         };
@@ -262,6 +263,23 @@ impl YoloV8 {
         Ok(Detections { y, raw, feats })
     }
 
+    /// The end-to-end eval output of a model with a one-to-one head (YOLO26; Ultralytics' forward with
+    /// `end2end = True`): `(B, min(max_det, A), 6)` rows `x1, y1, x2, y2` (input pixels), score, class, from the
+    /// one-to-one branches by top-k, with no NMS. Other families have no such head: an error.
+    pub fn forward_end2end(&self, x: &Tensor, max_det: usize) -> Result<Tensor> {
+        let (_, feats) = self.forward_raw(x, Mode::Eval)?;
+        let Some(raw) = self.detect.forward_one2one(&feats, Mode::Eval)? else {
+            return Err(ModelError::BadInput(format!("{} has no end-to-end (one-to-one) head", self.cfg.name())));
+        };
+        Ok(head::end2end_topk(&raw, max_det)?)
+    }
+
+    /// The one-to-one head's raw outputs (YOLO26) on the Detect inputs; `None` for other families. In
+    /// [`Mode::Train`] the features are detached first, as Ultralytics trains this head.
+    pub fn forward_one2one(&self, feats: &[Tensor; 3], mode: Mode) -> Result<Option<RawHead>> {
+        Ok(self.detect.forward_one2one(feats, mode)?)
+    }
+
     /// A copy with every Conv's BatchNorm folded into its convolution (Ultralytics `model.fuse()`); the head's
     /// final 1×1 convs are unchanged. The copy shares no mutable state and can only run eval forwards.
     pub fn fuse(&self) -> Result<Self> {
@@ -330,10 +348,10 @@ impl YoloV8 {
             .map(|l| match l {
                 Layer::Conv(m) => Some(LayerView::Conv(m)),
                 Layer::C2f(m) => Some(LayerView::C2f(m)),
-                Layer::Sppf(m) => Some(LayerView::Sppf(m)),
+                Layer::Sppf(m) if !m.is_residual() => Some(LayerView::Sppf(m)),
                 Layer::Upsample => Some(LayerView::Upsample),
                 Layer::Concat(j) => Some(LayerView::Concat(*j)),
-                Layer::C3k2(_) | Layer::C2psa(_) => None,
+                Layer::C3k2(_) | Layer::C2psa(_) | Layer::Sppf(_) => None,
             })
             .collect()
     }
@@ -343,9 +361,9 @@ impl YoloV8 {
         self.detect.branches()
     }
 
-    /// Number of DFL bins per side.
+    /// Number of DFL bins per side (16; 1 in YOLO26).
     pub fn reg_max(&self) -> usize {
-        REG_MAX
+        self.cfg.family.reg_max()
     }
 }
 
@@ -386,7 +404,7 @@ fn v11_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer
     let d = |x| cfg.depth(x);
     let big = matches!(cfg.scale, Scale::M | Scale::L | Scale::X);
     let c3k2 = |i: usize, c1: usize, c2: usize, c3k: bool, e: f64| -> candle_core::Result<Layer> {
-        Ok(Layer::C3k2(C3k2::new(&p.pp(i), c1, c(c2), d(2), c3k || big, e)?))
+        Ok(Layer::C3k2(C3k2::new(&p.pp(i), c1, c(c2), d(2), c3k || big, e, false)?))
     };
     Ok(vec![
         Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
@@ -412,6 +430,43 @@ fn v11_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer
         Layer::Conv(Conv::new(&p.pp(20), c(512), c(512), 3, 2)?),
         Layer::Concat(10),
         c3k2(22, c(512) + c(1024), 1024, true, 0.5)?,
+    ])
+}
+
+/// `yolo26.yaml`'s layers 0–22: YOLO11's, with C3k in the neck's C3k2, YOLO26's SPPF, and one C3k2 with attention
+/// as layer 22.
+fn v26_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer>> {
+    let c = |x| cfg.ch(x);
+    let d = |x| cfg.depth(x);
+    let big = matches!(cfg.scale, Scale::M | Scale::L | Scale::X);
+    let c3k2 = |i: usize, c1: usize, c2: usize, c3k: bool, e: f64| -> candle_core::Result<Layer> {
+        Ok(Layer::C3k2(C3k2::new(&p.pp(i), c1, c(c2), d(2), c3k || big, e, false)?))
+    };
+    Ok(vec![
+        Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
+        Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
+        c3k2(2, c(128), 256, false, 0.25)?,
+        Layer::Conv(Conv::new(&p.pp(3), c(256), c(256), 3, 2)?),
+        c3k2(4, c(256), 512, false, 0.25)?,
+        Layer::Conv(Conv::new(&p.pp(5), c(512), c(512), 3, 2)?),
+        c3k2(6, c(512), 512, true, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
+        c3k2(8, c(1024), 1024, true, 0.5)?,
+        Layer::Sppf(Sppf::new_residual(&p.pp(9), c(1024), c(1024), 5)?),
+        Layer::C2psa(C2psa::new(&p.pp(10), c(1024), c(1024), d(2))?),
+        Layer::Upsample,
+        Layer::Concat(6),
+        c3k2(13, c(1024) + c(512), 512, true, 0.5)?,
+        Layer::Upsample,
+        Layer::Concat(4),
+        c3k2(16, c(512) + c(512), 256, true, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(17), c(256), c(256), 3, 2)?),
+        Layer::Concat(13),
+        c3k2(19, c(256) + c(512), 512, true, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(20), c(512), c(512), 3, 2)?),
+        Layer::Concat(10),
+        // `[-1, 1, C3k2, [1024, True, 0.5, True]]`: one repeat (not scaled), C3k off by the attention flag.
+        Layer::C3k2(C3k2::new(&p.pp(22), c(512) + c(1024), c(1024), 1, true, 0.5, true)?),
     ])
 }
 

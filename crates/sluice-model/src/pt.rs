@@ -145,7 +145,7 @@ pub fn read_pt_bytes(bytes: &[u8], origin: &Path) -> Result<PtCheckpoint> {
     let nc = detect_nc(module).map_err(&bad)?;
     let names = class_names(root_state, nc).map_err(&bad)?;
     let scale = scale_of(root_state).map_err(&bad)?;
-    check_head(root_state).map_err(&bad)?;
+    let family = check_head(root_state, family).map_err(&bad)?;
     let mut tensors = HashMap::with_capacity(walk.infos.len());
     let mut dtype = DType::F32;
     for info in &walk.infos {
@@ -339,7 +339,7 @@ fn check_classes(classes: &[String]) -> std::result::Result<Family, String> {
     for c in classes {
         if let Some((_, family)) = OTHER_FAMILIES.iter().find(|(n, _)| n == c) {
             return Err(format!(
-                "family not supported: a {family} model ({c} layers); Sluice builds YOLOv8 and YOLO11"
+                "family not supported: a {family} model ({c} layers); Sluice builds YOLOv8, YOLO11 and YOLO26"
             ));
         }
     }
@@ -356,20 +356,22 @@ fn check_classes(classes: &[String]) -> std::result::Result<Family, String> {
     }
 }
 
-/// Refuses an end-to-end head (YOLO26, YOLOv10-style `end2end: True`) or another `reg_max` than 16: the model's
-/// `yaml` says so before any layer is built.
-fn check_head(state: &[(Object, Object)]) -> std::result::Result<(), String> {
-    let Some(Object::Dict(yaml)) = field(state, "yaml") else { return Ok(()) };
-    if matches!(field(yaml, "end2end"), Some(Object::Bool(true))) {
-        return Err("family not supported: an end-to-end model (`end2end: True`, as YOLO26); Sluice builds \
-                    YOLOv8 and YOLO11"
-            .into());
-    }
-    match field(yaml, "reg_max").and_then(float) {
-        Some(r) if r != REG_MAX as f64 => {
+/// The family once the model's `yaml` is read: a YOLO11 table with `end2end: True` and `reg_max: 1` is a YOLO26;
+/// any other end-to-end head or `reg_max` is refused before a layer is built.
+fn check_head(state: &[(Object, Object)], family: Family) -> std::result::Result<Family, String> {
+    let Some(Object::Dict(yaml)) = field(state, "yaml") else { return Ok(family) };
+    let end2end = matches!(field(yaml, "end2end"), Some(Object::Bool(true)));
+    let reg_max = field(yaml, "reg_max").and_then(float).unwrap_or(REG_MAX as f64);
+    match (family, end2end, reg_max) {
+        (Family::V11, true, r) if r == 1.0 => Ok(Family::V26),
+        (_, true, _) => Err(format!(
+            "family not supported: an end-to-end model (`end2end: True`, reg_max {reg_max}) that is not a YOLO26; \
+             Sluice builds YOLOv8, YOLO11 and YOLO26"
+        )),
+        (_, false, r) if r != REG_MAX as f64 => {
             Err(format!("family not supported: `reg_max: {r}` (Sluice's Detect head has {REG_MAX} DFL bins)"))
         }
-        _ => Ok(()),
+        _ => Ok(family),
     }
 }
 

@@ -21,10 +21,12 @@ pub struct RunOptions {
     pub input: PathBuf,
     /// Where the decoded `(B, 4 + nc, A)` output goes.
     pub output: PathBuf,
-    /// Where `raw_boxes.npy` `(B, 64, A)` and `raw_scores.npy` `(B, nc, A)` go, if anywhere.
+    /// Where `raw_boxes.npy` `(B, 4·reg_max, A)` and `raw_scores.npy` `(B, nc, A)` go, if anywhere.
     pub raw_dir: Option<PathBuf>,
     /// Fold Conv+BN before running.
     pub fuse: bool,
+    /// Write the end-to-end output `(B, 300, 6)` of a model's one-to-one head (YOLO26) instead of `(B, 4 + nc, A)`.
+    pub end2end: bool,
 }
 
 /// What was run and written.
@@ -55,11 +57,24 @@ pub fn run_npy(opts: &RunOptions) -> Result<RunSummary> {
     if x.dtype() != DType::F32 {
         return Err(ModelError::BadInput(format!("{}: dtype {:?}, expected float32", opts.input.display(), x.dtype())));
     }
-    let start = Instant::now();
-    let out = model.forward(&x).map_err(|e| match e {
+    let named = |e| match e {
         ModelError::BadInput(m) => ModelError::BadInput(format!("{}: {m}", opts.input.display())),
         e => e,
-    })?;
+    };
+    let start = Instant::now();
+    if opts.end2end {
+        let y = model.forward_end2end(&x, 300).map_err(named)?;
+        let forward_ms = start.elapsed().as_secs_f64() * 1e3;
+        write_npy(&y, &opts.output)?;
+        return Ok(RunSummary {
+            input_shape: x.dims().to_vec(),
+            output_shape: y.dims().to_vec(),
+            fused: opts.fuse,
+            forward_ms,
+            written: vec![opts.output.clone()],
+        });
+    }
+    let out = model.forward(&x).map_err(named)?;
     let forward_ms = start.elapsed().as_secs_f64() * 1e3;
     let mut written = Vec::new();
     write_npy(&out.y, &opts.output)?;

@@ -147,8 +147,10 @@ impl YoloV8 {
         for (prefix, n) in &self.num_batches_tracked {
             out.insert(format!("{prefix}.num_batches_tracked"), Tensor::new(*n, &cpu)?);
         }
-        let proj = Tensor::arange(0f32, REG_MAX as f32, &cpu)?.reshape((1, REG_MAX, 1, 1))?;
-        out.insert(dfl_key(self.config().family), proj);
+        if self.config().family.reg_max() > 1 {
+            let proj = Tensor::arange(0f32, REG_MAX as f32, &cpu)?.reshape((1, REG_MAX, 1, 1))?;
+            out.insert(dfl_key(self.config().family), proj);
+        }
         Ok(out)
     }
 

@@ -38,7 +38,7 @@ fn err(path: &Path) -> String {
 }
 
 #[test]
-fn yolo11_checkpoint_loads_and_runs_as_ultralytics() {
+fn yolo11_and_yolo26_checkpoints_load_and_run_as_ultralytics() {
     let (m, ckpt) = YoloV8::from_pt(fixture("y11t.pt"), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(ckpt.family, Family::V11);
     assert_eq!((ckpt.scale, ckpt.nc, ckpt.dtype), (tiny(), 3, DType::F16));
@@ -47,7 +47,16 @@ fn yolo11_checkpoint_loads_and_runs_as_ultralytics() {
     let d = (y - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
     println!("y11t: max abs diff {d:e}");
     assert!(d < 1e-3, "max abs diff {d}");
-    // A YOLOv8 of the same scale refuses it by family, naming both.
+    // YOLO26: an end-to-end head with reg_max 1 on YOLO11's blocks.
+    let (m26, ckpt) = YoloV8::from_pt(fixture("y26t.pt"), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!((ckpt.family, ckpt.scale, ckpt.nc), (Family::V26, tiny(), 3));
+    let y = m26.forward(&input()).unwrap().y;
+    let want = Tensor::read_npy(fixture("y26t_out_64.npy")).unwrap();
+    let d = (y - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    println!("y26t: max abs diff {d:e}");
+    assert!(d < 1e-3, "max abs diff {d}");
+    assert_eq!(m26.forward_end2end(&input(), 300).unwrap().dims(), &[1, 84, 6]);
+    // A YOLOv8 of the same scale refuses a YOLO11 by family, naming both.
     let mut v8 = YoloV8::new(YoloConfig::new(tiny(), 3), DType::F32, &Device::Cpu).unwrap();
     let e = v8.load_weights(fixture("y11t.pt"), LoadMode::Strict).expect_err("family").to_string();
     assert!(e.contains("y11t.pt") && e.contains("yolo11") && e.contains("yolov8"), "{e}");
@@ -113,8 +122,6 @@ fn checkpoints_sluice_cannot_use_are_refused_naming_the_file_and_what_was_found(
     assert!(e.contains("v8t_fused.pt") && e.contains("fused"), "{e}");
     let e = err(&fixture("v8t_seg.pt"));
     assert!(e.contains("v8t_seg.pt") && e.contains("segmentation") && e.contains("Segment"), "{e}");
-    let e = err(&fixture("y26t.pt"));
-    assert!(e.contains("y26t.pt") && e.contains("family not supported") && e.contains("end-to-end"), "{e}");
     let e = err(&fixture("v8t_custom.pt"));
     assert!(e.contains("v8t_custom.pt") && e.contains("unknown module class __main__.Custom"), "{e}");
 

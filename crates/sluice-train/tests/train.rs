@@ -241,8 +241,11 @@ fn a_yolo11_trains_and_its_checkpoint_serves_val_and_predict() {
 fn a_missing_dataset_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(&dir.path().join("nope.yaml"), &dir.path().join("runs"), "x");
-    let e = Trainer::new(c).unwrap_err();
+    let e = Trainer::new(c.clone()).unwrap_err();
     assert!(format!("{e:#}").contains("nope.yaml"), "{e:#}");
+    // YOLO26 is built for inference, and its training (E2ELoss, MuSGD) is refused by name.
+    let e = Trainer::new(TrainConfig { model: "yolo26n".into(), ..c }).unwrap_err();
+    assert!(format!("{e:#}").contains("YOLO26") && format!("{e:#}").contains("E2ELoss"), "{e:#}");
 }
 
 #[test]

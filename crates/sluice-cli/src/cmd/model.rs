@@ -91,7 +91,7 @@ struct BenchJson {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// yolov8n … yolov8x, yolo11n … yolo11x, or a model YAML.
+    /// yolov8n … yolov8x, yolo11n … yolo11x, yolo26n … yolo26x, or a model YAML.
     #[arg(long)]
     model: String,
     /// Number of classes.
@@ -112,6 +112,10 @@ struct RunArgs {
     /// Fold Conv+BN first.
     #[arg(long)]
     fuse: bool,
+    /// Write the end-to-end output (B, 300, 6) of the one-to-one head (YOLO26: x1, y1, x2, y2, score, class),
+    /// what Ultralytics returns with `end2end` set, instead of (B, 4 + nc, anchors).
+    #[arg(long)]
+    end2end: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -226,6 +230,7 @@ fn run_forward(a: RunArgs) -> Result<()> {
         output: a.output,
         raw_dir: a.raw_dir,
         fuse: a.fuse,
+        end2end: a.end2end,
     };
     let s = sluice_model::run_npy(&opts).with_context(|| format!("sluice model run --model {}", a.model))?;
     let report = Report {

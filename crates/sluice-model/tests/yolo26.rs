@@ -1,0 +1,96 @@
+//! YOLO26's model against Ultralytics 8.4 (`tests/fixtures/yolo26`, made by `make_yolo26_fixture.py` beside them):
+//! yolo26.yaml at depth 0.5 / width 0.125 with 3 classes and randomised BatchNorms on a (2, 3, 128, 128) input —
+//! every top-level layer, the default (one-to-many) eval output, the end-to-end top-300 output of the one-to-one
+//! head, and the folded model.
+#![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
+
+mod common;
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use common::assert_close;
+use sluice_model::{Family, Mode, Scale, YoloConfig, YoloV8};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/yolo26").join(name)
+}
+
+fn model() -> YoloV8 {
+    let cfg = YoloConfig::new(Scale::custom(0.5, 0.125, 1024).unwrap(), 3).with_family(Family::V26);
+    YoloV8::load(cfg, fixture("y26t_c3.safetensors"), DType::F32, &Device::Cpu).unwrap()
+}
+
+fn npy(name: &str) -> Tensor {
+    Tensor::read_npy(fixture(name)).unwrap()
+}
+
+#[test]
+fn eval_and_end2end_outputs_match_ultralytics() {
+    let m = model();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("y26t_fixture.json")).unwrap()).unwrap();
+    let x = npy("y26t_in_128.npy");
+    let outs = m.forward_layers(&x, Mode::Eval).unwrap();
+    let layers = j["layers"].as_array().unwrap();
+    assert_eq!(outs.len(), layers.len());
+    for (o, l) in outs.iter().zip(layers) {
+        let name = l["layer"].as_str().unwrap();
+        let shape: Vec<usize> = l["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        assert_eq!(o.dims(), shape.as_slice(), "{name}");
+        let o64 = o.to_dtype(DType::F64).unwrap();
+        let abs_sum = o64.abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
+        let want = l["abs_sum"].as_f64().unwrap();
+        assert!((abs_sum - want).abs() <= 1e-4 * want, "{name}: sum |x| {abs_sum} vs {want}");
+    }
+    let y = m.forward(&x).unwrap().y;
+    let y_ref = npy("y26t_out_128.npy");
+    assert_close("one-to-many y boxes (px)", &y.narrow(1, 0, 4).unwrap(), &y_ref.narrow(1, 0, 4).unwrap(), 2e-3);
+    assert_close("one-to-many y probs", &y.narrow(1, 4, 3).unwrap(), &y_ref.narrow(1, 4, 3).unwrap(), 1e-5);
+
+    let e2e = m.forward_end2end(&x, 300).unwrap();
+    let e2e_ref = npy("y26t_e2e_128.npy");
+    assert_eq!(e2e.dims(), &[2, 300, 6]);
+    // The same scores in the same order, and the same rows: each of ours is one of Ultralytics' (same class, score
+    // and box within float32 noise). Rows whose scores tie (the padding's anchors see identical inputs) come in
+    // either order, as torch's top-k leaves their order unspecified.
+    assert_close("end-to-end scores", &e2e.narrow(2, 4, 1).unwrap(), &e2e_ref.narrow(2, 4, 1).unwrap(), 1e-6);
+    let ours: Vec<Vec<Vec<f32>>> = e2e.to_vec3().unwrap();
+    let want: Vec<Vec<Vec<f32>>> = e2e_ref.to_vec3().unwrap();
+    // Rows of the padding's identical anchors tie exactly; where such a tie crosses the 300th place, either
+    // anchor may be kept.
+    let (mut moved, mut swapped) = (0, 0);
+    for (o, w) in ours.iter().zip(&want) {
+        let mut used = vec![false; w.len()];
+        let last = w[w.len() - 1][4];
+        for (i, row) in o.iter().enumerate() {
+            let same = |r: &Vec<f32>| {
+                r[5] == row[5] && (r[4] - row[4]).abs() <= 1e-7 && (0..4).all(|k| (r[k] - row[k]).abs() <= 2e-3)
+            };
+            match (0..w.len()).find(|&j| !used[j] && same(&w[j])) {
+                Some(j) => {
+                    used[j] = true;
+                    // A row in another place than Ultralytics' sits among equal scores.
+                    assert!(j == i || (w[i][4] - row[4]).abs() <= 1e-7, "row {i} {row:?} is Ultralytics' row {j}");
+                    moved += usize::from(j != i);
+                }
+                None => {
+                    assert!((row[4] - last).abs() <= 1e-8, "row {i} {row:?} is not in Ultralytics' output");
+                    swapped += 1;
+                }
+            }
+        }
+    }
+    println!("end-to-end: {moved} of 600 rows in another place among equal scores, {swapped} tied at the cut");
+    assert!(swapped <= 4, "{swapped} rows other than Ultralytics' at the cut");
+
+    let fused = m.fuse().unwrap();
+    assert_close("fused y", &fused.forward(&x).unwrap().y, &y_ref, 2e-3);
+    assert_close("fused end-to-end", &fused.forward_end2end(&x, 300).unwrap(), &e2e, 2e-3);
+    // YOLO26 is named as Ultralytics names it, and other families have no end-to-end head.
+    let n = YoloConfig::from_model("yolo26n.yaml", 3).unwrap();
+    assert_eq!((n.family, n.scale, n.family.reg_max()), (Family::V26, Scale::N, 1));
+    let v8 = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).unwrap();
+    let e = v8.forward_end2end(&Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu).unwrap(), 300).unwrap_err();
+    assert!(e.to_string().contains("yolov8n") && e.to_string().contains("end-to-end"), "{e}");
+}
