@@ -10,7 +10,12 @@ fn loss(c: &mut Criterion) {
     let model = YoloV8::new_seeded(YoloConfig::new(Scale::N, nc), DType::F32, &Device::Cpu, 0).expect("model");
     let x = Tensor::rand(0f32, 1.0, (b, 3, side, side), &Device::Cpu).expect("input");
     let (raw, _) = model.forward_raw(&x, Mode::Train).expect("forward");
-    let raw = sluice_model::RawHead { boxes: raw.boxes.detach(), scores: raw.scores.detach(), grids: raw.grids };
+    let raw = sluice_model::RawHead {
+        boxes: raw.boxes.detach(),
+        scores: raw.scores.detach(),
+        grids: raw.grids,
+        one2one: None,
+    };
     // Six boxes per image on a grid, different classes: a typical coco128 load.
     let mut targets = Vec::new();
     for image in 0..b as u32 {

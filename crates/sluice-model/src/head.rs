@@ -126,6 +126,8 @@ pub struct RawHead {
     pub scores: Tensor,
     /// `(h, w)` of each level's grid.
     pub grids: [(usize, usize); 3],
+    /// The one-to-one head's outputs on the same (detached) features, for an end-to-end model (YOLO26).
+    pub one2one: Option<Box<RawHead>>,
 }
 
 /// The Detect head: the box branches `cv2` and the class branches `cv3` (legacy in YOLOv8, depthwise in YOLO11 and
@@ -176,13 +178,15 @@ impl Detect {
             boxes.push(cv2[i].forward(&feats[i], mode)?.reshape((b, 4 * self.reg_max, h * w))?);
             scores.push(cv3[i].forward(&feats[i], mode)?.reshape((b, self.nc, h * w))?);
         }
-        Ok(RawHead { boxes: Tensor::cat(&boxes, 2)?, scores: Tensor::cat(&scores, 2)?, grids })
+        Ok(RawHead { boxes: Tensor::cat(&boxes, 2)?, scores: Tensor::cat(&scores, 2)?, grids, one2one: None })
     }
 
     /// The one-to-many branches (YOLOv8's and YOLO11's only head; YOLO26's default eval output and the branch its
-    /// one-to-many loss trains).
+    /// one-to-many loss trains), with the one-to-one branches' outputs beside them (for the end-to-end loss).
     pub(crate) fn forward(&self, feats: &[Tensor; 3], mode: Mode) -> Result<RawHead> {
-        self.run(&self.cv2, &self.cv3, feats, mode)
+        let mut raw = self.run(&self.cv2, &self.cv3, feats, mode)?;
+        raw.one2one = self.forward_one2one(feats, mode)?.map(Box::new);
+        Ok(raw)
     }
 
     /// The one-to-one branches on the features, detached as Ultralytics detaches them (the one-to-one loss trains the

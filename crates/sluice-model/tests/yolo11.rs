@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use common::assert_close;
+use common::{assert_close, check_stats};
 use sluice_core::{BoxXyxy, Target};
 use sluice_model::{DetectionLoss, Family, Mode, Scale, YoloConfig, YoloV8};
 
@@ -29,28 +29,6 @@ fn model() -> YoloV8 {
 
 fn input() -> Tensor {
     Tensor::read_npy(fixture("y11n_in_128.npy")).unwrap()
-}
-
-/// Compares a tensor with the fixture's `{shape, sum, abs_sum, l2, samples}` record: relative to its size, with
-/// an absolute floor of `abs` per element (a gradient that cancels to float32 noise has no relative precision).
-fn check_stats(what: &str, t: &Tensor, s: &serde_json::Value, rel: f64, abs: f64) {
-    let n = t.elem_count() as f64;
-    let shape: Vec<usize> = s["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
-    assert_eq!(t.dims(), shape.as_slice(), "{what} shape");
-    let t = t.to_dtype(DType::F64).unwrap();
-    let abs_sum = t.abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
-    let want_abs = s["abs_sum"].as_f64().unwrap();
-    let sum = t.sum_all().unwrap().to_scalar::<f64>().unwrap();
-    let want = s["sum"].as_f64().unwrap();
-    let scale = want_abs.max(1e-12);
-    assert!((abs_sum - want_abs).abs() <= rel * scale + abs * n, "{what}: sum |x| {abs_sum} vs {want_abs}");
-    assert!((sum - want).abs() <= rel * scale + abs * n, "{what}: sum {sum} vs {want} (sum |x| {want_abs})");
-    let flat: Vec<f64> = t.flatten_all().unwrap().to_vec1().unwrap();
-    let max = flat.iter().fold(0f64, |m, v| m.max(v.abs()));
-    for p in s["samples"].as_array().unwrap() {
-        let (i, v) = (p[0].as_u64().unwrap() as usize, p[1].as_f64().unwrap());
-        assert!((flat[i] - v).abs() <= rel * max + abs, "{what}[{i}] = {} vs {v} (max |x| {max})", flat[i]);
-    }
 }
 
 #[test]

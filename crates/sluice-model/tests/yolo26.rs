@@ -9,8 +9,9 @@ mod common;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use common::assert_close;
-use sluice_model::{Family, Mode, Scale, YoloConfig, YoloV8};
+use common::{assert_close, check_stats};
+use sluice_core::{BoxXyxy, Target};
+use sluice_model::{DetectionLoss, Family, Mode, Scale, YoloConfig, YoloV8};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/yolo26").join(name)
@@ -93,4 +94,58 @@ fn eval_and_end2end_outputs_match_ultralytics() {
     let v8 = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).unwrap();
     let e = v8.forward_end2end(&Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu).unwrap(), 300).unwrap_err();
     assert!(e.to_string().contains("yolov8n") && e.to_string().contains("end-to-end"), "{e}");
+}
+
+#[test]
+fn end_to_end_train_step_matches_ultralytics() {
+    let m = model();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("y26t_fixture.json")).unwrap()).unwrap();
+    let targets: Vec<Target> = j["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let r: Vec<f32> = r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+            let s = 128.0;
+            Target {
+                image: r[0] as u32,
+                class: r[1] as u32,
+                bbox: BoxXyxy::from_cxcywh(r[2] * s, r[3] * s, r[4] * s, r[5] * s),
+            }
+        })
+        .collect();
+    let (raw, _) = m.forward_raw(&npy("y26t_in_128.npy"), Mode::Train).unwrap();
+    assert_eq!(raw.boxes.dims(), &[2, 4, 336], "reg_max 1: four distances per anchor");
+    let mut loss = DetectionLoss::new(3);
+    loss.set_epoch(0, 100);
+    assert_eq!(loss.o2m_weight, j["o2m_weight"].as_f64().unwrap());
+    let o2m = loss.compute(&sluice_model::RawHead { one2one: None, ..raw.clone() }, &targets).unwrap();
+    let out = loss.compute(&raw, &targets).unwrap();
+    let want =
+        |key: &str| -> Vec<f64> { j["loss"][key].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect() };
+    for (what, got, want) in [
+        ("one-to-one", out.items, want("one2one_items_box_cls_l1")),
+        ("one-to-many", o2m.items, want("one2many_items_box_cls_l1")),
+    ] {
+        for (k, name) in ["box", "cls", "l1"].iter().enumerate() {
+            let rel = (got[k] - want[k]).abs() / want[k];
+            println!("{what} {name}: {} vs {} (rel {rel:.2e})", got[k], want[k]);
+            assert!(rel <= 1e-4, "{what} {name}");
+        }
+    }
+    let total = out.total.to_scalar::<f32>().unwrap() as f64;
+    let total_ref = j["loss"]["total"].as_f64().unwrap();
+    assert!((total - total_ref).abs() <= 1e-4 * total_ref, "total {total} vs {total_ref}");
+    let grads = out.total.backward().unwrap();
+    let want = j["grads"].as_object().unwrap();
+    let vars = m.trainable_vars();
+    assert_eq!(vars.len(), want.len(), "parameters with a gradient");
+    for (name, v) in &vars {
+        let g = grads.get(v.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
+        check_stats(&format!("grad {name}"), g, &want[name.as_str()], 2e-3, 1e-6);
+    }
+    // The schedule: 0.8 before the first epoch, 0.1 from the last one on.
+    assert_eq!(DetectionLoss::o2m_weight_at(99, 100), 0.1);
+    assert!((DetectionLoss::o2m_weight_at(50, 101) - 0.45).abs() < 1e-12);
 }

@@ -17,11 +17,14 @@ pub struct AssignerConfig {
     pub eps: f64,
     /// GT sides shorter than this are widened to it for the candidate test (8.4: the middle stride, 16 px).
     pub min_side: f64,
+    /// After the one-GT-per-anchor rule, each GT keeps only its `topk2` best positives (`tal_topk2`: 1 in the
+    /// one-to-one loss of end-to-end heads); `None` keeps them all.
+    pub topk2: Option<usize>,
 }
 
 impl Default for AssignerConfig {
     fn default() -> Self {
-        Self { topk: 10, alpha: 0.5, beta: 6.0, eps: 1e-9, min_side: 16.0 }
+        Self { topk: 10, alpha: 0.5, beta: 6.0, eps: 1e-9, min_side: 16.0, topk2: None }
     }
 }
 
@@ -169,6 +172,26 @@ pub fn assign(
                 }
                 for g in 0..n {
                     pos[g * a_n + a] = g == best;
+                }
+            }
+        }
+        // topk2: each GT keeps its `k2` anchors of largest metric among the positives (Ultralytics' top-k over the
+        // metric masked by the positives, where a zero can win over a positive of metric zero: lower index first).
+        if let Some(k2) = cfg.topk2.filter(|&k2| k2 < cfg.topk) {
+            for g in 0..n {
+                let value = |a: usize| if pos[g * a_n + a] { metric[g * a_n + a] } else { 0.0 };
+                order.clear();
+                order.extend(0..a_n);
+                let k = k2.min(a_n);
+                if k == 0 {
+                    continue;
+                }
+                order.select_nth_unstable_by(k - 1, |&i, &j| value(j).total_cmp(&value(i)).then(i.cmp(&j)));
+                let keep: Vec<usize> = order[..k].to_vec();
+                for a in 0..a_n {
+                    if pos[g * a_n + a] && !keep.contains(&a) {
+                        pos[g * a_n + a] = false;
+                    }
                 }
             }
         }

@@ -249,7 +249,7 @@ mod tests {
                 targets.push(Target { image, class: rng.random_range(0..nc as u32), bbox });
             }
         }
-        (RawHead { boxes, scores, grids }, targets, nc)
+        (RawHead { boxes, scores, grids, one2one: None }, targets, nc)
     }
 
     fn padded(targets: &[Target], b: usize) -> (Tensor, Tensor, Tensor) {

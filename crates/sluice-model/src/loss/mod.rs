@@ -44,6 +44,9 @@ pub struct DetectionLoss {
     pub gains: LossGains,
     /// Assigner parameters.
     pub assigner: AssignerConfig,
+    /// The one-to-many weight of an end-to-end model's loss (the one-to-one head gets `1 − w`); see
+    /// [`DetectionLoss::set_epoch`].
+    pub o2m_weight: f64,
 }
 
 /// One evaluation of the loss.
@@ -60,7 +63,7 @@ pub struct LossOutput {
 impl DetectionLoss {
     /// The loss for `nc` classes with Ultralytics' default gains and assigner.
     pub fn new(nc: usize) -> Self {
-        Self { nc, gains: LossGains::default(), assigner: AssignerConfig::default() }
+        Self { nc, gains: LossGains::default(), assigner: AssignerConfig::default(), o2m_weight: 0.8 }
     }
 
     /// Groups a batch's targets per image as assigner GT boxes; rows with an image index ≥ `batch` or a class
@@ -84,7 +87,7 @@ impl DetectionLoss {
     fn check_head(&self, raw: &RawHead) -> Result<(usize, usize, usize)> {
         let (b, c, a) = raw.boxes.dims3()?;
         let (_, nc, a2) = raw.scores.dims3()?;
-        if c != 4 * REG_MAX || nc != self.nc || a2 != a {
+        if (c != 4 * REG_MAX && c != 4) || nc != self.nc || a2 != a {
             return Err(ModelError::BadInput(format!(
                 "head outputs {:?} / {:?} do not fit a loss with {} classes",
                 raw.boxes.dims(),
@@ -99,6 +102,13 @@ impl DetectionLoss {
     /// the loss items stay on the device.
     pub fn compute_dense(&self, raw: &RawHead, gt: DenseTargets<'_>) -> Result<DenseLoss> {
         self.check_head(raw)?;
+        if raw.one2one.is_some() || raw.boxes.dim(1)? != 4 * REG_MAX {
+            return Err(ModelError::BadInput(
+                "the dense (device) loss covers heads with 16 DFL bins and no one-to-one branch; an end-to-end \
+                 model (YOLO26) trains with the host loss"
+                    .into(),
+            ));
+        }
         let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
         let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?;
         let pred_xyxy = dist2bbox_xyxy(&dist, &anchors)?;
@@ -118,12 +128,37 @@ impl DetectionLoss {
 
     /// Computes the loss of the train-mode head outputs against the batch's targets (boxes in input pixels).
     pub fn compute(&self, raw: &RawHead, targets: &[Target]) -> Result<LossOutput> {
+        let Some(one2one) = &raw.one2one else { return self.compute_one(raw, targets, &self.assigner) };
+        // Ultralytics' E2ELoss: the one-to-many head with the usual assigner, the one-to-one head with top-k 7 then
+        // the single best anchor per object, mixed with the epoch's weight; the items are the one-to-one loss's.
+        let o2m = self.compute_one(raw, targets, &self.assigner)?;
+        let o2o_cfg = AssignerConfig { topk: 7, topk2: Some(1), ..self.assigner };
+        let o2o = self.compute_one(one2one, targets, &o2o_cfg)?;
+        let w = self.o2m_weight;
+        let total = ((o2m.total * w)? + (o2o.total * (1.0 - w).max(0.0))?)?;
+        Ok(LossOutput { total, items: o2o.items, assignment: o2o.assignment })
+    }
+
+    /// The one-to-many weight of the end-to-end loss after `epoch` finished epochs of `epochs` (Ultralytics'
+    /// `E2ELoss.decay`): 0.8 at the start, falling linearly to 0.1 at the last epoch.
+    pub fn o2m_weight_at(epoch: usize, epochs: usize) -> f64 {
+        let x = epoch as f64 / (epochs.saturating_sub(1).max(1)) as f64;
+        (1.0 - x).max(0.0) * (0.8 - 0.1) + 0.1
+    }
+
+    /// Sets the end-to-end weights for the epoch about to run (0-based, `epoch` epochs finished before it).
+    pub fn set_epoch(&mut self, epoch: usize, epochs: usize) {
+        self.o2m_weight = Self::o2m_weight_at(epoch, epochs);
+    }
+
+    fn compute_one(&self, raw: &RawHead, targets: &[Target], assigner: &AssignerConfig) -> Result<LossOutput> {
         let (b, nc, a) = self.check_head(raw)?;
+        let reg_max = raw.boxes.dim(1)? / 4;
         let gts = self.group_targets(targets, b)?;
         let dev = raw.boxes.device().clone();
         let dtype = raw.boxes.dtype();
         let (anchors, strides) = make_anchors(&raw.grids, dtype, &dev)?;
-        let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?; // (B, 4, A) grid units
+        let dist = crate::head::box_distances(raw)?; // (B, 4, A) grid units
         let pred_xyxy = dist2bbox_xyxy(&dist, &anchors)?; // (B, 4, A) grid units
 
         // Host side: one copy of the detached predictions for the assigner (on a GPU, a blocking read: counted).
@@ -139,7 +174,7 @@ impl DetectionLoss {
         let anchors_px: Vec<[f32; 2]> = (0..a)
             .map(|i| [anchors_grid[2 * i] * strides_host[i], anchors_grid[2 * i + 1] * strides_host[i]])
             .collect();
-        let asg = assigner::assign(&self.assigner, &scores_host, &pred_host, &anchors_px, &gts, self.nc);
+        let asg = assigner::assign(assigner, &scores_host, &pred_host, &anchors_px, &gts, self.nc);
         let tss = asg.score_sum().max(1.0);
 
         // Class loss over all anchors and classes.
@@ -183,11 +218,35 @@ impl DetectionLoss {
             }
             let tbox = Tensor::from_vec(tbox, (f, 4), &dev)?.to_dtype(dtype)?;
             let weight = Tensor::from_vec(weight, f, &dev)?.to_dtype(dtype)?;
-            let idx = Tensor::from_vec(fg_idx, f, &dev)?;
+            let idx = Tensor::from_vec(fg_idx.clone(), f, &dev)?;
             let pbox = pred_xyxy.permute((0, 2, 1))?.reshape((b * a, 4))?.index_select(&idx, 0)?;
             let iou = bbox::ciou(&pbox, &tbox)?; // (F)
             let box_loss = ((iou.affine(-1.0, 1.0)? * &weight)?.sum_all()? / tss)?;
-            let pdist = raw.boxes.reshape((b, 4 * REG_MAX, a))?.permute((0, 2, 1))?.reshape((b * a, 4, REG_MAX))?;
+            if reg_max == 1 {
+                // No DFL: the L1 distance of the four side distances, in units of the input's width (x sides) and
+                // height (y sides).
+                let (h_px, w_px) = ((raw.grids[0].0 * 8) as f32, (raw.grids[0].1 * 8) as f32);
+                let mut target = Vec::with_capacity(4 * f);
+                let mut scale = Vec::with_capacity(4 * f);
+                for &o in &fg_idx {
+                    let ai = o as usize % a;
+                    let s = strides_host[ai];
+                    let bx = asg.bbox[o as usize].map(|v| v / s);
+                    let (ax, ay) = (anchors_grid[2 * ai], anchors_grid[2 * ai + 1]);
+                    let sc = [s / w_px, s / h_px, s / w_px, s / h_px];
+                    for (k, d) in [ax - bx[0], ay - bx[1], bx[2] - ax, bx[3] - ay].into_iter().enumerate() {
+                        target.push(d * sc[k]);
+                        scale.push(sc[k]);
+                    }
+                }
+                let target = Tensor::from_vec(target, (f, 4), &dev)?.to_dtype(dtype)?;
+                let scale = Tensor::from_vec(scale, (f, 4), &dev)?.to_dtype(dtype)?;
+                let pd = dist.permute((0, 2, 1))?.reshape((b * a, 4))?.index_select(&idx, 0)?;
+                let l1 = (pd * scale)?.sub(&target)?.abs()?.mean(1)?; // (F)
+                let l1_loss = ((l1 * &weight)?.sum_all()? / tss)?;
+                return self.finish(box_loss, cls, l1_loss, b, on_device, asg);
+            }
+            let pdist = raw.boxes.permute((0, 2, 1))?.reshape((b * a, 4, REG_MAX))?;
             let logp = ops::log_softmax(&pdist.index_select(&idx, 0)?, 2)?; // (F, 4, 16)
             let tl_t = Tensor::from_vec(tl.clone(), (f, 4, 1), &dev)?;
             let tr_t = Tensor::from_vec(tl.iter().map(|v| v + 1).collect::<Vec<u32>>(), (f, 4, 1), &dev)?;
@@ -199,6 +258,19 @@ impl DetectionLoss {
             let dfl_loss = ((per_anchor * &weight)?.sum_all()? / tss)?;
             (box_loss, dfl_loss)
         };
+        self.finish(box_loss, cls, dfl_loss, b, on_device, asg)
+    }
+
+    /// The gains, the items (one read) and the total of a loss's three terms.
+    fn finish(
+        &self,
+        box_loss: Tensor,
+        cls: Tensor,
+        dfl_loss: Tensor,
+        b: usize,
+        on_device: bool,
+        asg: Assignment,
+    ) -> Result<LossOutput> {
         let box_loss = (box_loss * self.gains.box_gain)?;
         let cls = (cls * self.gains.cls)?;
         let dfl_loss = (dfl_loss * self.gains.dfl)?;

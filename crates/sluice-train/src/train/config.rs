@@ -227,14 +227,7 @@ impl TrainConfig {
 
     /// Checks every value; errors name the key.
     pub fn validate(&self) -> Result<()> {
-        if self.arch()?.family == sluice_model::Family::V26 {
-            crate::bail!(
-                "model '{}': YOLO26 trains with its end-to-end loss (one-to-many and one-to-one heads, E2ELoss) and \
-                 MuSGD, which Sluice does not build yet; train yolo11 or yolov8 (YOLO26 weights run with `sluice \
-                 model run`)",
-                self.model
-            );
-        }
+        self.arch()?;
         if self.epochs == 0 {
             crate::bail!("epochs must be at least 1");
         }

@@ -66,6 +66,8 @@ impl Trainer {
     /// Trains the rest of the current epoch, from batch `progress.batch`.
     pub(super) fn train_epoch(&mut self, observer: &mut dyn Observer) -> Result<EpochPass> {
         let epoch = self.progress.epoch;
+        // The end-to-end loss's one-to-many weight for this epoch (Ultralytics updates it after every epoch).
+        self.loss.set_epoch(epoch as usize, self.cfg.epochs as usize);
         let batches = self.train.len();
         let mut pass = EpochPass {
             epoch,

@@ -179,7 +179,7 @@ impl Trainer {
         loss.gains = cfg.loss_gains();
         Ok(Self {
             names: data.names.clone(),
-            dense_loss: dense_on(&device),
+            dense_loss: dense_on(&device) && !model.config().family.end2end(),
             readback: Readback::new(&device).context("loss readback")?,
             readback_buf: Vec::new(),
             pool_growth: sluice_transfer::PoolGrowth::new(),

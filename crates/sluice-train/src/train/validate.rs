@@ -157,7 +157,8 @@ pub fn validate(
     let keep_batches = usize::from(opts.keep_first_batch);
     let mut validator = StreamingValidator::new(StreamConfig { workers: 2, keep_batches, ..StreamConfig::new(nc) })?;
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
-    let dense = dense_on(transfer.device());
+    // An end-to-end head (YOLO26) has its loss on the host path only.
+    let dense = dense_on(transfer.device()) && !model.config().family.end2end();
     let mut device_sum: Option<candle_core::Tensor> = None;
     // On the device path the shrunk batch is packed, read back asynchronously and handed to the post-process
     // workers once it has landed (a batch or two later), so inference never waits on a copy.
