@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sluice's YOLOv8n (or YOLO11n: MODEL=yolo11n) against PyTorch 2.15 (Ultralytics 8.4's DetectionModel) on the CPU, back to back on one machine
+# Sluice's YOLOv8n (or YOLO11n / YOLO26n: MODEL=yolo11n, MODEL=yolo26n) against PyTorch 2.15 (Ultralytics 8.4's DetectionModel) on the CPU, back to back on one machine
 # with the same thread count (2, as the peers run it). For each case it runs the peer's own code first
 # ($PEERS_DIR/m4_model_cpu.py: its train_step_ms / infer_ms functions, called for that case alone; the
 # figures, their names and the timing protocol are the script's), then `sluice bench model`, and prints peer ms,
@@ -12,8 +12,9 @@
 #        PEERS_DIR        the peer scripts (default $SLUICE_SHARED/peers)
 #        SLUICE           a prebuilt `sluice` binary (default: `cargo build --release` of the package that
 #                         holds it, then use it)
-#        MODEL            yolov8n (default) or yolo11n: the model of both sides (the peer's make_model builds
-#                         DetectionModel("$MODEL.yaml"), its figure names say $MODEL)
+#        MODEL            yolov8n (default), yolo11n or yolo26n: the model of both sides (the peer's make_model
+#                         builds DetectionModel("$MODEL.yaml"), its figure names say $MODEL; for yolo26n its train
+#                         step runs the model's own criterion, E2ELoss, as Sluice's does)
 #        THREADS          threads of both sides (default 2): the peer's PEERS_THREADS / OMP / MKL, sluice's
 #                         RAYON_NUM_THREADS (rayon's pool runs sluice's kernels and candle's matmuls)
 #        PEERS_REPEATS    the peer's timed repeats (default 5); also sluice's timed iterations unless ITERS is set
@@ -48,7 +49,7 @@ PEERS_VENV=${PEERS_VENV:-$HOME/.cache/sluice-peers/venv}
 . "$ROOT/benches/locations.sh"
 THREADS=${THREADS:-2}
 MODEL=${MODEL:-yolov8n}
-case $MODEL in yolov8n|yolo11n) ;; *) echo "MODEL $MODEL: yolov8n or yolo11n" >&2; exit 1 ;; esac
+case $MODEL in yolov8n|yolo11n|yolo26n) ;; *) echo "MODEL $MODEL: yolov8n, yolo11n or yolo26n" >&2; exit 1 ;; esac
 WARMUP=${WARMUP:-2}
 ITERS=${ITERS:-${PEERS_REPEATS:-5}}
 OUT=${BENCH_OUT:-$BENCH_SCRATCH/model}
@@ -85,6 +86,7 @@ if model != "yolov8n":  # the same protocol on another model: its builder and it
 
     emit = m4.emit
     m4.make_model = make_model
+    m4.v8DetectionLoss = lambda m: m.init_criterion()  # the model's own criterion (E2ELoss for yolo26n)
     m4.emit = lambda name, *a, **k: emit(name.replace("yolov8n_cpu", f"{model}_cpu"), *a, **k)
 if case == "train320":
     m4.train_step_ms(320, 8)

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod conv;
+pub mod depthwise;
 pub mod dfl;
 pub mod loss;
 pub mod memory;

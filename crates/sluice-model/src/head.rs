@@ -182,10 +182,13 @@ impl Detect {
     }
 
     /// The one-to-many branches (YOLOv8's and YOLO11's only head; YOLO26's default eval output and the branch its
-    /// one-to-many loss trains), with the one-to-one branches' outputs beside them (for the end-to-end loss).
+    /// one-to-many loss trains), with the one-to-one branches' outputs beside them in train mode (for the
+    /// end-to-end loss). An eval forward runs the one-to-many branches alone, as Ultralytics' fused model does.
     pub(crate) fn forward(&self, feats: &[Tensor; 3], mode: Mode) -> Result<RawHead> {
         let mut raw = self.run(&self.cv2, &self.cv3, feats, mode)?;
-        raw.one2one = self.forward_one2one(feats, mode)?.map(Box::new);
+        if mode == Mode::Train {
+            raw.one2one = self.forward_one2one(feats, mode)?.map(Box::new);
+        }
         Ok(raw)
     }
 

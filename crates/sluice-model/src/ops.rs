@@ -87,29 +87,10 @@ pub fn dfl_decode(raw_boxes: &Tensor, reg_max: usize) -> Result<Tensor> {
 }
 
 /// Depthwise convolution, stride 1, zero padding `pad` (`nn.Conv2d(c, c, k, 1, pad, groups=c)` without bias):
-/// `x` is `(B, C, H, W)`, `w` is `(C, 1, k, k)`. It is the sum of the k² shifted views of the padded input, each
-/// scaled per channel, so candle's autograd gives both gradients; candle's grouped convolution would run one
-/// convolution per channel.
+/// `x` is `(B, C, H, W)`, `w` is `(C, 1, k, k)` ([`sluice_kernels::depthwise::depthwise_conv2d`]: one pass per
+/// plane on the CPU with its backward; the sum of the k² shifted views elsewhere).
 pub fn depthwise_conv2d(x: &Tensor, w: &Tensor, pad: usize) -> Result<Tensor> {
-    let (_, c, h, wd) = x.dims4()?;
-    let (wc, one, k, k2) = w.dims4()?;
-    if wc != c || one != 1 || k != k2 || k != 2 * pad + 1 {
-        candle_core::bail!("depthwise_conv2d: input {:?}, weight {:?}, pad {pad}", x.dims(), w.dims());
-    }
-    let xp = x.pad_with_zeros(2, pad, pad)?.pad_with_zeros(3, pad, pad)?;
-    let w = w.reshape((c, k * k))?;
-    let mut acc: Option<Tensor> = None;
-    for dy in 0..k {
-        for dx in 0..k {
-            let tap = w.narrow(1, dy * k + dx, 1)?.reshape((1, c, 1, 1))?;
-            let term = xp.narrow(2, dy, h)?.narrow(3, dx, wd)?.broadcast_mul(&tap)?;
-            acc = Some(match acc {
-                Some(a) => (a + term)?,
-                None => term,
-            });
-        }
-    }
-    acc.ok_or_else(|| candle_core::Error::Msg("depthwise_conv2d: empty kernel".into()))
+    sluice_kernels::depthwise::depthwise_conv2d(x, w, pad)
 }
 
 /// Sigmoid that is differentiable (`candle_nn::ops::sigmoid` with its custom backward).

@@ -183,7 +183,10 @@ pub fn validate(
         let x = transfer.transfer(&batch).context("validation transfer")?;
         // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
         let (l, shrunk) = on_compute_pool(model.device(), || -> Result<_> {
-            let out = model.forward(&x.images)?;
+            let mut out = model.forward(&x.images)?;
+            // An end-to-end head's validation loss is Ultralytics' E2ELoss, whose items come from the one-to-one
+            // branches (the metrics use the one-to-many output, as Ultralytics' default `nms` does).
+            out.raw.one2one = model.forward_one2one(&out.feats, sluice_model::Mode::Eval)?.map(Box::new);
             let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
             // Only the anchors above the validation conf cross to the host (the whole head output stays put).
             let shrunk = shrink(&out.y, &shrink_params)?;
