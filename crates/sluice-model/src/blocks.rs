@@ -61,7 +61,7 @@ enum Inner {
     /// `C3k(c, c, 2, shortcut)`.
     C3k(C3k),
     /// `Sequential(Bottleneck(c, c, shortcut, e=0.5), PSABlock(c, 0.5, max(c / 64, 1)))` (YOLO26's `attn`).
-    Attn(Bottleneck, PsaBlock),
+    Attn(Bottleneck, Box<PsaBlock>),
 }
 
 /// C3k2: cv1 (1×1, 2c) → split → n inner blocks chained on the second half → concat of all → cv2 (1×1), with
@@ -84,7 +84,7 @@ impl C3k2 {
                 Ok(if attn {
                     Inner::Attn(
                         Bottleneck::with_hidden(&q.pp(0), c, c / 2, true)?,
-                        PsaBlock::new(&q.pp(1), c, (c / 64).max(1))?,
+                        Box::new(PsaBlock::new(&q.pp(1), c, (c / 64).max(1))?),
                     )
                 } else if c3k {
                     Inner::C3k(C3k::new(&q, c, c, 2, true)?)
@@ -127,7 +127,7 @@ impl C3k2 {
                     Ok(match b {
                         Inner::Bottleneck(b) => Inner::Bottleneck(b.fused()?),
                         Inner::C3k(b) => Inner::C3k(b.fused()?),
-                        Inner::Attn(b, a) => Inner::Attn(b.fused()?, a.fused()?),
+                        Inner::Attn(b, a) => Inner::Attn(b.fused()?, Box::new(a.fused()?)),
                     })
                 })
                 .collect::<Result<_>>()?,

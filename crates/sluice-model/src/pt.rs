@@ -363,7 +363,7 @@ fn check_head(state: &[(Object, Object)], family: Family) -> std::result::Result
     let end2end = matches!(field(yaml, "end2end"), Some(Object::Bool(true)));
     let reg_max = field(yaml, "reg_max").and_then(float).unwrap_or(REG_MAX as f64);
     match (family, end2end, reg_max) {
-        (Family::V11, true, r) if r == 1.0 => Ok(Family::V26),
+        (Family::V11, true, 1.0) => Ok(Family::V26),
         (_, true, _) => Err(format!(
             "family not supported: an end-to-end model (`end2end: True`, reg_max {reg_max}) that is not a YOLO26; \
              Sluice builds YOLOv8, YOLO11 and YOLO26"

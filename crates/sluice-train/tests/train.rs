@@ -212,6 +212,7 @@ fn a_yolo26_trains_end_to_end_and_its_checkpoint_serves_val_and_predict() {
     new_family_trains("yolo26n", Family::V26);
 }
 
+#[allow(clippy::unwrap_used)] // A test helper: a failure is the test failing.
 fn new_family_trains(model: &str, family: Family) {
     let dir = tempfile::tempdir().unwrap();
     let synth =
