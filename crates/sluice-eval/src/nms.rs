@@ -40,6 +40,10 @@ pub enum NmsMode {
         /// Offset per class index, in pixels.
         max_wh: f32,
     },
+    /// No suppression: the candidates above `conf_thres` in descending score order, up to `max_det`. This is
+    /// Ultralytics' `nms=False` path for an end-to-end head (YOLO26), whose one-to-one top-k output holds one row
+    /// per object already.
+    None,
 }
 
 /// NMS settings. [`NmsParams::default`] is what Ultralytics' `DetectionValidator` uses.
@@ -290,13 +294,14 @@ impl Nms {
             }
             let area = (b[2] - b[0]) * (b[3] - b[1]);
             let g = if per_class { c } else { 0 };
-            let suppressed = scratch.kept[g].iter().any(|k| {
-                let w = (k[2].min(b[2]) - k[0].max(b[0])).max(0.0);
-                let h = (k[3].min(b[3]) - k[1].max(b[1])).max(0.0);
-                let inter = w * h;
-                let ovr = inter / (k[4] + area - inter);
-                f64::from(ovr) > thr
-            });
+            let suppressed = p.mode != NmsMode::None
+                && scratch.kept[g].iter().any(|k| {
+                    let w = (k[2].min(b[2]) - k[0].max(b[0])).max(0.0);
+                    let h = (k[3].min(b[3]) - k[1].max(b[1])).max(0.0);
+                    let inter = w * h;
+                    let ovr = inter / (k[4] + area - inter);
+                    f64::from(ovr) > thr
+                });
             if suppressed {
                 continue;
             }
@@ -489,6 +494,26 @@ mod tests {
             vec![150.0, 50.0, 20.0, 20.0, 0.0005, 0.0002], // below the confidence threshold
             vec![52.0, 51.0, 20.0, 20.0, 0.2, 0.6],
         ]
+    }
+
+    #[test]
+    fn without_suppression_every_row_above_conf_is_kept_in_score_order() {
+        // Two overlapping boxes of one class (IoU 0.81) and one below conf: NMS keeps one, `None` keeps both.
+        let rows = vec![
+            vec![50.0, 50.0, 20.0, 20.0, 0.6, 0.0],
+            vec![51.0, 51.0, 20.0, 20.0, 0.0, 0.9],
+            vec![50.0, 50.0, 20.0, 20.0, 0.0, 0.0005],
+        ];
+        let p = NmsParams { multi_label: false, ..NmsParams::ultralytics_val() };
+        let (kept, _) = run(NmsParams { iou_thres: 0.5, ..p }, &rows).unwrap();
+        assert_eq!(kept.len(), 2, "different classes survive NMS");
+        let same = vec![rows[0].clone(), vec![51.0, 51.0, 20.0, 20.0, 0.9, 0.0], rows[2].clone()];
+        assert_eq!(run(NmsParams { iou_thres: 0.5, ..p }, &same).unwrap().1, vec![1]);
+        let (kept, idx) = run(NmsParams { mode: NmsMode::None, iou_thres: 0.5, ..p }, &same).unwrap();
+        assert_eq!(idx, vec![1, 0]);
+        assert_eq!(kept.iter().map(|d| d.score).collect::<Vec<_>>(), vec![0.9, 0.6]);
+        let (kept, _) = run(NmsParams { mode: NmsMode::None, max_det: 1, ..p }, &same).unwrap();
+        assert_eq!(kept.len(), 1);
     }
 
     #[test]

@@ -322,6 +322,8 @@ pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
     let xyxy = dist2bbox_xyxy(&box_distances(raw)?, &anchors)?.broadcast_mul(&strides.t()?.unsqueeze(0)?)?;
     let probs = ops::sigmoid(&raw.scores)?;
     let (b, nc, a) = probs.dims3()?;
+    // The selection runs on the host: on a device this is one blocking read per call, counted.
+    sluice_core::syncs::record_if(!raw.scores.device().is_cpu(), sluice_core::syncs::Site::Other);
     let k = max_det.min(a);
     let boxes: Vec<Vec<Vec<f32>>> = xyxy.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?;
     let probs: Vec<Vec<Vec<f32>>> = probs.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.to_vec3()?;

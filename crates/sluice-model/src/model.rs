@@ -274,6 +274,23 @@ impl YoloV8 {
         Ok(head::end2end_topk(&raw, max_det)?)
     }
 
+    /// [`Self::forward_end2end`] in the layout of the eval output, for validators built around it: `(B, 4 + nc, k)`
+    /// with each row's box as `cx, cy, w, h` and its score in its class's row (the other classes 0), so a pass
+    /// without suppression (`sluice_eval`'s `NmsMode::None`) gives exactly the end-to-end detections.
+    pub fn forward_end2end_decoded(&self, x: &Tensor, max_det: usize) -> Result<Tensor> {
+        let rows = self.forward_end2end(x, max_det)?; // (B, k, 6)
+        let nc = self.cfg.nc;
+        let xy1 = rows.narrow(2, 0, 2)?;
+        let xy2 = rows.narrow(2, 2, 2)?;
+        let c = ((&xy1 + &xy2)? * 0.5)?;
+        let wh = (&xy2 - &xy1)?;
+        let score = rows.narrow(2, 4, 1)?;
+        let class = rows.narrow(2, 5, 1)?;
+        let ids = Tensor::arange(0u32, nc as u32, rows.device())?.to_dtype(rows.dtype())?.reshape((1, 1, nc))?;
+        let onehot = class.broadcast_eq(&ids)?.to_dtype(rows.dtype())?.broadcast_mul(&score)?;
+        Ok(Tensor::cat(&[&c, &wh, &onehot], 2)?.permute((0, 2, 1))?.contiguous()?)
+    }
+
     /// The one-to-one head's raw outputs (YOLO26) on the Detect inputs; `None` for other families. In
     /// [`Mode::Train`] the features are detached first, as Ultralytics trains this head.
     pub fn forward_one2one(&self, feats: &[Tensor; 3], mode: Mode) -> Result<Option<RawHead>> {

@@ -173,6 +173,7 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
         batch: None,
         workers: 2,
         strict: false,
+        end2end: false,
     };
     let (v, _, used) = validate_weights(&req).unwrap();
     assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8 });
@@ -241,10 +242,18 @@ fn new_family_trains(model: &str, family: Family) {
         batch: None,
         workers: 2,
         strict: false,
+        end2end: false,
     };
     let (r, _, settings) = validate_weights(&req).unwrap();
     assert_eq!(settings.imgsz, 64);
     assert_eq!((r.report.map50, r.report.map50_95), (summary.best_metrics.map50, summary.best_metrics.map50_95));
+    assert!(r.nms);
+    // Ultralytics' `nms=False`: a YOLO26 is validated on its end-to-end top-k output with no NMS; other models
+    // fall back to NMS.
+    let (e2e, _, _) = validate_weights(&ValRequest { end2end: true, ..req }).unwrap();
+    assert_eq!(e2e.nms, family != Family::V26);
+    assert_eq!(e2e.images, r.images);
+    assert!(e2e.report.map50.is_finite() && e2e.report.map50_95.is_finite());
 }
 
 #[test]

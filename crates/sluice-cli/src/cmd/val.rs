@@ -19,7 +19,7 @@ pub(crate) struct Args {
     /// Dataset YAML (a checkpoint's training data when omitted).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Architecture (yolov8n|s|m|l|x); read from a checkpoint when omitted.
+    /// Architecture (yolov8n … yolo26x or a model YAML); read from a checkpoint when omitted.
     #[arg(long)]
     model: Option<String>,
     /// train, val or test.
@@ -37,6 +37,10 @@ pub(crate) struct Args {
     /// Stop on the first image that cannot be read or decoded (by default it is skipped, named and counted).
     #[arg(long)]
     strict: bool,
+    /// An end-to-end model (YOLO26) is validated on its one-to-one head's top-k output, with no NMS (Ultralytics'
+    /// `nms=False`); by default, and for other models, NMS runs on the one-to-many output.
+    #[arg(long)]
+    end2end: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -84,6 +88,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         batch: args.batch,
         workers: args.workers,
         strict: args.strict,
+        end2end: args.end2end,
     })?;
     let r = &v.report;
     let classes: Vec<ClassRow> = r
@@ -113,7 +118,10 @@ pub(crate) fn run(args: Args) -> Result<()> {
         fitness: r.fitness(),
         loss: v.loss,
         seconds: v.seconds,
-        telemetry: ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats),
+        telemetry: ValTelemetry {
+            nms: v.nms,
+            ..ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats)
+        },
         classes,
     };
     if args.json {

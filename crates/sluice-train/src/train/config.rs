@@ -63,6 +63,10 @@ pub struct TrainConfig {
     pub max_nonfinite: u32,
     /// Write plots (results.png, PR curve, batch previews).
     pub plots: bool,
+    /// Ultralytics' `nms`: `false` validates an end-to-end model (YOLO26) on its one-to-one head's top-k output
+    /// without NMS; absent (the default) or `true`, validation runs NMS on the one-to-many output, as Ultralytics'
+    /// default does.
+    pub nms: Option<bool>,
     /// Mixed precision on a CUDA device: the convolutions run in bf16, forward and backward, with f32 master
     /// weights, BatchNorm and loss ([`sluice_model::YoloV8::set_autocast`]). Ignored on the CPU, as Ultralytics
     /// ignores its `amp` there. Off by default (Ultralytics' default is on): the bf16 path has been checked on the
@@ -177,6 +181,7 @@ impl Default for TrainConfig {
             amp: false,
             max_nonfinite: 10,
             plots: true,
+            nms: None,
             optim: OptimSettings::default(),
             gains: Gains::default(),
             hyp: Hyp::default(),

@@ -275,6 +275,7 @@ impl Trainer {
         let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, ValOptions::default())?;
         tel.val_s = v.seconds;
         let mut vt = ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats);
+        vt.nms = v.nms;
         vt.blocking_syncs = SyncTelemetry::since(&syncs0, v.batches);
         tel.val = Some(vt);
         if let Some(line) = v.skipped.line(&format!("epoch {} validation", epoch + 1)) {

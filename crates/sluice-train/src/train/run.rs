@@ -244,7 +244,7 @@ impl Trainer {
             return Ok(());
         }
         let model = load_model(best, None, self.loss.nc, self.model.device())?;
-        let opts = ValOptions { keep_first_batch: self.cfg.plots };
+        let opts = ValOptions { keep_first_batch: self.cfg.plots, end2end: self.cfg.nms == Some(false) };
         let v = validate(&model, &self.val, &self.loss, &self.transfer, opts)?;
         observer.final_eval(&FinalEvalEvent {
             weights: best,

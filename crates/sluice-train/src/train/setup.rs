@@ -93,6 +93,9 @@ pub struct ValRequest<'a> {
     pub workers: usize,
     /// Fail on the first image that cannot be read or decoded instead of skipping and counting it.
     pub strict: bool,
+    /// Validate an end-to-end model (YOLO26) on its one-to-one head's top-k output without NMS (Ultralytics'
+    /// `nms=False`).
+    pub end2end: bool,
 }
 
 /// The settings a validation ran with, after [`ValRequest`]'s defaults.
@@ -138,7 +141,13 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
     let val = ValLoader::new(source(&loaded.source, loaded.indexed.index, imgsz, false, CacheMode::None)?, lcfg)
         .with_left_out(left_out);
     let loss = DetectionLoss::new(nc);
-    let v = validate(&m, &val, &loss, &DeviceTransfer::new(&device, DType::F32)?, ValOptions::default())?;
+    let v = validate(
+        &m,
+        &val,
+        &loss,
+        &DeviceTransfer::new(&device, DType::F32)?,
+        ValOptions { end2end: req.end2end, ..ValOptions::default() },
+    )?;
     Ok((v, loaded.config.names, ValSettings { data, imgsz, batch }))
 }
 

@@ -31,6 +31,8 @@ pub struct ValTelemetry {
     pub data_wait_fraction: f64,
     /// Busy share of the inference loop (transfer, eval forward, validation loss, shrink and copy to the host).
     pub inference_busy_fraction: f64,
+    /// Whether the post-process ran NMS (false: an end-to-end head's top-k output, matched as it is).
+    pub nms: bool,
     /// Post-process (NMS + matching) worker threads.
     pub post_process_workers: usize,
     /// Post-process busy seconds, summed over its workers.
@@ -120,6 +122,7 @@ impl ValTelemetry {
             images_per_s: images as f64 / wall,
             data_wait_fraction,
             inference_busy_fraction: inference_s / wall,
+            nms: true,
             post_process_workers: stats.workers,
             post_process_busy_s: busy,
             post_process_busy_fraction: busy / wall,
@@ -134,12 +137,13 @@ impl ValTelemetry {
     /// One line for the console.
     pub fn line(&self) -> String {
         format!(
-            "  val: {:.1} img/s · {:.1} s · data wait {:.0}% · inference {:.0}% · post-process {:.0}%/{}w, \
+            "  val: {:.1} img/s · {:.1} s · data wait {:.0}% · inference {:.0}% · post-process{} {:.0}%/{}w, \
              queue wait {:.2} s, drain {:.2} s · bound: {}{}",
             self.images_per_s,
             self.seconds,
             self.data_wait_fraction * 100.0,
             self.inference_busy_fraction * 100.0,
+            if self.nms { "" } else { " (no NMS: end-to-end top-k)" },
             self.post_process_busy_fraction * 100.0,
             self.post_process_workers,
             self.post_process_queue_wait_s,

@@ -16,7 +16,9 @@ use std::time::Instant;
 
 use crate::error::{Context, Result};
 use sluice_core::{Batch, Detection, SampleId, Target, Transfer};
-use sluice_eval::{ApReport, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink};
+use sluice_eval::{
+    ApReport, NmsMode, NmsParams, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink,
+};
 use sluice_kernels::threads::on_compute_pool;
 use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
@@ -30,6 +32,9 @@ use sluice_loader::{SkipReport, ValLoader};
 pub struct ValOptions {
     /// Return the first batch and its NMS detections ([`ValResult::first_batch`]).
     pub keep_first_batch: bool,
+    /// Validate an end-to-end model (YOLO26) on its one-to-one head's top-k output with no NMS (Ultralytics'
+    /// `nms=False`); a model without that head is validated with NMS, as Ultralytics falls back.
+    pub end2end: bool,
 }
 
 /// The first validation batch (letterboxed images and targets, as the model saw them) and the NMS output of each
@@ -61,6 +66,8 @@ pub struct ValResult {
     pub model_s: f64,
     /// Post-process (NMS + matching) figures: worker busy time, time inference waited for it, which one bound.
     pub stats: StreamStats,
+    /// Whether the pass ran NMS (false for an end-to-end head validated on its top-k output).
+    pub nms: bool,
     /// The first batch with its detections, when [`ValOptions::keep_first_batch`] asked for it.
     pub first_batch: Option<FirstBatch>,
     /// Images of the split that could not be read or decoded (left out at indexing, or skipped by this pass): not
@@ -155,7 +162,14 @@ pub fn validate(
     };
     let nc = u32::try_from(loss.nc).context("class count")?;
     let keep_batches = usize::from(opts.keep_first_batch);
-    let mut validator = StreamingValidator::new(StreamConfig { workers: 2, keep_batches, ..StreamConfig::new(nc) })?;
+    let end2end = opts.end2end && model.config().family.end2end();
+    let nms = if end2end {
+        NmsParams { mode: NmsMode::None, ..NmsParams::ultralytics_val() }
+    } else {
+        NmsParams::ultralytics_val()
+    };
+    let mut validator =
+        StreamingValidator::new(StreamConfig { workers: 2, keep_batches, nms, ..StreamConfig::new(nc) })?;
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
     // An end-to-end head (YOLO26) has its loss on the host path only.
     let dense = dense_on(transfer.device()) && !model.config().family.end2end();
@@ -188,8 +202,11 @@ pub fn validate(
             // branches (the metrics use the one-to-many output, as Ultralytics' default `nms` does).
             out.raw.one2one = model.forward_one2one(&out.feats, sluice_model::Mode::Eval)?.map(Box::new);
             let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
+            // An end-to-end pass takes the one-to-one head's top 300 rows (one per object), laid out as the eval
+            // output, which the post-process passes through with no suppression.
+            let y = if end2end { model.forward_end2end_decoded(&x.images, 300)? } else { out.y };
             // Only the anchors above the validation conf cross to the host (the whole head output stays put).
-            let shrunk = shrink(&out.y, &shrink_params)?;
+            let shrunk = shrink(&y, &shrink_params)?;
             Ok((l, shrunk))
         })?;
         model_s += t.elapsed().as_secs_f64();
@@ -245,6 +262,7 @@ pub fn validate(
     let skipped =
         loader.left_out().merged(&SkipReport { skipped, first: if skipped > 0 { skips.first } else { Vec::new() } });
     Ok(ValResult {
+        nms: !end2end,
         report: report.metrics,
         loss: loss_sum.map(|s| s / n),
         images,
