@@ -5,7 +5,7 @@
 
 use prost::Message;
 use sluice_model::candle_core::{DType, Tensor};
-use sluice_model::{Activation, ConvOp, DetectDecode, Graph, Op};
+use sluice_model::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Op};
 use tract_onnx::pb::attribute_proto::AttributeType;
 use tract_onnx::pb::tensor_proto::DataType;
 use tract_onnx::pb::tensor_shape_proto::{Dimension, dimension};
@@ -115,6 +115,14 @@ pub fn to_model_proto(graph: &Graph, opts: &OnnxOptions, meta: &Metadata) -> Res
             Op::Detect(d) => {
                 w.detect(&node.name, d, &inputs, &out)?;
                 4 + d.nc
+            }
+            Op::Attention(a) => {
+                w.attention(&node.name, a, inputs[0], &out, false);
+                a.heads * a.head_dim
+            }
+            Op::AttentionValues(a) => {
+                w.attention(&node.name, a, inputs[0], &out, true);
+                a.heads * a.head_dim
             }
             other => return Err(unsupported(&node.name, format!("no ONNX form for {other:?}"))),
         };
@@ -326,6 +334,45 @@ impl Writer {
         Ok(())
     }
 
+    /// Multi-head attention over a map's pixels (see [`Op::Attention`]) or, with `values_only`, its `v` part: the
+    /// `qkv` map is reshaped to `(B, heads, 2·key_dim + head_dim, H·W)` and sliced; the result is reshaped back to
+    /// `(B, heads·head_dim, H, W)` with H and W read from `qkv`'s runtime shape.
+    fn attention(&mut self, name: &str, a: &AttentionOp, qkv: &str, out: &str, values_only: bool) {
+        let o = |s: &str| format!("/{name}/{s}");
+        let (nh, kd, hd) = (a.heads as i64, a.key_dim as i64, a.head_dim as i64);
+        let split = self.ints(&format!("{name}.split_shape"), &[0, nh, 2 * kd + hd, -1]);
+        self.node("Reshape", name, &[qkv, &split], &o("heads"), vec![]);
+        let ax2 = self.ints(&format!("{name}.ax2"), &[2]);
+        let bounds = [0, kd, 2 * kd, 2 * kd + hd];
+        let names = ["q", "k", "v"];
+        for (i, part) in names.iter().enumerate() {
+            if values_only && *part != "v" {
+                continue;
+            }
+            let lo = self.ints(&format!("{name}.{part}_lo"), &[bounds[i]]);
+            let hi = self.ints(&format!("{name}.{part}_hi"), &[bounds[i + 1]]);
+            self.node("Slice", name, &[&o("heads"), &lo, &hi, &ax2], &o(part), vec![]);
+        }
+        // The output shape (B, heads·head_dim, H, W): B copied (0), H and W from qkv's shape.
+        self.node("Shape", name, &[qkv], &o("qkv_shape"), vec![]);
+        let (s2, s4) = (self.ints(&format!("{name}.hw_lo"), &[2]), self.ints(&format!("{name}.hw_hi"), &[4]));
+        self.node("Slice", name, &[&o("qkv_shape"), &s2, &s4], &o("hw"), vec![]);
+        let bc = self.ints(&format!("{name}.bc"), &[0, nh * hd]);
+        self.node("Concat", name, &[&bc, &o("hw")], &o("out_shape"), vec![int_attr("axis", 0)]);
+        if values_only {
+            self.node("Reshape", name, &[&o("v"), &o("out_shape")], out, vec![]);
+            return;
+        }
+        let scale = self.scalar(&format!("{name}.scale"), (kd as f32).powf(-0.5));
+        self.node("Mul", name, &[&o("q"), &scale], &o("q_scaled"), vec![]);
+        self.node("Transpose", name, &[&o("q_scaled")], &o("q_t"), vec![ints_attr("perm", &[0, 1, 3, 2])]);
+        self.node("MatMul", name, &[&o("q_t"), &o("k")], &o("logits"), vec![]);
+        self.node("Softmax", name, &[&o("logits")], &o("attn"), vec![int_attr("axis", -1)]);
+        self.node("Transpose", name, &[&o("attn")], &o("attn_t"), vec![ints_attr("perm", &[0, 1, 3, 2])]);
+        self.node("MatMul", name, &[&o("v"), &o("attn_t")], &o("mixed"), vec![]);
+        self.node("Reshape", name, &[&o("mixed"), &o("out_shape")], out, vec![]);
+    }
+
     /// A scalar constant of the export's float type, as an initializer.
     fn scalar(&mut self, name: &str, v: f32) -> String {
         self.floats(name, &[], &[v])
@@ -382,6 +429,7 @@ impl Writer {
         let proj = self.floats(&format!("{name}.dfl.proj"), &[1, 1, r, 1], &proj);
         let dfl_shape = self.ints(&format!("{name}.dfl_shape"), &[0, 4, r, -1]);
         let cls_shape = self.ints(&format!("{name}.cls_shape"), &[0, d.nc as i64, -1]);
+        let dist_shape = self.ints(&format!("{name}.dist_shape"), &[0, 4, -1]);
         let axis2 = self.ints(&format!("{name}.axis2"), &[2]);
         let (s0, s2, s4) = (
             self.ints(&format!("{name}.s0"), &[0]),
@@ -395,11 +443,16 @@ impl Writer {
             let p = format!("{name}/level{i}");
             let o = |s: &str| format!("/{p}/{s}");
             let (boxes, classes) = (inputs[2 * i], inputs[2 * i + 1]);
-            // DFL: softmax over the bins of each side, then the expectation of the bin index.
-            self.node("Reshape", &p, &[boxes, &dfl_shape], &o("bins"), vec![]);
-            self.node("Softmax", &p, &[&o("bins")], &o("softmax"), vec![int_attr("axis", 2)]);
-            self.node("Mul", &p, &[&o("softmax"), &proj], &o("weighted"), vec![]);
-            self.node("ReduceSum", &p, &[&o("weighted"), &axis2], &o("dist"), vec![int_attr("keepdims", 0)]);
+            if d.reg_max == 1 {
+                // One bin per side (YOLO26): the branch gives the four distances.
+                self.node("Reshape", &p, &[boxes, &dist_shape], &o("dist"), vec![]);
+            } else {
+                // DFL: softmax over the bins of each side, then the expectation of the bin index.
+                self.node("Reshape", &p, &[boxes, &dfl_shape], &o("bins"), vec![]);
+                self.node("Softmax", &p, &[&o("bins")], &o("softmax"), vec![int_attr("axis", 2)]);
+                self.node("Mul", &p, &[&o("softmax"), &proj], &o("weighted"), vec![]);
+                self.node("ReduceSum", &p, &[&o("weighted"), &axis2], &o("dist"), vec![int_attr("keepdims", 0)]);
+            }
             let anchors = self.anchors(&format!("{p}/anchors"), boxes);
             self.node("Slice", &p, &[&o("dist"), &s0, &s2, &ax1], &o("lt"), vec![]);
             self.node("Slice", &p, &[&o("dist"), &s2, &s4, &ax1], &o("rb"), vec![]);

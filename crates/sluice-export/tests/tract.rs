@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use prost::Message;
 use sluice_export::{ExportArgs, Metadata, OnnxOptions, to_onnx_bytes};
 use sluice_model::candle_core::{DType, Device, Tensor};
-use sluice_model::{LoadMode, Scale, YoloConfig, YoloV8};
+use sluice_model::{Family, LoadMode, Scale, YoloConfig, YoloV8};
 use tract_onnx::pb::ModelProto;
 use tract_onnx::pb::tensor_shape_proto::dimension::Value as DimValue;
 use tract_onnx::pb::type_proto::Value as TypeValue;
@@ -46,8 +46,12 @@ fn meta(model: &YoloV8, opts: &OnnxOptions) -> Metadata {
 /// The tiny YOLOv8 (`configs/models/yolov8-tiny.yaml`, 5 classes), seeded, with every BatchNorm's statistics and
 /// affine parameters moved away from the identity so that the folding is exercised.
 fn tiny() -> YoloV8 {
-    let scale = Scale::custom(0.33, 0.125, 1024).unwrap();
-    let m = YoloV8::new_seeded(YoloConfig::new(scale, 5), DType::F32, &Device::Cpu, 3).unwrap();
+    randomised_bn(YoloConfig::new(Scale::custom(0.33, 0.125, 1024).unwrap(), 5))
+}
+
+/// A seeded model of `cfg` with every BatchNorm moved away from the identity.
+fn randomised_bn(cfg: YoloConfig) -> YoloV8 {
+    let m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 3).unwrap();
     let data = m.varmap().data().lock().unwrap().clone();
     for (i, (k, v)) in data.iter().enumerate() {
         let n = v.as_tensor().elem_count();
@@ -248,4 +252,24 @@ fn bad_options_are_errors_naming_them() {
     assert!(bad(OnnxOptions { imgsz: (100, 64), ..Default::default() }).contains("multiples of 32"));
     assert!(bad(OnnxOptions { opset: 12, ..Default::default() }).contains("opset 12"));
     assert!(bad(OnnxOptions { batch: 0, ..Default::default() }).contains("batch"));
+}
+
+#[test]
+fn yolo11_and_yolo26_match_the_eval_forward_fixed_and_dynamic() {
+    // yolo11n (two attention heads in C2PSA, the depthwise class branches) and YOLO26 at the tiny width (the
+    // residual SPPF without SiLU, a PSABlock inside C3k2, one box bin: no DFL in the decode).
+    let y11 = randomised_bn(YoloConfig::new(Scale::N, 5).with_family(Family::V11));
+    let y26 = randomised_bn(YoloConfig::new(Scale::custom(0.5, 0.125, 1024).unwrap(), 5).with_family(Family::V26));
+    for (name, m) in [("yolo11n", &y11), ("yolo26t", &y26)] {
+        let fixed = OnnxOptions { imgsz: (64, 96), batch: 2, ..Default::default() };
+        let x = input(2, 64, 96, 11);
+        let e = worst(&run(&plan::<f32>(&export(m, &fixed), None), &x), &m.forward(&x).unwrap().y);
+        assert!(e < 1e-4, "{name} fixed: worst relative difference {e}");
+        let bytes = export(m, &OnnxOptions { imgsz: (64, 64), dynamic: true, ..Default::default() });
+        for (b, h, w) in [(1, 64, 64), (3, 96, 128)] {
+            let x = input(b, h, w, 5);
+            let e = worst(&run(&plan::<f32>(&bytes, Some(&[b, 3, h, w])), &x), &m.forward(&x).unwrap().y);
+            assert!(e < 1e-4, "{name} {b}x3x{h}x{w}: worst relative difference {e}");
+        }
+    }
 }

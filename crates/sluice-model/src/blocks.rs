@@ -3,6 +3,7 @@
 
 use candle_core::{Result, Tensor};
 
+use crate::graph::{AttentionOp, Builder, Op, ValueId};
 use crate::layers::{Bottleneck, Conv, Mode};
 use crate::params::Params;
 
@@ -41,6 +42,16 @@ impl C3k {
             cv3: self.cv3.fused()?,
             m: self.m.iter().map(Bottleneck::fused).collect::<Result<_>>()?,
         })
+    }
+
+    fn describe(&self, b: &mut Builder, name: &str, x: ValueId) -> crate::error::Result<ValueId> {
+        let mut y = b.conv(&format!("{name}.cv1"), &self.cv1, x)?;
+        for (i, m) in self.m.iter().enumerate() {
+            y = m.describe(b, &format!("{name}.m.{i}"), y)?;
+        }
+        let z = b.conv(&format!("{name}.cv2"), &self.cv2, x)?;
+        let cat = b.push(format!("{name}.cat"), Op::Concat, vec![y, z]);
+        b.conv(&format!("{name}.cv3"), &self.cv3, cat)
     }
 
     fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
@@ -134,6 +145,30 @@ impl C3k2 {
         })
     }
 
+    /// The evaluation graph of the block on `x`.
+    pub(crate) fn describe(&self, b: &mut Builder, name: &str, x: ValueId) -> crate::error::Result<ValueId> {
+        let y = b.conv(&format!("{name}.cv1"), &self.cv1, x)?;
+        let c = self.c;
+        let mut ys = vec![
+            b.push(format!("{name}.split0"), Op::Slice { start: 0, len: c }, vec![y]),
+            b.push(format!("{name}.split1"), Op::Slice { start: c, len: c }, vec![y]),
+        ];
+        for (i, m) in self.m.iter().enumerate() {
+            let last = ys[ys.len() - 1];
+            let q = format!("{name}.m.{i}");
+            ys.push(match m {
+                Inner::Bottleneck(m) => m.describe(b, &q, last)?,
+                Inner::C3k(m) => m.describe(b, &q, last)?,
+                Inner::Attn(m, a) => {
+                    let h = m.describe(b, &format!("{q}.0"), last)?;
+                    a.describe(b, &format!("{q}.1"), h)?
+                }
+            });
+        }
+        let cat = b.push(format!("{name}.cat"), Op::Concat, ys);
+        b.conv(&format!("{name}.cv2"), &self.cv2, cat)
+    }
+
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
         out.push((format!("{prefix}.cv1"), &self.cv1));
         out.push((format!("{prefix}.cv2"), &self.cv2));
@@ -198,6 +233,16 @@ impl Attention {
         Ok(Self { qkv: self.qkv.fused()?, proj: self.proj.fused()?, pe: self.pe.fused()?, ..self.clone() })
     }
 
+    fn describe(&self, b: &mut Builder, name: &str, x: ValueId) -> crate::error::Result<ValueId> {
+        let shape = AttentionOp { heads: self.heads, key_dim: self.key_dim, head_dim: self.head_dim };
+        let qkv = b.conv(&format!("{name}.qkv"), &self.qkv, x)?;
+        let attn = b.push(format!("{name}.attn"), Op::Attention(shape), vec![qkv]);
+        let v = b.push(format!("{name}.v"), Op::AttentionValues(shape), vec![qkv]);
+        let pe = b.conv(&format!("{name}.pe"), &self.pe, v)?;
+        let y = b.push(format!("{name}.add"), Op::Add, vec![attn, pe]);
+        b.conv(&format!("{name}.proj"), &self.proj, y)
+    }
+
     fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
         for (n, c) in [("qkv", &self.qkv), ("proj", &self.proj), ("pe", &self.pe)] {
             out.push((format!("{prefix}.{n}"), c));
@@ -230,6 +275,14 @@ impl PsaBlock {
 
     fn fused(&self) -> Result<Self> {
         Ok(Self { attn: self.attn.fused()?, ffn0: self.ffn0.fused()?, ffn1: self.ffn1.fused()? })
+    }
+
+    fn describe(&self, b: &mut Builder, name: &str, x: ValueId) -> crate::error::Result<ValueId> {
+        let a = self.attn.describe(b, &format!("{name}.attn"), x)?;
+        let x = b.push(format!("{name}.add0"), Op::Add, vec![x, a]);
+        let f = b.conv(&format!("{name}.ffn.0"), &self.ffn0, x)?;
+        let f = b.conv(&format!("{name}.ffn.1"), &self.ffn1, f)?;
+        Ok(b.push(format!("{name}.add1"), Op::Add, vec![x, f]))
     }
 
     fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
@@ -277,6 +330,18 @@ impl C2psa {
             cv2: self.cv2.fused()?,
             m: self.m.iter().map(PsaBlock::fused).collect::<Result<_>>()?,
         })
+    }
+
+    /// The evaluation graph of the block on `x`.
+    pub(crate) fn describe(&self, b: &mut Builder, name: &str, x: ValueId) -> crate::error::Result<ValueId> {
+        let y = b.conv(&format!("{name}.cv1"), &self.cv1, x)?;
+        let a = b.push(format!("{name}.split0"), Op::Slice { start: 0, len: self.c }, vec![y]);
+        let mut h = b.push(format!("{name}.split1"), Op::Slice { start: self.c, len: self.c }, vec![y]);
+        for (i, m) in self.m.iter().enumerate() {
+            h = m.describe(b, &format!("{name}.m.{i}"), h)?;
+        }
+        let cat = b.push(format!("{name}.cat"), Op::Concat, vec![a, h]);
+        b.conv(&format!("{name}.cv2"), &self.cv2, cat)
     }
 
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {

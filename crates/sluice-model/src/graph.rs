@@ -6,7 +6,7 @@
 
 use candle_core::Tensor;
 
-use crate::config::{REG_MAX, STRIDES};
+use crate::config::STRIDES;
 use crate::error::{ModelError, Result};
 use crate::layers::{C2f, Conv, Sppf};
 use crate::model::YoloV8;
@@ -83,6 +83,24 @@ pub enum Op {
     },
     /// The detection decode; inputs are `[boxes_0, classes_0, boxes_1, classes_1, …]`.
     Detect(DetectDecode),
+    /// Multi-head self-attention over the pixels of a map (YOLO11's `Attention` without its positional encoding and
+    /// projection): the one input `qkv` `(B, heads·(2·key_dim + head_dim), H, W)` is viewed as
+    /// `(B, heads, 2·key_dim + head_dim, H·W)` and split into `q`, `k` (`key_dim` rows each) and `v` (`head_dim`
+    /// rows); per head `v · softmax(qᵀk / √key_dim)ᵀ`, viewed back as `(B, heads·head_dim, H, W)`.
+    Attention(AttentionOp),
+    /// The `v` part of an attention's `qkv` input (see [`Op::Attention`]), viewed as `(B, heads·head_dim, H, W)`.
+    AttentionValues(AttentionOp),
+}
+
+/// The shape of a multi-head attention (see [`Op::Attention`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionOp {
+    /// Heads.
+    pub heads: usize,
+    /// Rows of `q` and of `k` per head.
+    pub key_dim: usize,
+    /// Rows of `v` per head.
+    pub head_dim: usize,
 }
 
 /// A node: an operation, its inputs, and the name of the module it comes from (`model.2.m.0.cv1`).
@@ -113,76 +131,81 @@ pub struct Graph {
 }
 
 /// Appends nodes, keeping their output ids.
-struct Builder {
+pub(crate) struct Builder {
     nodes: Vec<Node>,
 }
 
 impl Builder {
-    fn push(&mut self, name: impl Into<String>, op: Op, inputs: Vec<ValueId>) -> ValueId {
+    pub(crate) fn push(&mut self, name: impl Into<String>, op: Op, inputs: Vec<ValueId>) -> ValueId {
         self.nodes.push(Node { name: name.into(), op, inputs });
         self.nodes.len()
     }
 
-    fn conv(&mut self, name: &str, c: &Conv, act: Activation, x: ValueId) -> Result<ValueId> {
+    /// A Conv block (BatchNorm folded; SiLU unless the block has none; one group per channel when depthwise).
+    pub(crate) fn conv(&mut self, name: &str, c: &Conv, x: ValueId) -> Result<ValueId> {
         let (weight, bias) = c.folded()?;
-        Ok(self.push(
-            name,
-            Op::Conv(ConvOp { weight, bias, stride: c.stride(), pad: c.pad(), groups: 1, act }),
-            vec![x],
-        ))
+        let groups = if c.is_depthwise() { weight.dim(0)? } else { 1 };
+        let act = if c.has_act() { Activation::Silu } else { Activation::Identity };
+        Ok(self.push(name, Op::Conv(ConvOp { weight, bias, stride: c.stride(), pad: c.pad(), groups, act }), vec![x]))
+    }
+
+    /// A plain convolution with bias and no activation (the head's last 1×1 convolutions).
+    pub(crate) fn conv_bias(&mut self, name: &str, w: &Tensor, b: &Tensor, x: ValueId) -> Result<ValueId> {
+        let op =
+            ConvOp { weight: cpu_f32(w)?, bias: cpu_f32(b)?, stride: 1, pad: 0, groups: 1, act: Activation::Identity };
+        Ok(self.push(name, Op::Conv(op), vec![x]))
+    }
+
+    /// A Bottleneck: two Convs and the residual add when it has one.
+    pub(crate) fn bottleneck(&mut self, name: &str, cv1: &Conv, cv2: &Conv, add: bool, x: ValueId) -> Result<ValueId> {
+        let h = self.conv(&format!("{name}.cv1"), cv1, x)?;
+        let h = self.conv(&format!("{name}.cv2"), cv2, h)?;
+        Ok(if add { self.push(format!("{name}.add"), Op::Add, vec![x, h]) } else { h })
     }
 
     fn c2f(&mut self, name: &str, m: &C2f, x: ValueId) -> Result<ValueId> {
         let (cv1, cv2, c) = (m.cv1(), m.cv2(), m.hidden());
-        let y = self.conv(&format!("{name}.cv1"), cv1, Activation::Silu, x)?;
+        let y = self.conv(&format!("{name}.cv1"), cv1, x)?;
         let mut ys = vec![
             self.push(format!("{name}.split0"), Op::Slice { start: 0, len: c }, vec![y]),
             self.push(format!("{name}.split1"), Op::Slice { start: c, len: c }, vec![y]),
         ];
         for (i, (b1, b2, add)) in m.bottlenecks().enumerate() {
             let last = ys[ys.len() - 1];
-            let h = self.conv(&format!("{name}.m.{i}.cv1"), b1, Activation::Silu, last)?;
-            let mut h = self.conv(&format!("{name}.m.{i}.cv2"), b2, Activation::Silu, h)?;
-            if add {
-                h = self.push(format!("{name}.m.{i}.add"), Op::Add, vec![last, h]);
-            }
+            let h = self.bottleneck(&format!("{name}.m.{i}"), b1, b2, add, last)?;
             ys.push(h);
         }
         let cat = self.push(format!("{name}.cat"), Op::Concat, ys);
-        self.conv(&format!("{name}.cv2"), cv2, Activation::Silu, cat)
+        self.conv(&format!("{name}.cv2"), cv2, cat)
     }
 
-    fn sppf(&mut self, name: &str, m: &Sppf, x: ValueId) -> Result<ValueId> {
-        let x = self.conv(&format!("{name}.cv1"), m.cv1(), Activation::Silu, x)?;
+    fn sppf(&mut self, name: &str, m: &Sppf, input: ValueId) -> Result<ValueId> {
+        let x = self.conv(&format!("{name}.cv1"), m.cv1(), input)?;
         let k = m.kernel();
         let y1 = self.push(format!("{name}.m.0"), Op::MaxPool { kernel: k }, vec![x]);
         let y2 = self.push(format!("{name}.m.1"), Op::MaxPool { kernel: k }, vec![y1]);
         let y3 = self.push(format!("{name}.m.2"), Op::MaxPool { kernel: k }, vec![y2]);
         let cat = self.push(format!("{name}.cat"), Op::Concat, vec![x, y1, y2, y3]);
-        self.conv(&format!("{name}.cv2"), m.cv2(), Activation::Silu, cat)
+        let y = self.conv(&format!("{name}.cv2"), m.cv2(), cat)?;
+        Ok(if m.has_residual() { self.push(format!("{name}.add"), Op::Add, vec![input, y]) } else { y })
     }
 }
 
 impl YoloV8 {
     /// The evaluation graph with every BatchNorm folded into its convolution (the arithmetic of
-    /// [`YoloV8::fuse`]), weights as float32 on the CPU.
+    /// [`YoloV8::fuse`]), weights as float32 on the CPU. An end-to-end model (YOLO26) is described by its
+    /// one-to-many head, its default eval output.
     pub fn graph(&self) -> Result<Graph> {
-        let unsupported = || {
-            ModelError::BadInput(format!(
-                "{}: its C3k2 / C2PSA blocks and depthwise head have no graph description, so it cannot be exported",
-                self.config().name()
-            ))
-        };
-        let views = self.layer_views().ok_or_else(unsupported)?;
-        let branches = self.detect_branches().ok_or_else(unsupported)?;
         let mut b = Builder { nodes: Vec::new() };
         let mut outs: Vec<ValueId> = Vec::with_capacity(self.layers_len());
-        for (i, layer) in views.into_iter().enumerate() {
+        for (i, layer) in self.layer_views().into_iter().enumerate() {
             let name = format!("model.{i}");
             let prev = outs.last().copied().unwrap_or(0);
             let v = match layer {
-                LayerView::Conv(c) => b.conv(&name, c, Activation::Silu, prev)?,
+                LayerView::Conv(c) => b.conv(&name, c, prev)?,
                 LayerView::C2f(m) => b.c2f(&name, m, prev)?,
+                LayerView::C3k2(m) => m.describe(&mut b, &name, prev)?,
+                LayerView::C2psa(m) => m.describe(&mut b, &name, prev)?,
                 LayerView::Sppf(m) => b.sppf(&name, m, prev)?,
                 LayerView::Upsample => b.push(name, Op::Upsample { scale: 2 }, vec![prev]),
                 LayerView::Concat(j) => {
@@ -192,26 +215,12 @@ impl YoloV8 {
             };
             outs.push(v);
         }
-        let feats = [outs[15], outs[18], outs[21]];
-        let mut head_inputs = Vec::with_capacity(6);
-        for (i, (boxes, classes)) in branches.into_iter().enumerate() {
-            for (branch, (c0, c1, out_w, out_b)) in [("cv2", boxes), ("cv3", classes)] {
-                let p = format!("model.22.{branch}.{i}");
-                let h = b.conv(&format!("{p}.0"), c0, Activation::Silu, feats[i])?;
-                let h = b.conv(&format!("{p}.1"), c1, Activation::Silu, h)?;
-                let op = ConvOp {
-                    weight: cpu_f32(out_w)?,
-                    bias: cpu_f32(out_b)?,
-                    stride: 1,
-                    pad: 0,
-                    groups: 1,
-                    act: Activation::Identity,
-                };
-                head_inputs.push(b.push(format!("{p}.2"), Op::Conv(op), vec![h]));
-            }
-        }
-        let decode = DetectDecode { reg_max: REG_MAX, nc: self.config().nc, strides: STRIDES.to_vec() };
-        let output = b.push("model.22", Op::Detect(decode), head_inputs);
+        let family = self.config().family;
+        let feats = family.detect_from().map(|i| outs[i]);
+        let prefix = format!("model.{}", family.detect_index());
+        let head_inputs = self.describe_head(&mut b, &prefix, feats)?;
+        let decode = DetectDecode { reg_max: family.reg_max(), nc: self.config().nc, strides: STRIDES.to_vec() };
+        let output = b.push(prefix, Op::Detect(decode), head_inputs);
         Ok(Graph { nodes: b.nodes, in_channels: 3, stride: STRIDES[2], head: "Detect".into(), output })
     }
 }
@@ -220,6 +229,8 @@ impl YoloV8 {
 pub(crate) enum LayerView<'a> {
     Conv(&'a Conv),
     C2f(&'a C2f),
+    C3k2(&'a crate::blocks::C3k2),
+    C2psa(&'a crate::blocks::C2psa),
     Sppf(&'a Sppf),
     Upsample,
     Concat(usize),

@@ -114,9 +114,6 @@ impl ClsBranch {
     }
 }
 
-/// One head branch: Conv, Conv, and the last convolution's weight and bias.
-pub(crate) type BranchView<'a> = (&'a Conv, &'a Conv, &'a Tensor, &'a Tensor);
-
 /// Raw head outputs, flattened over the three levels: `(B, 4·reg_max, A)` DFL logits and `(B, nc, A)` class logits.
 #[derive(Debug, Clone)]
 pub struct RawHead {
@@ -215,20 +212,37 @@ impl Detect {
         Ok(Self { nc: self.nc, reg_max: self.reg_max, cv2, cv3, one2one })
     }
 
-    /// Per level, the box and the class branch: their two Convs and the final 1×1 convolution's weight and bias;
-    /// `None` for a head with depthwise class branches.
-    pub(crate) fn branches(&self) -> Option<Vec<(BranchView<'_>, BranchView<'_>)>> {
-        fn view(b: &Branch) -> BranchView<'_> {
-            (&b.c0, &b.c1, &b.out.weight, &b.out.bias)
+    /// The one-to-many branches in the evaluation graph, per level the box then the class branch's output.
+    pub(crate) fn describe(
+        &self,
+        b: &mut crate::graph::Builder,
+        prefix: &str,
+        feats: [usize; 3],
+    ) -> crate::error::Result<Vec<usize>> {
+        let mut outs = Vec::with_capacity(6);
+        for (i, &x) in feats.iter().enumerate() {
+            let p = format!("{prefix}.cv2.{i}");
+            let bx = &self.cv2[i];
+            let h = b.conv(&format!("{p}.0"), &bx.c0, x)?;
+            let h = b.conv(&format!("{p}.1"), &bx.c1, h)?;
+            outs.push(b.conv_bias(&format!("{p}.2"), &bx.out.weight, &bx.out.bias, h)?);
+            let p = format!("{prefix}.cv3.{i}");
+            outs.push(match &self.cv3[i] {
+                ClsBranch::Legacy(c) => {
+                    let h = b.conv(&format!("{p}.0"), &c.c0, x)?;
+                    let h = b.conv(&format!("{p}.1"), &c.c1, h)?;
+                    b.conv_bias(&format!("{p}.2"), &c.out.weight, &c.out.bias, h)?
+                }
+                ClsBranch::Depthwise(c) => {
+                    let h = b.conv(&format!("{p}.0.0"), &c.dw0, x)?;
+                    let h = b.conv(&format!("{p}.0.1"), &c.pw0, h)?;
+                    let h = b.conv(&format!("{p}.1.0"), &c.dw1, h)?;
+                    let h = b.conv(&format!("{p}.1.1"), &c.pw1, h)?;
+                    b.conv_bias(&format!("{p}.2"), &c.out.weight, &c.out.bias, h)?
+                }
+            });
         }
-        self.cv2
-            .iter()
-            .zip(&self.cv3)
-            .map(|(a, b)| match b {
-                ClsBranch::Legacy(b) => Some((view(a), view(b))),
-                ClsBranch::Depthwise(_) => None,
-            })
-            .collect()
+        Ok(outs)
     }
 
     /// Every Conv of the head with its Ultralytics name (`<prefix>.cv2.0.0`, …).

@@ -294,6 +294,16 @@ impl Conv {
         Ok((crate::graph::cpu_f32(&w)?, crate::graph::cpu_f32(&b)?))
     }
 
+    /// Whether SiLU follows (false for `act=False` Convs).
+    pub(crate) fn has_act(&self) -> bool {
+        self.act
+    }
+
+    /// Whether this is a depthwise convolution (`groups = channels`).
+    pub(crate) fn is_depthwise(&self) -> bool {
+        self.depthwise
+    }
+
     /// The stride in H and W.
     pub(crate) fn stride(&self) -> usize {
         self.stride
@@ -339,6 +349,11 @@ impl Bottleneck {
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
         out.push((format!("{prefix}.cv1"), &self.cv1));
         out.push((format!("{prefix}.cv2"), &self.cv2));
+    }
+
+    /// The evaluation graph of the block on `x`.
+    pub(crate) fn describe(&self, b: &mut crate::graph::Builder, name: &str, x: usize) -> crate::error::Result<usize> {
+        b.bottleneck(name, &self.cv1, &self.cv2, self.add, x)
     }
 }
 
@@ -450,9 +465,9 @@ impl Sppf {
         if self.residual { y + x } else { Ok(y) }
     }
 
-    /// Whether this is YOLO26's variant (no SiLU after cv1, a residual), which has no graph description yet.
-    pub(crate) fn is_residual(&self) -> bool {
-        self.residual || !self.cv1.act
+    /// Whether the input is added to the output (YOLO26's variant).
+    pub(crate) fn has_residual(&self) -> bool {
+        self.residual
     }
 
     pub(crate) fn fused(&self) -> Result<Self> {

@@ -33,7 +33,7 @@ pub use bench::{BenchOptions, BenchReport, bench_model, bench_model_with, peak_r
 pub use candle_core;
 pub use config::{Arch, Family, REG_MAX, STRIDES, Scale, YoloConfig, parse_model};
 pub use error::{ModelError, Result};
-pub use graph::{Activation, ConvOp, DetectDecode, Graph, Node, Op, ValueId};
+pub use graph::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Node, Op, ValueId};
 pub use head::RawHead;
 pub use layers::Mode;
 pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};

@@ -357,25 +357,31 @@ impl YoloV8 {
         self.layers.len()
     }
 
-    /// The top-level layers `model.0` … `model.21`, borrowed; `None` when one has no graph description yet.
-    pub(crate) fn layer_views(&self) -> Option<Vec<crate::graph::LayerView<'_>>> {
+    /// The top-level layers, borrowed.
+    pub(crate) fn layer_views(&self) -> Vec<crate::graph::LayerView<'_>> {
         use crate::graph::LayerView;
         self.layers
             .iter()
             .map(|l| match l {
-                Layer::Conv(m) => Some(LayerView::Conv(m)),
-                Layer::C2f(m) => Some(LayerView::C2f(m)),
-                Layer::Sppf(m) if !m.is_residual() => Some(LayerView::Sppf(m)),
-                Layer::Upsample => Some(LayerView::Upsample),
-                Layer::Concat(j) => Some(LayerView::Concat(*j)),
-                Layer::C3k2(_) | Layer::C2psa(_) | Layer::Sppf(_) => None,
+                Layer::Conv(m) => LayerView::Conv(m),
+                Layer::C2f(m) => LayerView::C2f(m),
+                Layer::C3k2(m) => LayerView::C3k2(m),
+                Layer::C2psa(m) => LayerView::C2psa(m),
+                Layer::Sppf(m) => LayerView::Sppf(m),
+                Layer::Upsample => LayerView::Upsample,
+                Layer::Concat(j) => LayerView::Concat(*j),
             })
             .collect()
     }
 
-    /// The Detect head's branches per level (box, class); `None` for YOLO11's depthwise class branches.
-    pub(crate) fn detect_branches(&self) -> Option<Vec<(head::BranchView<'_>, head::BranchView<'_>)>> {
-        self.detect.branches()
+    /// The Detect head's (one-to-many) branches in the evaluation graph: `[boxes_0, classes_0, …]`.
+    pub(crate) fn describe_head(
+        &self,
+        b: &mut crate::graph::Builder,
+        prefix: &str,
+        feats: [usize; 3],
+    ) -> Result<Vec<usize>> {
+        self.detect.describe(b, prefix, feats)
     }
 
     /// Number of DFL bins per side (16; 1 in YOLO26).
