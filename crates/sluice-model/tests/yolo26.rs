@@ -145,6 +145,9 @@ fn end_to_end_train_step_matches_ultralytics() {
         let g = grads.get(v.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
         check_stats(&format!("grad {name}"), g, &want[name.as_str()], 2e-3, 1e-6);
     }
+    // A batch without objects (AutoBatch's probe, background-only images) has a class loss and nothing else.
+    let empty = loss.compute(&raw, &[]).unwrap();
+    assert!(empty.items[1] > 0.0 && empty.items[0] == 0.0 && empty.items[2] == 0.0, "{:?}", empty.items);
     // The schedule: 0.8 before the first epoch, 0.1 from the last one on.
     assert_eq!(DetectionLoss::o2m_weight_at(99, 100), 0.1);
     assert!((DetectionLoss::o2m_weight_at(50, 101) - 0.45).abs() < 1e-12);

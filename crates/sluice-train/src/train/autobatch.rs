@@ -48,8 +48,13 @@ fn probe(model: &YoloV8, loss: &DetectionLoss, b: usize, side: usize, device: &D
     let classes = Tensor::zeros((b, 1), DType::F32, device)?;
     let boxes = Tensor::zeros((b, 1, 4), DType::F32, device)?;
     let mask = Tensor::zeros((b, 1), DType::F32, device)?;
-    let out = loss.compute_dense(&raw, DenseTargets { classes: &classes, boxes: &boxes, mask: &mask })?;
-    let grads = out.total.backward()?;
+    // An end-to-end head (YOLO26) trains on the host loss, which takes the targets as rows (none here).
+    let total = if raw.one2one.is_some() {
+        loss.compute(&raw, &[])?.total
+    } else {
+        loss.compute_dense(&raw, DenseTargets { classes: &classes, boxes: &boxes, mask: &mask })?.total
+    };
+    let grads = total.backward()?;
     let used = sluice_transfer::device_memory(device).map_or(0, |(used, _)| used);
     drop(grads);
     Ok(used)
