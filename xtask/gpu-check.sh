@@ -18,6 +18,7 @@
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
 #   train_amp/       one epoch of the same training with `--amp` (bf16 convolutions), for the f32 / bf16 ratio
+#   train_yolo11n/, train_yolo26n/   one epoch of the same training with YOLO11n and YOLO26n
 #   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
 # GPU_CHECK_ONLY="smoke convs ..." runs only the steps named (info always runs).
 set -u
@@ -161,5 +162,11 @@ step decode_cpu 30 "$S" bench decode --data "$DATA" --backend image --threads 16
 # Mixed precision last (the least important figure): one epoch, the same settings otherwise.
 step train_amp 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp \
   --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_amp --exist-ok --json
+# YOLO11 and YOLO26 on the device (one epoch each; YOLO26's end-to-end loss runs on the host path, its assigner
+# read counted in the telemetry): that they run there, and their step time beside yolov8n's.
+for fam in yolo11n yolo26n; do
+  step "train_$fam" 30 "$S" train --data "$DATA" --model "$fam" --imgsz 640 --batch 32 --epochs 1 \
+    --device cuda:0 --cache ram --workers 12 --project "$RES" --name "train_$fam" --exist-ok --json
+done
 cat "$RES/steps.jsonl"
 log "done in $(( $(date +%s) - START ))s"
