@@ -225,6 +225,9 @@ fn new_family_trains(model: &str, family: Family) {
     let mut t = Trainer::new(cfg).unwrap();
     let summary = t.run(&mut rec).unwrap();
     assert_eq!(rec.losses.len(), 4, "2 batches x 2 epochs");
+    // A one-bin head's third loss term is Ultralytics' `l1_loss`.
+    let header = std::fs::read_to_string(&t.paths().results).unwrap().lines().next().unwrap().to_string();
+    assert_eq!(header.contains("train/l1_loss"), family == Family::V26, "{header}");
     assert!(rec.losses.iter().all(|(_, _, _, l)| l.iter().all(|v| v.is_finite() && *v > 0.0)), "{:?}", rec.losses);
     // The checkpoint names its architecture: loading, validating and predicting need no --model.
     let m = load_model(&summary.best, None, 6, &Device::Cpu).unwrap();

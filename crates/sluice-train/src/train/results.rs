@@ -86,13 +86,20 @@ impl ResultsCsv {
     /// Opens `path`: a new file gets the header; an existing one (resume) keeps the rows of epochs before
     /// `keep_epochs` and drops later ones, so a resumed run never duplicates an epoch.
     pub fn open(path: &Path, keep_epochs: u32) -> Result<Self> {
+        Self::open_named(path, keep_epochs, false)
+    }
+
+    /// [`Self::open`] for a model whose third loss term is the L1 box-distance term (a one-bin head, YOLO26):
+    /// its columns are `train/l1_loss` and `val/l1_loss`, as Ultralytics names them.
+    pub fn open_named(path: &Path, keep_epochs: u32, l1: bool) -> Result<Self> {
         let kept: Vec<EpochRow> = if path.exists() {
             Self::read(path)?.into_iter().filter(|r| r.epoch <= keep_epochs).collect()
         } else {
             Vec::new()
         };
         let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        writeln!(f, "{}", RESULTS_HEADER.join(","))?;
+        let header = RESULTS_HEADER.map(|h| if l1 { h.replace("dfl_loss", "l1_loss") } else { h.to_string() });
+        writeln!(f, "{}", header.join(","))?;
         for r in kept {
             writeln!(f, "{}", r.to_csv())?;
         }
