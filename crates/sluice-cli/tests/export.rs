@@ -69,3 +69,65 @@ fn export_writes_onnx_with_the_checkpoint_names() {
     let r = sluice(&["export", "--weights", seg.to_str().expect("utf-8"), "--output", &o]);
     assert!(!r.status.success() && text(&r).contains("segmentation"), "{}", text(&r));
 }
+
+#[test]
+fn model_run_writes_what_ultralytics_returns_for_yolo11_and_yolo26() {
+    let fx = |family: &str, name: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sluice-model/tests/fixtures").join(family).join(name)
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("yolo26t.yaml");
+    std::fs::write(&cfg, "family: yolo26\ndepth_multiple: 0.5\nwidth_multiple: 0.125\n").expect("yaml");
+    let cases = [
+        ("yolo11n".to_string(), fx("yolo11", "y11n_c3.safetensors"), fx("yolo11", "y11n_in_128.npy"), None),
+        (
+            cfg.to_str().expect("utf-8").to_string(),
+            fx("yolo26", "y26t_c3.safetensors"),
+            fx("yolo26", "y26t_in_128.npy"),
+            None,
+        ),
+        (
+            cfg.to_str().expect("utf-8").to_string(),
+            fx("yolo26", "y26t_c3.safetensors"),
+            fx("yolo26", "y26t_in_128.npy"),
+            Some("--end2end"),
+        ),
+    ];
+    let wants = [fx("yolo11", "y11n_out_128.npy"), fx("yolo26", "y26t_out_128.npy"), fx("yolo26", "y26t_e2e_128.npy")];
+    for ((model, weights, input, extra), want) in cases.iter().zip(&wants) {
+        let out = dir.path().join("y.npy");
+        let mut args = vec![
+            "model",
+            "run",
+            "--model",
+            model,
+            "--nc",
+            "3",
+            "--weights",
+            weights.to_str().expect("utf-8"),
+            "--input",
+            input.to_str().expect("utf-8"),
+            "--output",
+            out.to_str().expect("utf-8"),
+        ];
+        args.extend(extra.iter());
+        let r = sluice(&args);
+        assert!(r.status.success(), "{}", text(&r));
+        let got = sluice_model::candle_core::Tensor::read_npy(&out).expect("output");
+        let want = sluice_model::candle_core::Tensor::read_npy(want).expect("reference");
+        assert_eq!(got.dims(), want.dims(), "{model} {extra:?}");
+        // The end-to-end rows are compared by score (tied rows may swap places, see sluice-model's tests/yolo26.rs).
+        let (got, want) = if extra.is_some() {
+            (got.narrow(2, 4, 1).expect("scores"), want.narrow(2, 4, 1).expect("scores"))
+        } else {
+            (got, want)
+        };
+        let d = (got - want)
+            .and_then(|t| t.abs())
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.max(0))
+            .and_then(|t| t.to_scalar::<f32>())
+            .expect("difference");
+        assert!(d < 2e-3, "{model} {extra:?}: max abs difference {d}");
+    }
+}
