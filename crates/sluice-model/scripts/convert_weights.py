@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert YOLOv8 and YOLO11 weights between Ultralytics/PyTorch `.pt` and Sluice's `.safetensors` (both directions).
+"""Convert YOLOv8, YOLO11 and YOLO26 weights between Ultralytics/PyTorch `.pt` and Sluice's `.safetensors` (both directions).
 
 Sluice's safetensors files hold exactly Ultralytics' `DetectionModel.state_dict()`: the same key names
 (`model.0.conv.weight`, ..., `model.22.dfl.conv.weight`), float tensors as float32, `num_batches_tracked` as int64
@@ -109,8 +109,8 @@ def _nc_of(sd, path):
 
 def _model_dict(cfg):
     """What DetectionModel builds from: an Ultralytics model name or YAML as is; a Sluice model YAML of multipliers
-    (`depth_multiple`, `width_multiple`, `max_channels`, `family` yolov8 or yolo11, no layer table) as yolov8.yaml
-    or yolo11.yaml with that one scale."""
+    (`depth_multiple`, `width_multiple`, `max_channels`, `family` yolov8, yolo11 or yolo26, no layer table) as that
+    family's Ultralytics YAML with that one scale."""
     name = os.path.basename(cfg)
     if not name.endswith((".yaml", ".yml")):
         return cfg + ".yaml"  # yolov8n -> yolov8n.yaml (Ultralytics ships it)
@@ -125,8 +125,8 @@ def _model_dict(cfg):
     from ultralytics.nn.tasks import yaml_model_load
 
     family = str(d.get("family", "yolov8")).lower()
-    if family not in ("yolov8", "yolo11"):
-        sys.exit(f"{cfg}: family {family}: yolov8 or yolo11")
+    if family not in ("yolov8", "yolo11", "yolo26"):
+        sys.exit(f"{cfg}: family {family}: yolov8, yolo11 or yolo26")
     base = yaml_model_load(f"{family}.yaml")
     try:
         mult = [float(d["depth_multiple"]), float(d["width_multiple"]), int(d.get("max_channels", 1024))]

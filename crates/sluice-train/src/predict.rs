@@ -100,11 +100,14 @@ pub struct PredictOptions {
     pub max_det: usize,
     /// Class-agnostic NMS.
     pub agnostic: bool,
+    /// Predict with an end-to-end model's (YOLO26's) one-to-one head: its top-k rows with the conf threshold and
+    /// no NMS (Ultralytics' `nms=False`); a model without that head runs NMS, as Ultralytics falls back.
+    pub end2end: bool,
 }
 
 impl Default for PredictOptions {
     fn default() -> Self {
-        Self { imgsz: 640, conf: 0.25, iou: 0.7, max_det: 300, agnostic: false }
+        Self { imgsz: 640, conf: 0.25, iou: 0.7, max_det: 300, agnostic: false, end2end: false }
     }
 }
 
@@ -288,7 +291,11 @@ impl Predictor {
             max_det: opts.max_det,
             multi_label: false,
             agnostic: opts.agnostic,
-            mode: NmsMode::ClassOffset { max_wh: 7680.0 },
+            mode: if opts.end2end && model.config().family.end2end() {
+                NmsMode::None
+            } else {
+                NmsMode::ClassOffset { max_wh: 7680.0 }
+            },
             ..NmsParams::default()
         });
         let decoder = Backend::preferred_decoder().map_err(|e| invalid(format!("no image decoder: {e}")))?;
@@ -326,8 +333,14 @@ impl Predictor {
         let candle = |e: sluice_model::candle_core::Error| model_err(ModelError::from(e));
         let input = Tensor::from_vec(x, (1, 3, ch, cw), &Device::Cpu).map_err(candle)?;
         let model = &self.model;
-        let y =
-            sluice_kernels::threads::on_compute_pool(model.device(), || model.forward(&input)).map_err(model_err)?.y;
+        let max_det = self.opts.max_det;
+        let y = if self.nms.params.mode == NmsMode::None {
+            // The one-to-one head's top-k rows in the eval output's layout; the pass below only thresholds them.
+            sluice_kernels::threads::on_compute_pool(model.device(), || model.forward_end2end_decoded(&input, max_det))
+                .map_err(model_err)?
+        } else {
+            sluice_kernels::threads::on_compute_pool(model.device(), || model.forward(&input)).map_err(model_err)?.y
+        };
         let anchors = y.dim(2).map_err(candle)?;
         let data = y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?;
         let nms_err = |source| PredictError::Nms { path: name.to_path_buf(), source };

@@ -40,6 +40,10 @@ pub(crate) struct Args {
     /// Class-agnostic NMS.
     #[arg(long)]
     agnostic_nms: bool,
+    /// An end-to-end model (YOLO26) predicts with its one-to-one head's top-k rows and no NMS (Ultralytics'
+    /// `nms=False`); other models run NMS.
+    #[arg(long)]
+    end2end: bool,
     /// Number of classes (default: read from the weights).
     #[arg(long)]
     nc: Option<usize>,
@@ -142,8 +146,14 @@ pub(crate) fn run(a: Args) -> Result<()> {
         None if sluice_model::is_pt(&a.weights) => sluice_model::read_pt(&a.weights)?.names,
         None => Vec::new(),
     };
-    let opts =
-        PredictOptions { imgsz: a.imgsz, conf: a.conf, iou: a.iou, max_det: a.max_det, agnostic: a.agnostic_nms };
+    let opts = PredictOptions {
+        imgsz: a.imgsz,
+        conf: a.conf,
+        iou: a.iou,
+        max_det: a.max_det,
+        agnostic: a.agnostic_nms,
+        end2end: a.end2end,
+    };
     let mut predictor = Predictor::load(&a.weights, arch, a.nc, opts).context("loading the model")?;
     if !names.is_empty() && names.len() != predictor.num_classes() {
         bail!(
