@@ -144,4 +144,15 @@ mod tests {
             assert!(!p.name.contains("running_"), "{}", p.name);
         }
     }
+
+    #[test]
+    fn yolo26_groups_count_as_ultralytics() {
+        // Ultralytics 8.4.190's optimizer line for YOLO26 at depth 0.5 / width 0.125 with 6 classes
+        // (`benches/ul_quick_family.py`): "114 weight(decay=0.0), 126 weight(decay=0.0005), 126 bias(decay=0.0)";
+        // with reg_max 1 it has no DFL projection, so the counts are equal.
+        let cfg = YoloConfig::new(Scale::custom(0.5, 0.125, 1024).unwrap(), 6).with_family(sluice_model::Family::V26);
+        let model = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+        let g = ParamGroups::new(&model).unwrap();
+        assert_eq!(g.summary(0.0005), "114 weight(decay=0.0), 126 weight(decay=0.0005), 126 bias(decay=0.0)");
+    }
 }
