@@ -125,6 +125,8 @@ struct Console {
     bar: Option<ProgressBar>,
     epochs: u32,
     plots: bool,
+    /// The third loss term's name: `dfl`, or `l1` for a one-bin head (YOLO26), as Ultralytics labels it.
+    third: &'static str,
 }
 
 impl Console {
@@ -151,8 +153,9 @@ impl Observer for Console {
         bar.set_position(e.batch as u64 + 1);
         let [b, c, d] = e.mean_loss;
         bar.set_message(format!(
-            "size {} · box {b:.3} cls {c:.3} dfl {d:.3} · {:.1} img/s · data wait {:.0}%",
+            "size {} · box {b:.3} cls {c:.3} {} {d:.3} · {:.1} img/s · data wait {:.0}%",
             e.side,
+            self.third,
             e.images_per_s,
             e.data_wait_fraction * 100.0
         ));
@@ -164,11 +167,12 @@ impl Observer for Console {
         }
         let r = &e.row;
         eprintln!(
-            "epoch {}/{} · loss box {:.3} cls {:.3} dfl {:.3} · P {:.3} R {:.3} mAP50 {:.3} mAP50-95 {:.3}{}",
+            "epoch {}/{} · loss box {:.3} cls {:.3} {} {:.3} · P {:.3} R {:.3} mAP50 {:.3} mAP50-95 {:.3}{}",
             r.epoch,
             self.epochs,
             r.train_loss[0],
             r.train_loss[1],
+            self.third,
             r.train_loss[2],
             r.metrics[0],
             r.metrics[1],
@@ -301,7 +305,9 @@ pub(crate) fn run(args: Args) -> Result<()> {
         cfg.device
     );
     eprintln!("run folder: {}", trainer.paths().dir.display());
-    let mut console = Console { bar: None, epochs: cfg.epochs, plots: cfg.plots };
+    let one_bin = cfg.arch().is_ok_and(|a| a.family.reg_max() == 1);
+    let mut console =
+        Console { bar: None, epochs: cfg.epochs, plots: cfg.plots, third: if one_bin { "l1" } else { "dfl" } };
     let summary = trainer.run(&mut console)?;
     if let Some(bar) = console.bar.take() {
         bar.finish_and_clear();
