@@ -1,5 +1,5 @@
-//! Criterion benches of the fused BatchNorm(train)+SiLU, eval affine+SiLU, max-pool, upsample, DFL decode and BCE
-//! kernels against
+//! Criterion benches of the fused BatchNorm(train)+SiLU, eval affine+SiLU, max-pool, upsample, DFL decode, BCE and
+//! depthwise-convolution kernels against
 //! the composed candle ops, on YOLOv8n's layer shapes at 320×320, batch 8 (CPU backend), forward and
 //! forward+backward, in the same run so the ratios are comparable.
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
-use sluice_kernels::{dfl, loss, norm, pool};
+use sluice_kernels::{depthwise, dfl, loss, norm, pool};
 
 const BN_EPS: f64 = 1e-3;
 
@@ -52,6 +52,25 @@ fn batch_norm_silu(c: &mut Criterion) {
         let (s, t) = (gamma.as_tensor().detach(), beta.as_tensor().detach());
         g.bench_function("fused_fwd", |b| b.iter(|| norm::affine_silu(&x, &s, &t).expect("affine")));
         g.bench_function("composed_fwd", |b| b.iter(|| norm::affine_silu_composed(&x, &s, &t).expect("affine")));
+        g.finish();
+    }
+}
+
+/// YOLO11's depthwise 3×3 convolutions (its head's class branches at P3 and P5 of 320×320, batch 8).
+fn depthwise_conv(c: &mut Criterion) {
+    let dev = Device::Cpu;
+    for (n, ch, h, w) in [(8, 64, 40, 40), (8, 256, 10, 10)] {
+        let x = Tensor::randn(0f32, 1.0, (n, ch, h, w), &dev).expect("x");
+        let wt = Tensor::randn(0f32, 1.0, (n, ch, h, w), &dev).expect("w");
+        let k = Tensor::randn(0f32, 0.3, (ch, 1, 3, 3), &dev).expect("k");
+        let xv = Var::from_tensor(&x).expect("var");
+        let mut g = group(c, &format!("depthwise3x3_cpu_f32/{n}x{ch}x{h}x{w}"), x.elem_count());
+        g.bench_function("fused_fwd", |b| b.iter(|| depthwise::depthwise_conv2d(&x, &k, 1).expect("dw")));
+        g.bench_function("composed_fwd", |b| b.iter(|| depthwise::depthwise_conv2d_composed(&x, &k, 1).expect("dw")));
+        g.bench_function("fused_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| depthwise::depthwise_conv2d(t, &k, 1))));
+        g.bench_function("composed_fwd_bwd", |b| {
+            b.iter(|| fwd_bwd(&xv, &wt, &|t| depthwise::depthwise_conv2d_composed(t, &k, 1)))
+        });
         g.finish();
     }
 }
@@ -117,7 +136,7 @@ fn bce(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, batch_norm_silu, pool_upsample, dfl_decode, bce);
+criterion_group!(benches, batch_norm_silu, pool_upsample, dfl_decode, bce, depthwise_conv);
 // The `sluice` binary's allocator and thread policy, so the figures are the binary's (`sluice_kernels::memory`).
 #[global_allocator]
 static GLOBAL: sluice_kernels::memory::MiMalloc = sluice_kernels::memory::MiMalloc;
