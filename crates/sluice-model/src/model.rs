@@ -95,8 +95,8 @@ impl YoloV8 {
             autocast = p.autocast().clone();
             let layers = match cfg.family {
                 Family::V8 => v8_layers(&p, &cfg)?,
-                Family::V11 => v11_layers(&p, &cfg)?,
-                Family::V26 => v26_layers(&p, &cfg)?,
+                Family::V11 => c3k2_layers(&p, &cfg, false)?,
+                Family::V26 => c3k2_layers(&p, &cfg, true)?,
             };
             (layers, Detect::new(&p.pp(cfg.family.detect_index()), &cfg)?)
         };
@@ -420,76 +420,47 @@ fn v8_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer>
     ])
 }
 
-/// `yolo11.yaml`'s layers 0–22. C3k2 rows give `(c2, c3k, e)`; Ultralytics turns C3k on in every C3k2 at the
-/// scales m, l and x.
-fn v11_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer>> {
+/// `yolo11.yaml`'s and `yolo26.yaml`'s layers 0–22 (`v26` for the second). C3k2 rows give `(c2, c3k, e)`;
+/// Ultralytics turns C3k on in every C3k2 at the scales m, l and x. YOLO26 differs in three rows: C3k in the
+/// neck's C3k2, its residual SPPF, and one C3k2 with attention as layer 22.
+fn c3k2_layers(p: &Params<'_>, cfg: &YoloConfig, v26: bool) -> candle_core::Result<Vec<Layer>> {
     let c = |x| cfg.ch(x);
     let d = |x| cfg.depth(x);
     let big = matches!(cfg.scale, Scale::M | Scale::L | Scale::X);
     let c3k2 = |i: usize, c1: usize, c2: usize, c3k: bool, e: f64| -> candle_core::Result<Layer> {
         Ok(Layer::C3k2(C3k2::new(&p.pp(i), c1, c(c2), d(2), c3k || big, e, false)?))
     };
-    Ok(vec![
-        Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
-        Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
-        c3k2(2, c(128), 256, false, 0.25)?,
-        Layer::Conv(Conv::new(&p.pp(3), c(256), c(256), 3, 2)?),
-        c3k2(4, c(256), 512, false, 0.25)?,
-        Layer::Conv(Conv::new(&p.pp(5), c(512), c(512), 3, 2)?),
-        c3k2(6, c(512), 512, true, 0.5)?,
-        Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
-        c3k2(8, c(1024), 1024, true, 0.5)?,
-        Layer::Sppf(Sppf::new(&p.pp(9), c(1024), c(1024), 5)?),
-        Layer::C2psa(C2psa::new(&p.pp(10), c(1024), c(1024), d(2))?),
-        Layer::Upsample,
-        Layer::Concat(6),
-        c3k2(13, c(1024) + c(512), 512, false, 0.5)?,
-        Layer::Upsample,
-        Layer::Concat(4),
-        c3k2(16, c(512) + c(512), 256, false, 0.5)?,
-        Layer::Conv(Conv::new(&p.pp(17), c(256), c(256), 3, 2)?),
-        Layer::Concat(13),
-        c3k2(19, c(256) + c(512), 512, false, 0.5)?,
-        Layer::Conv(Conv::new(&p.pp(20), c(512), c(512), 3, 2)?),
-        Layer::Concat(10),
-        c3k2(22, c(512) + c(1024), 1024, true, 0.5)?,
-    ])
-}
-
-/// `yolo26.yaml`'s layers 0–22: YOLO11's, with C3k in the neck's C3k2, YOLO26's SPPF, and one C3k2 with attention
-/// as layer 22.
-fn v26_layers(p: &Params<'_>, cfg: &YoloConfig) -> candle_core::Result<Vec<Layer>> {
-    let c = |x| cfg.ch(x);
-    let d = |x| cfg.depth(x);
-    let big = matches!(cfg.scale, Scale::M | Scale::L | Scale::X);
-    let c3k2 = |i: usize, c1: usize, c2: usize, c3k: bool, e: f64| -> candle_core::Result<Layer> {
-        Ok(Layer::C3k2(C3k2::new(&p.pp(i), c1, c(c2), d(2), c3k || big, e, false)?))
-    };
-    Ok(vec![
-        Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
-        Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
-        c3k2(2, c(128), 256, false, 0.25)?,
-        Layer::Conv(Conv::new(&p.pp(3), c(256), c(256), 3, 2)?),
-        c3k2(4, c(256), 512, false, 0.25)?,
-        Layer::Conv(Conv::new(&p.pp(5), c(512), c(512), 3, 2)?),
-        c3k2(6, c(512), 512, true, 0.5)?,
-        Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
-        c3k2(8, c(1024), 1024, true, 0.5)?,
-        Layer::Sppf(Sppf::new_residual(&p.pp(9), c(1024), c(1024), 5)?),
-        Layer::C2psa(C2psa::new(&p.pp(10), c(1024), c(1024), d(2))?),
-        Layer::Upsample,
-        Layer::Concat(6),
-        c3k2(13, c(1024) + c(512), 512, true, 0.5)?,
-        Layer::Upsample,
-        Layer::Concat(4),
-        c3k2(16, c(512) + c(512), 256, true, 0.5)?,
-        Layer::Conv(Conv::new(&p.pp(17), c(256), c(256), 3, 2)?),
-        Layer::Concat(13),
-        c3k2(19, c(256) + c(512), 512, true, 0.5)?,
-        Layer::Conv(Conv::new(&p.pp(20), c(512), c(512), 3, 2)?),
-        Layer::Concat(10),
+    let sppf = if v26 { Sppf::new_residual } else { Sppf::new };
+    let last = if v26 {
         // `[-1, 1, C3k2, [1024, True, 0.5, True]]`: one repeat (not scaled), C3k off by the attention flag.
-        Layer::C3k2(C3k2::new(&p.pp(22), c(512) + c(1024), c(1024), 1, true, 0.5, true)?),
+        Layer::C3k2(C3k2::new(&p.pp(22), c(512) + c(1024), c(1024), 1, true, 0.5, true)?)
+    } else {
+        c3k2(22, c(512) + c(1024), 1024, true, 0.5)?
+    };
+    Ok(vec![
+        Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
+        Layer::Conv(Conv::new(&p.pp(1), c(64), c(128), 3, 2)?),
+        c3k2(2, c(128), 256, false, 0.25)?,
+        Layer::Conv(Conv::new(&p.pp(3), c(256), c(256), 3, 2)?),
+        c3k2(4, c(256), 512, false, 0.25)?,
+        Layer::Conv(Conv::new(&p.pp(5), c(512), c(512), 3, 2)?),
+        c3k2(6, c(512), 512, true, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(7), c(512), c(1024), 3, 2)?),
+        c3k2(8, c(1024), 1024, true, 0.5)?,
+        Layer::Sppf(sppf(&p.pp(9), c(1024), c(1024), 5)?),
+        Layer::C2psa(C2psa::new(&p.pp(10), c(1024), c(1024), d(2))?),
+        Layer::Upsample,
+        Layer::Concat(6),
+        c3k2(13, c(1024) + c(512), 512, v26, 0.5)?,
+        Layer::Upsample,
+        Layer::Concat(4),
+        c3k2(16, c(512) + c(512), 256, v26, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(17), c(256), c(256), 3, 2)?),
+        Layer::Concat(13),
+        c3k2(19, c(256) + c(512), 512, v26, 0.5)?,
+        Layer::Conv(Conv::new(&p.pp(20), c(512), c(512), 3, 2)?),
+        Layer::Concat(10),
+        last,
     ])
 }
 
