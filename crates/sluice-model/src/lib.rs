@@ -31,7 +31,7 @@ pub mod weights;
 pub use bench::{BenchOptions, BenchReport, bench_model, bench_model_with, peak_rss_bytes};
 /// The candle version this crate is built on (for devices and tensors in the public API).
 pub use candle_core;
-pub use config::{Arch, Family, REG_MAX, STRIDES, Scale, YoloConfig, parse_model};
+pub use config::{Arch, Family, REG_MAX, STRIDES, Scale, YoloConfig, parse_model, parse_model_yaml};
 pub use error::{ModelError, Result};
 pub use graph::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Node, Op, ValueId};
 pub use head::RawHead;

@@ -1,6 +1,7 @@
 //! Criterion bench of one optimizer step + EMA update over yolov8n's parameters (3.0 M scalars in 183 tensors,
-//! EMA over all 3.0 M + running statistics) on the CPU backend: SGD (Nesterov) against AdamW, with the gradient
-//! clipping norm, measured in the same run; the EMA update alone is the baseline both include.
+//! EMA over all 3.0 M + running statistics) on the CPU backend: SGD (Nesterov) against AdamW and MuSGD (its
+//! Newton–Schulz iterations on every conv filter), with the gradient clipping norm, measured in the same run; the
+//! EMA update alone is the baseline all include.
 
 use candle_core::{DType, Device, Tensor};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -14,7 +15,7 @@ fn step(c: &mut Criterion) {
     let groups = ParamGroups::new(&model).expect("groups");
     let grads: Vec<Option<Tensor>> =
         groups.params().iter().map(|p| Some(Tensor::randn(0f32, 1e-3, p.var.shape(), &dev).expect("grad"))).collect();
-    let hyper = [
+    let hyper = vec![
         GroupHyper { lr: 0.01, momentum: 0.937, weight_decay: 5e-4 },
         GroupHyper { lr: 0.01, momentum: 0.937, weight_decay: 0.0 },
         GroupHyper { lr: 0.01, momentum: 0.937, weight_decay: 0.0 },
@@ -26,15 +27,19 @@ fn step(c: &mut Criterion) {
     let mut ema = ModelEma::new(&model).expect("ema");
     g.bench_function("ema_update", |b| b.iter(|| ema.update(&model).expect("ema")));
 
-    for rule in [Rule::Sgd, Rule::AdamW] {
-        let mut opt = Optimizer::new(rule, groups.clone());
+    let muon_groups = ParamGroups::new_muon(&model).expect("groups");
+    let muon_hyper: Vec<GroupHyper> = (0..muon_groups.len()).map(|i| hyper[(i / 2).min(2)]).collect();
+    for rule in [Rule::Sgd, Rule::AdamW, Rule::MuSgd] {
+        let (groups, hyper) =
+            if rule == Rule::MuSgd { (muon_groups.clone(), &muon_hyper) } else { (groups.clone(), &hyper) };
+        let mut opt = Optimizer::new(rule, groups);
         let mut ema = ModelEma::new(&model).expect("ema");
         g.bench_function(format!("{}_clip_step_ema", rule.name()), |b| {
             b.iter(|| {
                 let mut gr = grads.clone();
                 let norm = total_grad_norm(&gr).expect("norm");
                 scale_grads(&mut gr, clip_coefficient(norm, MAX_GRAD_NORM)).expect("clip");
-                opt.step(&gr, &hyper).expect("step");
+                opt.step(&gr, hyper).expect("step");
                 ema.update(&model).expect("ema");
             })
         });

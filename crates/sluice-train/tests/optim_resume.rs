@@ -1,6 +1,6 @@
 //! Resume exactness: a tiny yolov8n run (batch 1 of 64×64 inputs, 2 classes, 1–2 random boxes per image) trained for k batches,
 //! checkpointed, loaded into fresh objects and trained for m more batches gives the same losses, weights and
-//! EMA, bit for bit, as an uninterrupted run of k + m batches; for SGD and for AdamW, with the checkpoint taken
+//! EMA, bit for bit, as an uninterrupted run of k + m batches; for SGD, AdamW and MuSGD, with the checkpoint taken
 //! inside a gradient-accumulation window during warmup.
 #![allow(clippy::unwrap_used)]
 
@@ -137,4 +137,11 @@ fn sgd_resume_is_bit_exact() {
 fn adamw_resume_is_bit_exact() {
     // Saved during warmup after ni 2, whose gradient is pending (accumulate 2 from ni 2 on).
     resume_is_exact(OptimizerKind::AdamW, 3, 1);
+}
+
+#[test]
+fn musgd_resume_is_bit_exact() {
+    // MuSGD's two momentum buffers per conv filter (`momentum_buffer`, `momentum_buffer_SGD`) and its eight groups'
+    // learning rates travel through the checkpoint; saved after two steps and a pending gradient.
+    resume_is_exact(OptimizerKind::MuSgd, 3, 2);
 }

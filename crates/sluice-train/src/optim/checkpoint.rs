@@ -6,8 +6,9 @@
 //!   reads it.
 //! - `ema.<key>`: the EMA model's `state_dict`, the same way (`"ema."`): the weights for validation and
 //!   prediction.
-//! - `optim.state.<param>.momentum_buffer` (SGD), `optim.state.<param>.exp_avg` and `.exp_avg_sq` (Adam/AdamW):
-//!   the optimizer buffers; `optim.grad.<param>`: gradients accumulated since the last step (present only when a
+//! - `optim.state.<param>.momentum_buffer` (SGD; Muon's momentum in MuSGD), `.momentum_buffer_SGD` (MuSGD's
+//!   SGD momentum of a Muon-group parameter), `optim.state.<param>.exp_avg` and `.exp_avg_sq` (Adam/AdamW): the
+//!   optimizer buffers, under torch's names; `optim.grad.<param>`: gradients accumulated since the last step (present only when a
 //!   checkpoint is taken inside an accumulation window).
 //! - metadata `format` = [`FORMAT`], `optim` = JSON of the settings, run shape, resolved optimizer, schedule,
 //!   per-group learning rates and momenta, accumulation position, iteration counter, step counts and EMA update
@@ -66,8 +67,12 @@ impl Optimization {
         let mut tensors = prefixed("model.", model.state_dict()?);
         tensors.extend(prefixed("ema.", self.ema.model().state_dict()?));
         for (p, s) in self.optimizer.groups().params().iter().zip(self.optimizer.state()) {
-            let bufs =
-                [("momentum_buffer", &s.momentum_buffer), ("exp_avg", &s.exp_avg), ("exp_avg_sq", &s.exp_avg_sq)];
+            let bufs = [
+                ("momentum_buffer", &s.momentum_buffer),
+                ("momentum_buffer_SGD", &s.momentum_buffer_sgd),
+                ("exp_avg", &s.exp_avg),
+                ("exp_avg_sq", &s.exp_avg_sq),
+            ];
             for (what, t) in bufs {
                 if let Some(t) = t {
                     tensors.push((format!("optim.state.{}.{what}", p.name), t.clone()));
@@ -115,6 +120,9 @@ impl Optimization {
         if state.resolved != self.resolved || state.schedule != self.schedule {
             return Err(bad(path, "the resolved optimizer or schedule differs (another model class count?)"));
         }
+        if state.lr.len() != self.lr.len() || state.momentum.len() != self.momentum.len() {
+            return Err(bad(path, "the checkpoint has another number of parameter groups"));
+        }
         let params = self.optimizer.groups().params().to_vec();
         if state.params.len() != params.len() || state.params.iter().zip(&params).any(|((n, _), p)| *n != p.name) {
             return Err(bad(path, "the checkpoint's parameters are not this model's"));
@@ -133,6 +141,7 @@ impl Optimization {
             let dims = p.var.dims();
             let s = super::optimizer::ParamState {
                 momentum_buffer: take(format!("optim.state.{}.momentum_buffer", p.name), dims)?,
+                momentum_buffer_sgd: take(format!("optim.state.{}.momentum_buffer_SGD", p.name), dims)?,
                 exp_avg: take(format!("optim.state.{}.exp_avg", p.name), dims)?,
                 exp_avg_sq: take(format!("optim.state.{}.exp_avg_sq", p.name), dims)?,
                 step: *step,

@@ -9,7 +9,7 @@ use sluice_model::YoloV8;
 
 use super::ema::ModelEma;
 use super::error::{OptimError, Result};
-use super::groups::{Group, ParamGroups};
+use super::groups::{BOOST, Group, ParamGroups};
 use super::optimizer::{
     GroupHyper, MAX_GRAD_NORM, Optimizer, clip_coefficient, clip_coefficient_tensor, scale_grads, total_grad_norm,
     total_grad_norm_tensor,
@@ -38,8 +38,8 @@ pub(crate) struct DriverState {
     pub(crate) shape: RunShape,
     pub(crate) resolved: Resolved,
     pub(crate) schedule: Schedule,
-    pub(crate) lr: [f64; 3],
-    pub(crate) momentum: [f64; 3],
+    pub(crate) lr: Vec<f64>,
+    pub(crate) momentum: Vec<f64>,
     pub(crate) accumulate: usize,
     pub(crate) last_opt_step: i64,
     pub(crate) last_ni: Option<usize>,
@@ -61,8 +61,8 @@ pub struct Optimization {
     pub(crate) optimizer: Optimizer,
     pub(crate) ema: ModelEma,
     /// Per group (`param_groups` order): current learning rate and (SGD) momentum.
-    pub(crate) lr: [f64; 3],
-    pub(crate) momentum: [f64; 3],
+    pub(crate) lr: Vec<f64>,
+    pub(crate) momentum: Vec<f64>,
     pub(crate) accumulate: usize,
     pub(crate) last_opt_step: i64,
     pub(crate) last_ni: Option<usize>,
@@ -84,21 +84,21 @@ impl Optimization {
         let resolved = resolve(settings, model.config().nc, &shape)?;
         let schedule =
             Schedule::new(shape.epochs, settings.lrf, settings.cos_lr, settings.warmup_epochs, shape.batches_per_epoch);
-        let groups = ParamGroups::new(model)?;
+        let groups =
+            if resolved.rule == Rule::MuSgd { ParamGroups::new_muon(model)? } else { ParamGroups::new(model)? };
         let n = groups.params().len();
+        let n_groups = groups.len();
         let optimizer = Optimizer::new(resolved.rule, groups);
         let ema = ModelEma::new(model)?;
-        // LambdaLR's construction sets every group to initial_lr · lf(0).
-        let lr0 = resolved.lr0 * schedule.lf(0);
-        Ok(Self {
+        let mut s = Self {
             settings: *settings,
             shape,
             resolved,
             schedule,
             optimizer,
             ema,
-            lr: [lr0; 3],
-            momentum: [resolved.momentum; 3],
+            lr: vec![0.0; n_groups],
+            momentum: vec![resolved.momentum; n_groups],
             accumulate: resolved.accumulate,
             last_opt_step: -1,
             last_ni: None,
@@ -108,7 +108,16 @@ impl Optimization {
             skipped: 0,
             device_checks: false,
             device_skips: None,
-        })
+        };
+        // LambdaLR's construction sets every group to initial_lr · lf(0).
+        s.lr = (0..n_groups).map(|i| s.initial_lr(i) * s.schedule.lf(0)).collect();
+        Ok(s)
+    }
+
+    /// `param_groups[i]["initial_lr"]`: lr0, or three times it for MuSGD's boosted groups.
+    fn initial_lr(&self, i: usize) -> f64 {
+        let boosted = self.optimizer.groups().group_at(i).1;
+        if boosted { self.resolved.lr0 * BOOST } else { self.resolved.lr0 }
     }
 
     /// The resolved optimizer (rule, lr0, momentum, scaled weight decay, accumulation, `auto`'s estimate).
@@ -149,17 +158,18 @@ impl Optimization {
     }
 
     /// Current learning rate of each group: `lr/pg0` (decayed weights), `lr/pg1` (BN weights), `lr/pg2`
-    /// (biases), the values and order of Ultralytics' `results.csv`.
-    pub fn lrs(&self) -> [f64; 3] {
-        self.lr
+    /// (biases), the values and order of Ultralytics' `results.csv`; MuSGD's eight groups in its order.
+    pub fn lrs(&self) -> Vec<f64> {
+        self.lr.clone()
     }
 
     /// Current SGD momentum of each group (Adam's β1 stays at the resolved momentum: warmup does not touch it,
     /// as Ultralytics' warmup only changes groups that have a `momentum` entry).
-    pub fn momenta(&self) -> [f64; 3] {
-        match self.resolved.rule {
-            Rule::Sgd => self.momentum,
-            Rule::Adam | Rule::AdamW => [self.resolved.momentum; 3],
+    pub fn momenta(&self) -> Vec<f64> {
+        if self.resolved.rule.has_sgd_momentum() {
+            self.momentum.clone()
+        } else {
+            vec![self.resolved.momentum; self.momentum.len()]
         }
     }
 
@@ -338,13 +348,13 @@ impl Optimization {
     /// Marks the end of an epoch and returns its learning rates (`lr/pg0..2` for `results.csv`). The next
     /// epoch's scheduled rates are applied by its first [`Optimization::batch`], so [`Optimization::lrs`] keeps
     /// answering this epoch's values until then, and a checkpoint saved now resumes exactly.
-    pub fn end_epoch(&mut self, epoch: usize) -> Result<[f64; 3]> {
+    pub fn end_epoch(&mut self, epoch: usize) -> Result<Vec<f64>> {
         if let Some(e) = self.scheduled_epoch
             && e != epoch
         {
             return Err(OptimError::BadInput(format!("end of epoch {epoch}, but the last batch was of epoch {e}")));
         }
-        Ok(self.lr)
+        Ok(self.lr.clone())
     }
 
     fn check_model(&self, model: &YoloV8) -> Result<()> {
@@ -360,7 +370,7 @@ impl Optimization {
     /// Ultralytics' `scheduler.step()` at an epoch's start: every group to `initial_lr · lf(epoch)`.
     fn schedule_epoch(&mut self, epoch: usize) {
         if self.scheduled_epoch != Some(epoch) {
-            self.lr = [self.resolved.lr0 * self.schedule.lf(epoch); 3];
+            self.lr = (0..self.lr.len()).map(|i| self.initial_lr(i) * self.schedule.lf(epoch)).collect();
             self.scheduled_epoch = Some(epoch);
         }
     }
@@ -370,24 +380,34 @@ impl Optimization {
             return;
         }
         self.accumulate = warmup_accumulate(&self.schedule, ni, self.resolved.accumulate);
-        let target = self.resolved.lr0 * self.schedule.lf(epoch);
-        for g in Group::ALL {
-            let start = if g == Group::Bias { self.resolved.warmup_bias_lr } else { 0.0 };
-            self.lr[g.index()] = self.schedule.warmup_interp(ni, start, target);
-            if self.resolved.rule == Rule::Sgd {
-                self.momentum[g.index()] =
+        for i in 0..self.lr.len() {
+            let target = self.initial_lr(i) * self.schedule.lf(epoch);
+            let kind = self.optimizer.groups().group_at(i).0;
+            let start = if kind == Group::Bias { self.resolved.warmup_bias_lr } else { 0.0 };
+            self.lr[i] = self.schedule.warmup_interp(ni, start, target);
+            if self.resolved.rule.has_sgd_momentum() {
+                self.momentum[i] =
                     self.schedule.warmup_interp(ni, self.settings.warmup_momentum, self.resolved.momentum);
             }
         }
     }
 
-    fn hyper(&self) -> [GroupHyper; 3] {
+    fn hyper(&self) -> Vec<GroupHyper> {
         let momenta = self.momenta();
-        Group::ALL.map(|g| GroupHyper {
-            lr: self.lr[g.index()],
-            momentum: momenta[g.index()],
-            weight_decay: if g == Group::Weight { self.resolved.weight_decay } else { 0.0 },
-        })
+        (0..self.lr.len())
+            .map(|i| {
+                let kind = self.optimizer.groups().group_at(i).0;
+                GroupHyper {
+                    lr: self.lr[i],
+                    momentum: momenta[i],
+                    weight_decay: if matches!(kind, Group::Weight | Group::Muon) {
+                        self.resolved.weight_decay
+                    } else {
+                        0.0
+                    },
+                }
+            })
+            .collect()
     }
 
     pub(crate) fn driver_state(&self) -> DriverState {
@@ -396,8 +416,8 @@ impl Optimization {
             shape: self.shape,
             resolved: self.resolved,
             schedule: self.schedule,
-            lr: self.lr,
-            momentum: self.momentum,
+            lr: self.lr.clone(),
+            momentum: self.momentum.clone(),
             accumulate: self.accumulate,
             last_opt_step: self.last_opt_step,
             last_ni: self.last_ni,

@@ -1,12 +1,24 @@
 //! The parameter updates of `torch.optim.SGD` (Nesterov), `Adam` and `AdamW` exactly as torch's single-tensor
-//! implementations write them, per parameter group with its own learning rate, momentum and weight decay, and
-//! `torch.nn.utils.clip_grad_norm_`. Works on candle tensors on any device.
+//! implementations write them, Ultralytics 8.4.190's `MuSGD` (`ultralytics/optim/muon.py`), per parameter group
+//! with its own learning rate, momentum and weight decay, and `torch.nn.utils.clip_grad_norm_`. Works on candle
+//! tensors on any device.
+
+use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
 
 use super::error::{OptimError, Result};
-use super::groups::ParamGroups;
+use super::groups::{Group, ParamGroups};
 use super::settings::Rule;
+
+/// MuSGD's weight of the Muon update in a Muon group (`muon=0.2` in Ultralytics' `build_optimizer`).
+pub const MUSGD_MUON: f64 = 0.2;
+/// MuSGD's weight of the SGD update in a Muon group (`sgd=1.0`).
+pub const MUSGD_SGD: f64 = 1.0;
+/// The quintic Newton–Schulz coefficients of `zeropower_via_newtonschulz5`.
+const NS_COEFFS: (f64, f64, f64) = (3.4445, -4.7750, 2.0315);
+/// Newton–Schulz iterations.
+const NS_STEPS: usize = 5;
 
 /// Adam's β2 in Ultralytics (`betas=(momentum, 0.999)`).
 pub const ADAM_BETA2: f64 = 0.999;
@@ -29,8 +41,10 @@ pub struct GroupHyper {
 /// Per-parameter optimizer state, as in torch's `optimizer.state[p]`.
 #[derive(Debug, Clone, Default)]
 pub struct ParamState {
-    /// SGD's `momentum_buffer` (absent before the first step).
+    /// SGD's `momentum_buffer` (absent before the first step); in a MuSGD Muon group, Muon's momentum.
     pub momentum_buffer: Option<Tensor>,
+    /// MuSGD's `momentum_buffer_SGD`: the SGD momentum of a Muon-group parameter.
+    pub momentum_buffer_sgd: Option<Tensor>,
     /// Adam's `exp_avg` (absent before the first step).
     pub exp_avg: Option<Tensor>,
     /// Adam's `exp_avg_sq` (absent before the first step).
@@ -76,8 +90,8 @@ impl Optimizer {
 
     /// One update of every parameter that has a gradient (`grads` in [`ParamGroups::params`] order; a parameter
     /// without one is skipped, state included, as torch skips `p.grad is None`). `hyper` is per group, in
-    /// `param_groups` order.
-    pub fn step(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper; 3]) -> Result<()> {
+    /// `param_groups` order ([`ParamGroups::len`] of them).
+    pub fn step(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper]) -> Result<()> {
         self.step_inner(grads, hyper, None)
     }
 
@@ -85,13 +99,41 @@ impl Optimizer {
     /// new parameter and state tensor is `where(ok, new, old)`, so a step whose gradients are not finite changes
     /// no value (its NaNs never reach the kept branch) and the host never has to look. The per-parameter step
     /// counters advance either way. With `ok` = 1 the result equals [`Optimizer::step`] bit for bit.
-    pub fn step_masked(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper; 3], ok: &Tensor) -> Result<()> {
+    pub fn step_masked(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper], ok: &Tensor) -> Result<()> {
         self.step_inner(grads, hyper, Some(ok))
     }
 
-    fn step_inner(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper; 3], ok: Option<&Tensor>) -> Result<()> {
+    fn step_inner(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper], ok: Option<&Tensor>) -> Result<()> {
         if grads.len() != self.state.len() {
             return Err(OptimError::BadInput(format!("{} gradients for {} parameters", grads.len(), self.state.len())));
+        }
+        if hyper.len() != self.groups.len() {
+            return Err(OptimError::BadInput(format!(
+                "{} group settings for {} parameter groups",
+                hyper.len(),
+                self.groups.len()
+            )));
+        }
+        // Ultralytics calls `muon_update` once per param group, so the batches it transposes are per group.
+        let mut transposed = vec![false; grads.len()];
+        if self.rule == Rule::MuSgd {
+            for group in 0..self.groups.len() {
+                let shapes: Vec<_> = self
+                    .groups
+                    .params()
+                    .iter()
+                    .zip(grads)
+                    .map(|(p, g)| match g {
+                        Some(g) if p.group == Group::Muon && self.groups.index_of(p) == group => {
+                            Some(muon_matrix(g.dims()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                for (t, s) in transposed.iter_mut().zip(muon_transposes(&shapes)) {
+                    *t |= s;
+                }
+            }
         }
         let keep = |new: &Tensor, old: &Tensor| -> Result<Tensor> {
             match ok {
@@ -106,9 +148,11 @@ impl Optimizer {
                 (None, _) => None,
             })
         };
-        for ((param, state), grad) in self.groups.params().iter().zip(self.state.iter_mut()).zip(grads) {
+        for (((param, state), grad), transpose) in
+            self.groups.params().iter().zip(self.state.iter_mut()).zip(grads).zip(transposed)
+        {
             let Some(grad) = grad else { continue };
-            let h = hyper[param.group.index()];
+            let h = hyper[self.groups.index_of(param)];
             // Detached: the parameter is a variable, so ops on it would be tracked, and a momentum buffer built
             // from tracked tensors would keep every earlier step's buffers alive through its graph (a leak of a
             // few parameter copies per step).
@@ -119,9 +163,12 @@ impl Optimizer {
                 Rule::Sgd => sgd_nesterov(&p, grad, state, h)?,
                 Rule::Adam => adam(&p, grad, state, h, false)?,
                 Rule::AdamW => adam(&p, grad, state, h, true)?,
+                Rule::MuSgd if param.group == Group::Muon => musgd_muon(&p, grad, state, h, transpose)?,
+                Rule::MuSgd => sgd_nesterov(&p, grad, state, h)?,
             };
             if let Some(old) = old {
                 state.momentum_buffer = keep_opt(&state.momentum_buffer, &old.momentum_buffer)?;
+                state.momentum_buffer_sgd = keep_opt(&state.momentum_buffer_sgd, &old.momentum_buffer_sgd)?;
                 state.exp_avg = keep_opt(&state.exp_avg, &old.exp_avg)?;
                 state.exp_avg_sq = keep_opt(&state.exp_avg_sq, &old.exp_avg_sq)?;
             }
@@ -154,28 +201,139 @@ pub fn clip_coefficient_tensor(norm: &Tensor, max_norm: f64) -> Result<Tensor> {
 /// `torch.optim.SGD(nesterov=True, dampening=0)`: `g += wd·p`; `buf = g` at the first step, else
 /// `buf = momentum·buf + g`; `g += momentum·buf`; `p −= lr·g`. Returns the new parameter.
 fn sgd_nesterov(p: &Tensor, grad: &Tensor, state: &mut ParamState, h: GroupHyper) -> Result<Tensor> {
+    state.step += 1;
+    sgd_nesterov_with(p, grad, &mut state.momentum_buffer, h)
+}
+
+/// The SGD update with an explicit momentum buffer (SGD's, or MuSGD's second one).
+fn sgd_nesterov_with(p: &Tensor, grad: &Tensor, buffer: &mut Option<Tensor>, h: GroupHyper) -> Result<Tensor> {
     // On the CPU, the same float operations as one parallel pass (`sluice_kernels::optim`, equal bit for bit).
     let step = sluice_kernels::optim::SgdStep { lr: h.lr, momentum: h.momentum, weight_decay: h.weight_decay };
-    if let Some((new_p, new_buf)) = sluice_kernels::optim::sgd_nesterov(p, grad, state.momentum_buffer.as_ref(), step)?
-    {
-        state.momentum_buffer = new_buf;
-        state.step += 1;
+    if let Some((new_p, new_buf)) = sluice_kernels::optim::sgd_nesterov(p, grad, buffer.as_ref(), step)? {
+        *buffer = new_buf;
         return Ok(new_p);
     }
     let d_p = if h.weight_decay != 0.0 { (grad + p.affine(h.weight_decay, 0.0)?)? } else { grad.clone() };
     let d_p = if h.momentum != 0.0 {
-        let buf = match state.momentum_buffer.take() {
+        let buf = match buffer.take() {
             None => d_p.clone(),
             Some(buf) => (buf.affine(h.momentum, 0.0)? + &d_p)?,
         };
         let d_p = (d_p + buf.affine(h.momentum, 0.0)?)?;
-        state.momentum_buffer = Some(buf);
+        *buffer = Some(buf);
         d_p
     } else {
         d_p
     };
-    state.step += 1;
     Ok((p + d_p.affine(-h.lr, 0.0)?)?)
+}
+
+/// The matrix Muon orthogonalises for a parameter of these dimensions, as `muon_update` flattens it: rows = the
+/// first dimension, columns = the rest; and its update scale `sqrt(max(1, dims[-2] / dims[-1]))` (1 for a square
+/// conv kernel: Ultralytics takes the ratio of the kernel's height to its width there).
+fn muon_matrix(dims: &[usize]) -> (usize, usize, f64) {
+    let rows = dims.first().copied().unwrap_or(1).max(1);
+    let cols = dims.iter().product::<usize>() / rows;
+    let scale = match dims {
+        [.., a, b] if *b > 0 => (*a as f64 / *b as f64).max(1.0).sqrt(),
+        _ => 1.0,
+    };
+    (rows, cols, scale)
+}
+
+/// Which Muon matrices are orthogonalised transposed. Ultralytics batches matrices of equal column count and
+/// scale, sorted by rows (largest first) and split where the first one's rows exceed 16 times another's, zero-pads
+/// their rows to the batch's largest, and transposes the whole batch when that row count exceeds the columns.
+/// Padding changes no value, the transposition changes the rounding in bfloat16, so the decision is the same here.
+pub fn muon_transposes(shapes: &[Option<(usize, usize, f64)>]) -> Vec<bool> {
+    let mut buckets: BTreeMap<(usize, u64), Vec<(usize, usize)>> = BTreeMap::new();
+    for (i, s) in shapes.iter().enumerate() {
+        if let Some((rows, cols, scale)) = *s {
+            buckets.entry((cols, scale.to_bits())).or_default().push((rows, i));
+        }
+    }
+    let mut out = vec![false; shapes.len()];
+    for ((cols, _), mut items) in buckets {
+        items.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut start = 0;
+        for j in 1..=items.len() {
+            if j == items.len() || items[start].0 > 16 * items[j].0 {
+                let transpose = items[start].0 > cols;
+                for &(_, i) in &items[start..j] {
+                    out[i] = transpose;
+                }
+                start = j;
+            }
+        }
+    }
+    out
+}
+
+/// Rounds float32 values to bfloat16 and back (round to nearest even), where Ultralytics' Newton–Schulz holds
+/// a bfloat16 tensor.
+fn bf16(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::BF16)?.to_dtype(DType::F32)?)
+}
+
+/// `zeropower_via_newtonschulz5` of one matrix (float32 in, float32 holding bfloat16 values out): `X = G / (‖G‖ +
+/// 1e-7)`, transposed when asked, then five times `A = X·Xᵀ`, `B = b·A + c·A·A`, `X = a·X + B·X`. Each product is
+/// computed in float32 from bfloat16 operands (exact products, float32 sums, as torch's bfloat16 matmul on the CPU)
+/// and rounded to bfloat16 where torch stores a bfloat16 result.
+pub fn newton_schulz5(g: &Tensor, transpose: bool) -> Result<Tensor> {
+    let (a, b, c) = NS_COEFFS;
+    let x = bf16(&g.to_dtype(DType::F32)?)?;
+    let norm = bf16(&x.sqr()?.sum_all()?.sqrt()?)?;
+    let denom = bf16(&norm.affine(1.0, 1e-7)?)?;
+    let mut x = bf16(&x.broadcast_div(&denom)?)?;
+    if transpose {
+        x = x.t()?.contiguous()?;
+    }
+    for _ in 0..NS_STEPS {
+        let xt = x.t()?.contiguous()?;
+        let am = bf16(&x.matmul(&xt)?)?;
+        let bm = bf16(&(am.affine(b, 0.0)? + am.matmul(&am)?.affine(c, 0.0)?)?)?;
+        x = bf16(&(x.affine(a, 0.0)? + bm.matmul(&x)?)?)?;
+    }
+    if transpose {
+        x = x.t()?.contiguous()?;
+    }
+    Ok(x)
+}
+
+/// Muon's update of one parameter: its momentum `buf = β·buf + (1 − β)·g` (zeros before the first step), the
+/// Nesterov update `u = β·buf + (1 − β)·g` flattened to its matrix, orthogonalised by [`newton_schulz5`] and
+/// scaled.
+fn muon_one(grad: &Tensor, buffer: &mut Option<Tensor>, beta: f64, transpose: bool) -> Result<Tensor> {
+    let g_part = grad.affine(1.0 - beta, 0.0)?;
+    let buf = match buffer.take() {
+        None => g_part.clone(),
+        Some(b) => (b.affine(beta, 0.0)? + &g_part)?,
+    };
+    let u = (buf.affine(beta, 0.0)? + &g_part)?;
+    *buffer = Some(buf);
+    let (rows, cols, scale) = muon_matrix(grad.dims());
+    let o = newton_schulz5(&u.reshape((rows, cols))?, transpose)?.reshape(grad.shape())?;
+    Ok(if scale != 1.0 { o.affine(scale, 0.0)? } else { o })
+}
+
+/// Ultralytics' `muon_update(grads, momentum, beta, nesterov=True)` over one param group: updates the momentum
+/// buffers and returns the orthogonalised updates, with its batching's transpositions ([`muon_transposes`]).
+pub fn muon_update(grads: &[Tensor], momenta: &mut [Option<Tensor>], beta: f64) -> Result<Vec<Tensor>> {
+    let shapes: Vec<_> = grads.iter().map(|g| Some(muon_matrix(g.dims()))).collect();
+    let transposed = muon_transposes(&shapes);
+    grads.iter().zip(momenta.iter_mut()).zip(transposed).map(|((g, m), t)| muon_one(g, m, beta, t)).collect()
+}
+
+/// MuSGD on a Muon-group parameter, as `MuSGD.step` with `use_muon`: Muon's momentum `buf = β·buf + (1 − β)·g`,
+/// its Nesterov update `u = β·buf + (1 − β)·g` orthogonalised by [`newton_schulz5`] and applied with
+/// `lr · 0.2`; then, on the updated parameter, SGD with Nesterov momentum, weight decay and `lr · 1.0` on the
+/// second buffer.
+fn musgd_muon(p: &Tensor, grad: &Tensor, state: &mut ParamState, h: GroupHyper, transpose: bool) -> Result<Tensor> {
+    let o = muon_one(grad, &mut state.momentum_buffer, h.momentum, transpose)?;
+    let p = (p + o.affine(-(h.lr * MUSGD_MUON), 0.0)?)?;
+    state.step += 1;
+    let h_sgd = GroupHyper { lr: h.lr * MUSGD_SGD, ..h };
+    sgd_nesterov_with(&p, grad, &mut state.momentum_buffer_sgd, h_sgd)
 }
 
 /// `torch.optim.Adam` / `AdamW` (no AMSGrad): AdamW first scales `p` by `1 − lr·wd`, Adam adds `wd·p` to the
@@ -273,9 +431,14 @@ mod tests {
         let params = groups
             .iter()
             .zip(init)
-            .map(|(g, v)| Param { name: format!("{g:?}"), var: Var::from_tensor(&tensor(v)).unwrap(), group: *g })
+            .map(|(g, v)| Param {
+                name: format!("{g:?}"),
+                var: Var::from_tensor(&tensor(v)).unwrap(),
+                group: *g,
+                boosted: false,
+            })
             .collect();
-        Optimizer::new(rule, ParamGroups::from_params(params))
+        Optimizer::new(rule, ParamGroups::from_params(params, false))
     }
 
     fn hyper(step: usize) -> [GroupHyper; 3] {
@@ -346,6 +509,7 @@ mod tests {
                     Rule::Adam | Rule::AdamW => {
                         adam_ref(&mut p[k], &mut ms[k], &mut vs[k], step as u64 + 1, &g[k], h[k], rule == Rule::AdamW)
                     }
+                    Rule::MuSgd => unreachable!("tested below"),
                 }
                 let got = read(opt.groups().params()[k].var.as_tensor());
                 // Compare against the reference advanced from the float32 parameters, so errors do not compound.
@@ -387,6 +551,42 @@ mod tests {
         assert_eq!(opt.state()[1].step, 0);
         assert!(opt.state()[1].exp_avg.is_none());
         assert_eq!(opt.state()[0].step, 1);
+    }
+
+    #[test]
+    fn muon_batches_transpose_as_ultralytics() {
+        // Columns 72: rows 128, 32, 16 share a batch (128 ≤ 16·16) padded to 128 > 72 rows, so all three are
+        // transposed; rows 4 start a new batch (128 > 16·4) of 4 rows, not transposed. Columns 9: one 3-row
+        // matrix, not transposed; a 2-D 40×8 weight (scale √5) is alone in its bucket and transposed.
+        let shapes = [
+            Some(muon_matrix(&[32, 8, 3, 3])),
+            Some(muon_matrix(&[128, 8, 3, 3])),
+            None,
+            Some(muon_matrix(&[4, 8, 3, 3])),
+            Some(muon_matrix(&[16, 8, 3, 3])),
+            Some(muon_matrix(&[3, 1, 3, 3])),
+            Some(muon_matrix(&[40, 8])),
+        ];
+        assert_eq!(muon_matrix(&[40, 8]), (40, 8, 5f64.sqrt()));
+        assert_eq!(muon_matrix(&[32, 8, 3, 3]), (32, 72, 1.0));
+        assert_eq!(muon_transposes(&shapes), [true, true, false, false, true, false, true]);
+    }
+
+    #[test]
+    fn newton_schulz_orthogonalises() {
+        // Singular values of the result lie near 1 (Ultralytics' coefficients give roughly 0.7–1.2), whatever the
+        // input's scale and orientation.
+        let v = values(12 * 20, 11);
+        let g =
+            Tensor::from_vec(v.iter().map(|&x| x as f32 * 1e-3).collect::<Vec<_>>(), (12, 20), &Device::Cpu).unwrap();
+        for (m, transpose) in [(g.clone(), false), (g.t().unwrap().contiguous().unwrap(), true)] {
+            let o = newton_schulz5(&m, transpose).unwrap();
+            let small = if transpose { o.t().unwrap().matmul(&o).unwrap() } else { o.matmul(&o.t().unwrap()).unwrap() };
+            let d: Vec<Vec<f32>> = small.to_vec2().unwrap();
+            for (i, row) in d.iter().enumerate() {
+                assert!((0.4..1.5).contains(&row[i]), "diagonal {i}: {}", row[i]);
+            }
+        }
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub enum OptimizerKind {
     Adam,
     /// `torch.optim.AdamW(betas=(momentum, 0.999), eps=1e-8)`, decoupled weight decay.
     AdamW,
+    /// Ultralytics' `MuSGD`: Muon's orthogonalised update plus SGD on conv weights, SGD on the rest.
+    MuSgd,
 }
 
 impl OptimizerKind {
@@ -31,6 +33,7 @@ impl OptimizerKind {
             Self::Sgd => "SGD",
             Self::Adam => "Adam",
             Self::AdamW => "AdamW",
+            Self::MuSgd => "MuSGD",
         }
     }
 }
@@ -44,18 +47,22 @@ impl fmt::Display for OptimizerKind {
 impl FromStr for OptimizerKind {
     type Err = OptimError;
 
-    /// Case-insensitive, like Ultralytics. Its other optimizers (Adamax, NAdam, RAdam, RMSProp, MuSGD) are
-    /// refused with a clear message.
+    /// Case-insensitive, like Ultralytics. Its other optimizers (Adamax, NAdam, RAdam, RMSProp) are refused with
+    /// a clear message.
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "auto" => Ok(Self::Auto),
             "sgd" => Ok(Self::Sgd),
             "adam" => Ok(Self::Adam),
             "adamw" => Ok(Self::AdamW),
-            "adamax" | "nadam" | "radam" | "rmsprop" | "musgd" => Err(OptimError::BadSettings(format!(
-                "optimizer `{s}` is an Ultralytics optimizer sluice does not implement (use SGD, Adam, AdamW or auto)"
+            "musgd" => Ok(Self::MuSgd),
+            "adamax" | "nadam" | "radam" | "rmsprop" => Err(OptimError::BadSettings(format!(
+                "optimizer `{s}` is an Ultralytics optimizer sluice does not implement (use SGD, Adam, AdamW, MuSGD \
+                 or auto)"
             ))),
-            _ => Err(OptimError::BadSettings(format!("unknown optimizer `{s}` (expected SGD, Adam, AdamW or auto)"))),
+            _ => Err(OptimError::BadSettings(format!(
+                "unknown optimizer `{s}` (expected SGD, Adam, AdamW, MuSGD or auto)"
+            ))),
         }
     }
 }
@@ -78,7 +85,7 @@ impl From<OptimizerKind> for String {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct OptimSettings {
-    /// `optimizer`: SGD, Adam, AdamW or auto.
+    /// `optimizer`: SGD, Adam, AdamW, MuSGD or auto.
     pub optimizer: OptimizerKind,
     /// `lr0`: initial learning rate (ignored by `auto`).
     pub lr0: f64,
@@ -179,6 +186,10 @@ pub enum Rule {
     Adam,
     /// AdamW (decoupled weight decay).
     AdamW,
+    /// Ultralytics' MuSGD: on conv weights, Muon's Newton–Schulz-orthogonalised momentum (lr × 0.2) plus SGD with
+    /// Nesterov momentum and weight decay (lr × 1.0); on the other parameters SGD alone. The classification
+    /// branches of the head train at three times the learning rate.
+    MuSgd,
 }
 
 impl Rule {
@@ -188,7 +199,13 @@ impl Rule {
             Self::Sgd => "SGD",
             Self::Adam => "Adam",
             Self::AdamW => "AdamW",
+            Self::MuSgd => "MuSGD",
         }
+    }
+
+    /// Whether the update has SGD's momentum (warmed up from `warmup_momentum`), rather than Adam's β1.
+    pub fn has_sgd_momentum(self) -> bool {
+        matches!(self, Self::Sgd | Self::MuSgd)
     }
 }
 
@@ -218,9 +235,9 @@ fn round6(x: f64) -> f64 {
 
 /// Resolves the settings for a model with `nc` classes and a run of this shape.
 ///
-/// `auto` follows Ultralytics: more than 10 000 estimated iterations → SGD with lr 0.01 and momentum 0.9
-/// (Ultralytics 8.4 picks its MuSGD there, which sluice does not implement; 8.0–8.3 picked SGD), otherwise AdamW
-/// with `lr = round(0.002 · 5 / (4 + nc), 6)` and momentum 0.9; in both cases `warmup_bias_lr` becomes 0.
+/// `auto` follows Ultralytics 8.4.190: more than 10 000 estimated iterations → MuSGD with lr 0.01 and momentum 0.9
+/// (8.0–8.3 picked SGD there), otherwise AdamW with `lr = round(0.002 · 5 / (4 + nc), 6)` and momentum 0.9; in both
+/// cases `warmup_bias_lr` becomes 0.
 pub fn resolve(settings: &OptimSettings, nc: usize, shape: &RunShape) -> Result<Resolved> {
     settings.validate()?;
     shape.validate()?;
@@ -233,11 +250,12 @@ pub fn resolve(settings: &OptimSettings, nc: usize, shape: &RunShape) -> Result<
     let (rule, lr0, momentum, warmup_bias_lr) = match settings.optimizer {
         OptimizerKind::Auto => {
             let lr_fit = round6(0.002 * 5.0 / (4.0 + nc as f64));
-            if iterations > 10_000 { (Rule::Sgd, 0.01, 0.9, 0.0) } else { (Rule::AdamW, lr_fit, 0.9, 0.0) }
+            if iterations > 10_000 { (Rule::MuSgd, 0.01, 0.9, 0.0) } else { (Rule::AdamW, lr_fit, 0.9, 0.0) }
         }
         OptimizerKind::Sgd => (Rule::Sgd, settings.lr0, settings.momentum, settings.warmup_bias_lr),
         OptimizerKind::Adam => (Rule::Adam, settings.lr0, settings.momentum, settings.warmup_bias_lr),
         OptimizerKind::AdamW => (Rule::AdamW, settings.lr0, settings.momentum, settings.warmup_bias_lr),
+        OptimizerKind::MuSgd => (Rule::MuSgd, settings.lr0, settings.momentum, settings.warmup_bias_lr),
     };
     Ok(Resolved { rule, lr0, momentum, warmup_bias_lr, weight_decay, accumulate, iterations })
 }
@@ -284,9 +302,13 @@ mod tests {
         assert_eq!(r.weight_decay, 0.0005);
         // 5 classes: round(0.01 / 9, 6) = 0.001111.
         assert_eq!(resolve(&OptimSettings::default(), 5, &shape(16, 45, 400)).unwrap().lr0, 0.001111);
-        // COCO-sized: 118 287 images, 100 epochs → 1849 · 100 iterations → SGD 0.01 / 0.9.
+        // COCO-sized: 118 287 images, 100 epochs → 1849 · 100 iterations → MuSGD 0.01 / 0.9.
         let r = resolve(&OptimSettings::default(), 80, &shape(16, 100, 118_287)).unwrap();
-        assert_eq!((r.rule, r.lr0, r.momentum, r.warmup_bias_lr), (Rule::Sgd, 0.01, 0.9, 0.0));
+        assert_eq!((r.rule, r.lr0, r.momentum, r.warmup_bias_lr), (Rule::MuSgd, 0.01, 0.9, 0.0));
+        // An explicit MuSGD keeps lr0, momentum and warmup_bias_lr.
+        let s = OptimSettings { optimizer: "musgd".parse().unwrap(), ..Default::default() };
+        let r = resolve(&s, 80, &shape(16, 3, 128)).unwrap();
+        assert_eq!((r.rule, r.lr0, r.momentum, r.warmup_bias_lr), (Rule::MuSgd, 0.01, 0.937, 0.1));
         // An explicit optimizer keeps lr0, momentum and warmup_bias_lr.
         let s = OptimSettings { optimizer: OptimizerKind::Sgd, ..Default::default() };
         let r = resolve(&s, 80, &shape(16, 3, 128)).unwrap();

@@ -267,7 +267,7 @@ impl Trainer {
         }
         let start = Instant::now();
         let l1 = self.model.config().family.reg_max() == 1;
-        let results = ResultsCsv::open_named(&self.paths.results, self.progress.epoch, l1)?;
+        let results = ResultsCsv::open_named(&self.paths.results, self.progress.epoch, l1, self.opt.lrs().len())?;
         let telemetry = JsonLines::new(&self.paths.telemetry);
         let mut totals = RunTotals::default();
         let mut interrupted = false;

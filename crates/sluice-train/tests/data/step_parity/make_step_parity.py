@@ -52,14 +52,23 @@ class StopRun(Exception):
     """Raised from a callback once the recorded batches are done: ends Ultralytics' loop without validation."""
 
 
-def model_yaml(tmp):
-    """Ultralytics' yolov8.yaml with one scale `t` = the multipliers of configs/models/yolov8-tiny.yaml."""
+# family: (Ultralytics' model YAML under cfg/models, Sluice's tiny multipliers under configs/models)
+FAMILIES = {
+    "yolov8": ("v8/yolov8.yaml", "yolov8-tiny.yaml"),
+    "yolo11": ("11/yolo11.yaml", "yolo11-tiny.yaml"),
+    "yolo26": ("26/yolo26.yaml", "yolo26-tiny.yaml"),
+}
+
+
+def model_yaml(tmp, family="yolov8"):
+    """Ultralytics' model YAML of `family` with one scale `t` = the multipliers of Sluice's tiny config of it."""
     import ultralytics
 
-    tiny = yaml.safe_load(open(os.path.join(REPO, "configs", "models", "yolov8-tiny.yaml")))
-    base = yaml.safe_load(open(os.path.join(os.path.dirname(ultralytics.__file__), "cfg", "models", "v8", "yolov8.yaml")))
+    ul_yaml, tiny_yaml = FAMILIES[family]
+    tiny = yaml.safe_load(open(os.path.join(REPO, "configs", "models", tiny_yaml)))
+    base = yaml.safe_load(open(os.path.join(os.path.dirname(ultralytics.__file__), "cfg", "models", ul_yaml)))
     base["scales"] = {"t": [tiny["depth_multiple"], tiny["width_multiple"], tiny["max_channels"]]}
-    path = os.path.join(tmp, "yolov8t.yaml")
+    path = os.path.join(tmp, f"{family}t.yaml")
     yaml.safe_dump(base, open(path, "w"), sort_keys=False)
     return path
 
@@ -101,12 +110,12 @@ def samples(tensors, idx):
     return out
 
 
-def run(name, data, model_cfg, tmp):
+def run(name, data, model_cfg, tmp, runs=RUNS, optimizer="auto"):
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    close_mosaic, n_batches, checkpoints = RUNS[name]
+    close_mosaic, n_batches, checkpoints = runs[name]
     overrides = dict(model=model_cfg, data=data, epochs=90, imgsz=IMGSZ, batch=16, close_mosaic=close_mosaic,
-                     cache="ram", device="cpu", seed=0, deterministic=True, amp=False, optimizer="auto", workers=0,
+                     cache="ram", device="cpu", seed=0, deterministic=True, amp=False, optimizer=optimizer, workers=0,
                      plots=False, val=False, verbose=False, project=os.path.join(tmp, "runs"), name=name,
                      exist_ok=True)
     trainer = DetectionTrainer(overrides=overrides)
