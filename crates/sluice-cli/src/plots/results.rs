@@ -135,8 +135,15 @@ pub(crate) fn plot_results(results_csv: &Path, out_png: &Path) -> Result<()> {
         });
     }
     let epochs = table.column("epoch")?;
-    let series: Vec<(&str, Vec<f64>)> =
-        RESULT_COLUMNS.iter().map(|&c| table.column(c).map(|v| (c, v))).collect::<Result<_>>()?;
+    // A one-bin head (YOLO26) has `l1_loss` columns where DFL heads have `dfl_loss`, as Ultralytics names them.
+    let series: Vec<(String, Vec<f64>)> = RESULT_COLUMNS
+        .iter()
+        .map(|&c| {
+            let l1 = c.replace("dfl_loss", "l1_loss");
+            let name = if l1 != c && table.columns.iter().any(|h| *h == l1) { l1 } else { c.to_string() };
+            table.column(&name).map(|v| (name, v))
+        })
+        .collect::<Result<_>>()?;
     ensure_font()?;
     let (w, h) = RESULTS_SIZE;
     let mut buf = vec![255u8; 3 * w as usize * h as usize];
@@ -154,7 +161,7 @@ pub(crate) fn plot_results(results_csv: &Path, out_png: &Path) -> Result<()> {
             let xr = axis_range(points.iter().map(|p| p.0));
             let yr = axis_range(points.iter().map(|p| p.1).chain(smooth.iter().map(|p| p.1)));
             let mut chart = ChartBuilder::on(area)
-                .caption(*name, ("sans-serif", 22))
+                .caption(name.as_str(), ("sans-serif", 22))
                 .margin(10)
                 .x_label_area_size(30)
                 .y_label_area_size(60)
@@ -289,5 +296,10 @@ metrics/mAP50(B),metrics/mAP50-95(B),val/box_loss,val/cls_loss,val/dfl_loss,lr/p
         }
         std::fs::write(&csv_path, format!("{HEADER}\n")).expect("write");
         assert!(plot_results(&csv_path, &png).is_err());
+        // A YOLO26 run's `l1_loss` columns, and MuSGD's eight learning rates, plot too.
+        let l1 = csv(3).replace("dfl_loss", "l1_loss").replace("lr/pg2", "lr/pg2,lr/pg3,lr/pg4,lr/pg5,lr/pg6,lr/pg7");
+        let l1 = l1.replace(",0.01,0.01,0.01\n", ",0.01,0.01,0.01,0.03,0.01,0.03,0.01,0.03\n");
+        std::fs::write(&csv_path, l1).expect("write");
+        plot_results(&csv_path, &png).expect("plot a one-bin head's results");
     }
 }
