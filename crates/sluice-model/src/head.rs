@@ -327,11 +327,80 @@ pub fn decode(raw: &RawHead) -> Result<Tensor> {
     Tensor::cat(&[&dbox, &ops::sigmoid(&raw.scores)?], 1)
 }
 
+/// Longest row candle's CUDA argsort takes: a one-block bitonic sort that holds the row, padded to a power of two,
+/// as `u32` indices in 48 KB of shared memory.
+pub const SORT_CHUNK: usize = 8192;
+
+/// The `k` largest values of each row of a `(B, N)` tensor, in descending order, and their `u32` column indices,
+/// as tensor ops on the tensor's device (no host read). Rows longer than [`SORT_CHUNK`] are cut into chunks: each
+/// chunk's top `k` by one argsort, then the top `k` of the chunks' winners, recursively. Ties keep index order
+/// where the argsort is stable (the CPU's); `k` must be at most `SORT_CHUNK / 2`.
+pub fn topk_last(x: &Tensor, k: usize) -> Result<(Tensor, Tensor)> {
+    let (_, n) = x.dims2()?;
+    let k = k.min(n);
+    if n <= SORT_CHUNK {
+        let idx = x.contiguous()?.arg_sort_last_dim(false)?.narrow(1, 0, k)?.contiguous()?;
+        let vals = x.contiguous()?.gather(&idx, 1)?;
+        return Ok((vals, idx));
+    }
+    if 2 * k > SORT_CHUNK {
+        candle_core::bail!(
+            "top-{k} of {n} columns: k is limited to {} on rows longer than {SORT_CHUNK}",
+            SORT_CHUNK / 2
+        )
+    }
+    let (mut vals, mut idxs) = (Vec::new(), Vec::new());
+    for start in (0..n).step_by(SORT_CHUNK) {
+        let len = SORT_CHUNK.min(n - start);
+        let (v, i) = topk_last(&x.narrow(1, start, len)?, k)?;
+        vals.push(v);
+        idxs.push(i.broadcast_add(&Tensor::new(start as u32, x.device())?)?);
+    }
+    let (v, pos) = topk_last(&Tensor::cat(&vals, 1)?, k)?;
+    let i = Tensor::cat(&idxs, 1)?.gather(&pos, 1)?;
+    Ok((v, i))
+}
+
+/// The end-to-end output of a one-to-one head (Ultralytics' `Detect.postprocess` with `max_det`, class-aware):
+/// `(B, k, 6)` rows `x1, y1, x2, y2` (input pixels), score, class, with `k = min(max_det, anchors)`. The `k` anchors
+/// with the highest best-class score are taken first ([`topk_last`]), then the `k` highest (anchor, class) scores
+/// among them, each ordered by score. Everything stays on the tensor's device: only the `(B, k, 6)` result is left
+/// to read. On the CPU it equals [`end2end_topk_host`] bit for bit, ties included.
+pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
+    let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
+    let xyxy = dist2bbox_xyxy(&box_distances(raw)?, &anchors)?.broadcast_mul(&strides.t()?.unsqueeze(0)?)?;
+    let probs = ops::sigmoid(&raw.scores)?.contiguous()?; // (B, nc, A)
+    let (b, nc, a) = probs.dims3()?;
+    let k = max_det.min(a);
+    let dev = probs.device();
+    let (_, top) = topk_last(&probs.max(1)?, k)?; // (B, k) anchors by best-class score
+    let sel = probs.gather(&top.unsqueeze(1)?.broadcast_as((b, nc, k))?.contiguous()?, 2)?; // (B, nc, k)
+    // Candidates in (rank, class) order: rank · nc + class.
+    let flat = sel.transpose(1, 2)?.contiguous()?.reshape((b, k * nc))?;
+    let (scores, fidx) = topk_last(&flat, k)?;
+    let ncs = Tensor::new(nc as u32, dev)?;
+    let rank = fidx.broadcast_div(&ncs)?;
+    let class = (&fidx - rank.broadcast_mul(&ncs)?)?;
+    let anchor = top.gather(&rank, 1)?.contiguous()?; // (B, k)
+    let boxes = xyxy.contiguous()?.gather(&anchor.unsqueeze(1)?.broadcast_as((b, 4, k))?.contiguous()?, 2)?;
+    let dtype = raw.boxes.dtype();
+    Tensor::cat(
+        &[
+            boxes.transpose(1, 2)?.to_dtype(dtype)?,
+            scores.unsqueeze(2)?.to_dtype(dtype)?,
+            class.unsqueeze(2)?.to_dtype(dtype)?,
+        ],
+        2,
+    )?
+    .contiguous()
+}
+
 /// The end-to-end output of a one-to-one head (Ultralytics' `Detect.postprocess` with `max_det`, class-aware):
 /// `(B, k, 6)` rows `x1, y1, x2, y2` (input pixels), score, class, with `k = min(max_det, anchors)`. The `k` anchors
 /// with the highest best-class score are taken first, then the `k` highest (anchor, class) scores among them, each
-/// ordered by score with ties in index order. Computed on the host: one read of `(B, 4 + nc, A)` per call.
-pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
+/// ordered by score with ties in index order. [`end2end_topk`] computes it on the tensor's device; this is the
+/// host reference it is tested against (one read of `(B, 4 + nc, A)` per call).
+pub fn end2end_topk_host(raw: &RawHead, max_det: usize) -> Result<Tensor> {
     let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
     let xyxy = dist2bbox_xyxy(&box_distances(raw)?, &anchors)?.broadcast_mul(&strides.t()?.unsqueeze(0)?)?;
     let probs = ops::sigmoid(&raw.scores)?;
@@ -360,4 +429,66 @@ pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
         }
     }
     Tensor::from_vec(out, (b, k, 6), &Device::Cpu)?.to_dtype(raw.boxes.dtype())?.to_device(raw.boxes.device())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Deterministic values in `0..levels` (few levels: many exact ties).
+    fn levels(n: usize, levels: u32, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 33) as u32 % levels) as f32
+            })
+            .collect()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f32::to_bits).collect()
+    }
+
+    #[test]
+    fn topk_last_equals_a_stable_host_sort_at_any_length() {
+        for (n, k) in [(10, 20), (300, 300), (8192, 300), (8193, 300), (33_600, 300), (24_000, 4096)] {
+            let v = levels(2 * n, 97, n as u64);
+            let x = Tensor::from_vec(v.clone(), (2, n), &Device::Cpu).unwrap();
+            let (vals, idx) = topk_last(&x, k).unwrap();
+            let (vals, idx): (Vec<Vec<f32>>, Vec<Vec<u32>>) = (vals.to_vec2().unwrap(), idx.to_vec2().unwrap());
+            for row in 0..2 {
+                let r = &v[row * n..(row + 1) * n];
+                let mut want: Vec<usize> = (0..n).collect();
+                want.sort_by(|&a, &b| r[b].total_cmp(&r[a]).then(a.cmp(&b)));
+                want.truncate(k.min(n));
+                let got: Vec<usize> = idx[row].iter().map(|&i| i as usize).collect();
+                assert_eq!(got, want, "n {n} k {k} row {row}");
+                assert!(vals[row].iter().zip(&want).all(|(v, &i)| *v == r[i]));
+            }
+        }
+        let x = Tensor::zeros((1, 20_000), DType::F32, &Device::Cpu).unwrap();
+        assert!(topk_last(&x, 5000).is_err());
+    }
+
+    #[test]
+    fn device_end2end_topk_equals_the_host_reference() {
+        // 640 and 1280 px grids (8400 and 33,600 anchors), 80 and 3 classes, logits on a few levels so that scores
+        // tie across anchors and classes; one-bin boxes (reg_max 1).
+        for (side, nc) in [(640usize, 80usize), (1280, 3), (64, 2)] {
+            let grids = [(side / 8, side / 8), (side / 16, side / 16), (side / 32, side / 32)];
+            let a: usize = grids.iter().map(|(h, w)| h * w).sum();
+            let d = &Device::Cpu;
+            let boxes = Tensor::from_vec(levels(2 * 4 * a, 9, 1).iter().map(|v| v * 0.5).collect(), (2, 4, a), d);
+            let scores = Tensor::from_vec(levels(2 * nc * a, 7, 2).iter().map(|v| v - 6.0).collect(), (2, nc, a), d);
+            let raw = RawHead { boxes: boxes.unwrap(), scores: scores.unwrap(), grids, one2one: None };
+            for max_det in [300, 7] {
+                let dev = end2end_topk(&raw, max_det).unwrap();
+                let host = end2end_topk_host(&raw, max_det).unwrap();
+                assert_eq!(dev.dims(), host.dims());
+                assert_eq!(bits(&dev), bits(&host), "{side} px, {nc} classes, max_det {max_det}");
+            }
+        }
+    }
 }

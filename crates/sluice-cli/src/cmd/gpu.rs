@@ -351,6 +351,36 @@ mod imp {
         });
         c.note = Some("informational: the shrink avoids sorting beyond 8192 columns on the GPU".into());
         checks.push(c);
+        // The chunked top-k and YOLO26's end-to-end top-300 on the device against the CPU, past candle's limit, on
+        // distinct values (so that no tie order can differ): a shuffled ramp.
+        let distinct = |rng: &mut RngStream, shape: &[usize], lo: f32, hi: f32| -> Result<Tensor> {
+            let n: usize = shape.iter().product();
+            let mut v: Vec<f32> = (0..n).map(|i| lo + (hi - lo) * i as f32 / n as f32).collect();
+            for i in (1..n).rev() {
+                v.swap(i, rng.random_range(0..=i));
+            }
+            Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+        };
+        let wide = distinct(rng, &[2, 33_600], 0.0, 1.0)?;
+        checks.push(compare("top-300 of 33,600 columns (chunked argsort)", 0.0, gpu, |d| {
+            let (v, i) = sluice_model::head::topk_last(&wide.to_device(d)?, 300)?;
+            Ok(vec![v, i.to_dtype(DType::F32)?])
+        }));
+        for side in [640usize, 1280] {
+            let grids = [(side / 8, side / 8), (side / 16, side / 16), (side / 32, side / 32)];
+            let a: usize = grids.iter().map(|(h, w)| h * w).sum();
+            let boxes = rand_tensor(rng, &[2, 4, a], 0.0, 8.0)?;
+            let scores = distinct(rng, &[2, 80, a], -6.0, 2.0)?;
+            checks.push(compare(&format!("end-to-end top-300 on the device ({a} anchors)"), 1e-6, gpu, |d| {
+                let raw = sluice_model::RawHead {
+                    boxes: boxes.to_device(d)?,
+                    scores: scores.to_device(d)?,
+                    grids,
+                    one2one: None,
+                };
+                Ok(vec![sluice_model::head::end2end_topk(&raw, 300)?])
+            }));
+        }
         let head = Tensor::cat(&[rand_tensor(rng, &[2, 4, 8400], 0.0, 640.0)?, logits.narrow(1, 0, 80)?], 1)?;
         let head = (head.narrow(1, 0, 4)?.clone(), sluice_model::ops::sigmoid(&head.narrow(1, 4, 80)?)?);
         let head = Tensor::cat(&[head.0, (head.1 * 0.01)?], 1)?;

@@ -140,7 +140,7 @@ pub(crate) fn plot_results(results_csv: &Path, out_png: &Path) -> Result<()> {
         .iter()
         .map(|&c| {
             let l1 = c.replace("dfl_loss", "l1_loss");
-            let name = if l1 != c && table.columns.iter().any(|h| *h == l1) { l1 } else { c.to_string() };
+            let name = if l1 != c && table.columns.contains(&l1) { l1 } else { c.to_string() };
             table.column(&name).map(|v| (name, v))
         })
         .collect::<Result<_>>()?;

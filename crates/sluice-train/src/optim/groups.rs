@@ -145,7 +145,7 @@ impl ParamGroups {
     pub fn group_at(&self, i: usize) -> (Group, bool) {
         if self.muon {
             let kind = [Group::Weight, Group::BnWeight, Group::Bias, Group::Muon][(i / 2).min(3)];
-            (kind, i % 2 == 0)
+            (kind, i.is_multiple_of(2))
         } else {
             (Group::ALL[i.min(2)], false)
         }

@@ -254,7 +254,7 @@ pub fn muon_transposes(shapes: &[Option<(usize, usize, f64)>]) -> Vec<bool> {
     }
     let mut out = vec![false; shapes.len()];
     for ((cols, _), mut items) in buckets {
-        items.sort_by(|a, b| b.0.cmp(&a.0));
+        items.sort_by_key(|t| std::cmp::Reverse(t.0));
         let mut start = 0;
         for j in 1..=items.len() {
             if j == items.len() || items[start].0 > 16 * items[j].0 {
