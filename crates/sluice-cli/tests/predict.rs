@@ -131,3 +131,24 @@ fn a_corrupt_image_is_an_error_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("broken.jpg"), "{err}");
 }
+
+#[test]
+fn a_cuda_device_in_a_cpu_build_is_a_clear_error() {
+    // This test binary's `sluice` is built without the `cuda` feature unless CI builds it with one.
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let (images, weights) = setup(d);
+    let (w, s) = (weights.to_str().expect("utf-8"), images.to_str().expect("utf-8"));
+    let out = sluice(&["predict", "--weights", w, "--model", "yolov8n", "--source", s, "--device", "cuda:0"], d);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("device cuda:0") && err.contains("--features cuda"), "{err}");
+    let out =
+        sluice(&["val", "--weights", w, "--model", "yolov8n", "--data", "data/data.yaml", "--device", "cuda:0"], d);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("device cuda:0") && err.contains("--features cuda"), "{err}");
+}

@@ -233,6 +233,19 @@ impl Predictor {
     /// Loads `weights` (Ultralytics key names) as a model of `arch` with `nc` classes (`None`: read from the
     /// file), or an Ultralytics `.pt` checkpoint with its own architecture and class count, folds BatchNorm into the convolutions, and picks the preferred decode backend.
     pub fn load(weights: &Path, arch: Arch, nc: Option<usize>, opts: PredictOptions) -> Result<Self> {
+        Self::load_on(weights, arch, nc, opts, &Device::Cpu)
+    }
+
+    /// [`Predictor::load`] with the model on `device` (a CUDA device in a build with the `cuda` feature): images
+    /// are letterboxed on the host, copied in, and the output (for an end-to-end model only its top-k rows) read
+    /// back for the thresholds and NMS.
+    pub fn load_on(
+        weights: &Path,
+        arch: Arch,
+        nc: Option<usize>,
+        opts: PredictOptions,
+        device: &Device,
+    ) -> Result<Self> {
         let pt = sluice_model::is_pt(weights);
         let nc = match nc {
             Some(n) => n,
@@ -266,7 +279,7 @@ impl Predictor {
             .and_then(|cfg| cfg.arch().ok())
             .unwrap_or(arch);
         let model = if pt {
-            YoloV8::from_pt(weights, DType::F32, &Device::Cpu).and_then(|(m, ckpt)| {
+            YoloV8::from_pt(weights, DType::F32, device).and_then(|(m, ckpt)| {
                 if ckpt.nc != nc {
                     return Err(sluice_model::ModelError::Pt {
                         file: weights.to_path_buf(),
@@ -276,12 +289,12 @@ impl Predictor {
                 Ok(m)
             })
         } else if checkpoint {
-            YoloV8::new(arch.config(nc), DType::F32, &Device::Cpu).and_then(|mut m| {
+            YoloV8::new(arch.config(nc), DType::F32, device).and_then(|mut m| {
                 m.load_weights_prefixed(weights, "ema.", sluice_model::LoadMode::Strict)?;
                 Ok(m)
             })
         } else {
-            YoloV8::load(arch.config(nc), weights, DType::F32, &Device::Cpu)
+            YoloV8::load(arch.config(nc), weights, DType::F32, device)
         }
         .and_then(|m| m.fuse())
         .map_err(model_err)?;
@@ -331,8 +344,8 @@ impl Predictor {
         let x: Vec<f32> = chw.iter().map(|&v| f32::from(v) / 255.0).collect();
         let model_err = |source| PredictError::Model { context: name.display().to_string(), source: Box::new(source) };
         let candle = |e: sluice_model::candle_core::Error| model_err(ModelError::from(e));
-        let input = Tensor::from_vec(x, (1, 3, ch, cw), &Device::Cpu).map_err(candle)?;
         let model = &self.model;
+        let input = Tensor::from_vec(x, (1, 3, ch, cw), model.device()).map_err(candle)?;
         let max_det = self.opts.max_det;
         let y = if self.nms.params.mode == NmsMode::None {
             // The one-to-one head's top-k rows in the eval output's layout; the pass below only thresholds them.

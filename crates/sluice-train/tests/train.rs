@@ -174,6 +174,7 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
         workers: 2,
         strict: false,
         end2end: false,
+        device: "cpu",
     };
     let (v, _, used) = validate_weights(&req).unwrap();
     assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8 });
@@ -198,6 +199,11 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     for f in [garbage, cut] {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         assert!(v.skipped.first.iter().any(|m| m.contains(&name)), "{name} not in {:?}", v.skipped.first);
+    }
+    // A CUDA device in a build without the `cuda` feature is refused with the way to get one.
+    if !cfg!(feature = "cuda") {
+        let e = validate_weights(&ValRequest { device: "cuda:0", ..req }).unwrap_err().to_string();
+        assert!(e.contains("cuda:0") && e.contains("--features cuda"), "{e}");
     }
     let e = validate_weights(&ValRequest { strict: true, ..req }).unwrap_err();
     assert!(format!("{e:#}").contains("not a jpeg") || format!("{e:#}").contains(".jpg"), "{e:#}");
@@ -246,6 +252,7 @@ fn new_family_trains(model: &str, family: Family) {
         workers: 2,
         strict: false,
         end2end: false,
+        device: "cpu",
     };
     let (r, _, settings) = validate_weights(&req).unwrap();
     assert_eq!(settings.imgsz, 64);

@@ -44,6 +44,9 @@ pub(crate) struct Args {
     /// `nms=False`); other models run NMS.
     #[arg(long)]
     end2end: bool,
+    /// Where the model runs: `cpu`, or `cuda:N` in a build with the `cuda` feature.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Number of classes (default: read from the weights).
     #[arg(long)]
     nc: Option<usize>,
@@ -154,7 +157,8 @@ pub(crate) fn run(a: Args) -> Result<()> {
         agnostic: a.agnostic_nms,
         end2end: a.end2end,
     };
-    let mut predictor = Predictor::load(&a.weights, arch, a.nc, opts).context("loading the model")?;
+    let device = sluice_train::train::device_of(&a.device)?;
+    let mut predictor = Predictor::load_on(&a.weights, arch, a.nc, opts, &device).context("loading the model")?;
     if !names.is_empty() && names.len() != predictor.num_classes() {
         bail!(
             "{} names {} classes, the weights {} have {}",

@@ -34,6 +34,10 @@ pub(crate) struct Args {
     /// Loader workers (0: about 80% of the cores).
     #[arg(long, default_value_t = 0)]
     workers: usize,
+    /// Where the model runs: `cpu`, or `cuda:N` in a build with the `cuda` feature (the trainer's validation
+    /// pipeline: pinned copies, the outputs shrunk on the device, NMS and matching on post-process workers).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Stop on the first image that cannot be read or decoded (by default it is skipped, named and counted).
     #[arg(long)]
     strict: bool,
@@ -89,6 +93,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         workers: args.workers,
         strict: args.strict,
         end2end: args.end2end,
+        device: &args.device,
     })?;
     let r = &v.report;
     let classes: Vec<ClassRow> = r

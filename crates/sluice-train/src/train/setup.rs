@@ -23,12 +23,20 @@ pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
     (cfg.amp && device.is_cuda()).then_some(DType::BF16)
 }
 
-pub(crate) fn device_of(name: &str) -> Result<Device> {
+/// The device a name asks for: `cpu`, `cuda`, `cuda:N` or `N`. A CUDA device in a build without the `cuda` feature
+/// is an error that says how to get one.
+pub fn device_of(name: &str) -> Result<Device> {
     if name == "cpu" {
         return Ok(Device::Cpu);
     }
-    let ordinal = name.strip_prefix("cuda").map(|s| s.trim_start_matches(':')).unwrap_or("0");
+    let ordinal = name.strip_prefix("cuda").map(|s| s.trim_start_matches(':')).unwrap_or(name);
     let ordinal: usize = if ordinal.is_empty() { 0 } else { ordinal.parse().context("device ordinal")? };
+    if !cfg!(feature = "cuda") {
+        crate::bail!(
+            "device {name}: this sluice is built without CUDA; build it with `--features cuda` (`cargo xtask \
+             gpu-build`), or use `--device cpu`"
+        );
+    }
     let device = Device::new_cuda(ordinal)
         .with_context(|| format!("device {name}: this build has no CUDA support or no GPU"))?;
     // Freed tensors stay in the stream-ordered pool across synchronisations (a caching allocator), so steady-state
@@ -96,6 +104,8 @@ pub struct ValRequest<'a> {
     /// Validate an end-to-end model (YOLO26) on its one-to-one head's top-k output without NMS (Ultralytics'
     /// `nms=False`).
     pub end2end: bool,
+    /// The device ([`device_of`]: `cpu`, `cuda:N`).
+    pub device: &'a str,
 }
 
 /// The settings a validation ran with, after [`ValRequest`]'s defaults.
@@ -133,7 +143,7 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
     if let (true, Some(line)) = (req.strict, left_out.line(&format!("{} split", req.split.as_str()))) {
         crate::bail!("strict: {line}");
     }
-    let device = Device::Cpu;
+    let device = device_of(req.device)?;
     let nc = loaded.config.nc();
     let m = load_model(req.weights, req.model, nc, &device)?;
     let workers = if req.workers == 0 { default_workers() } else { req.workers };
