@@ -327,43 +327,9 @@ pub fn decode(raw: &RawHead) -> Result<Tensor> {
     Tensor::cat(&[&dbox, &ops::sigmoid(&raw.scores)?], 1)
 }
 
-/// Longest row candle's CUDA argsort takes: a one-block bitonic sort that holds the row, padded to a power of two,
-/// as `u32` indices in 48 KB of shared memory.
-pub const SORT_CHUNK: usize = 8192;
-
-/// The `k` largest values of each row of a `(B, N)` tensor, in descending order, and their `u32` column indices,
-/// as tensor ops on the tensor's device (no host read). Rows longer than [`SORT_CHUNK`] are cut into chunks: each
-/// chunk's top `k` by one argsort, then the top `k` of the chunks' winners, recursively. Ties keep index order
-/// where the argsort is stable (the CPU's); `k` must be at most `SORT_CHUNK / 2`.
-pub fn topk_last(x: &Tensor, k: usize) -> Result<(Tensor, Tensor)> {
-    let (_, n) = x.dims2()?;
-    let k = k.min(n);
-    if n <= SORT_CHUNK {
-        let idx = x.contiguous()?.arg_sort_last_dim(false)?.narrow(1, 0, k)?.contiguous()?;
-        let vals = x.contiguous()?.gather(&idx, 1)?;
-        return Ok((vals, idx));
-    }
-    if 2 * k > SORT_CHUNK {
-        candle_core::bail!(
-            "top-{k} of {n} columns: k is limited to {} on rows longer than {SORT_CHUNK}",
-            SORT_CHUNK / 2
-        )
-    }
-    let (mut vals, mut idxs) = (Vec::new(), Vec::new());
-    for start in (0..n).step_by(SORT_CHUNK) {
-        let len = SORT_CHUNK.min(n - start);
-        let (v, i) = topk_last(&x.narrow(1, start, len)?, k)?;
-        vals.push(v);
-        idxs.push(i.broadcast_add(&Tensor::new(start as u32, x.device())?)?);
-    }
-    let (v, pos) = topk_last(&Tensor::cat(&vals, 1)?, k)?;
-    let i = Tensor::cat(&idxs, 1)?.gather(&pos, 1)?;
-    Ok((v, i))
-}
-
 /// The end-to-end output of a one-to-one head (Ultralytics' `Detect.postprocess` with `max_det`, class-aware):
 /// `(B, k, 6)` rows `x1, y1, x2, y2` (input pixels), score, class, with `k = min(max_det, anchors)`. The `k` anchors
-/// with the highest best-class score are taken first ([`topk_last`]), then the `k` highest (anchor, class) scores
+/// with the highest best-class score are taken first (`sluice_eval::shrink::topk_last`), then the `k` highest (anchor, class) scores
 /// among them, each ordered by score. Everything stays on the tensor's device: only the `(B, k, 6)` result is left
 /// to read. On the CPU it equals [`end2end_topk_host`] bit for bit, ties included.
 pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
@@ -373,11 +339,11 @@ pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
     let (b, nc, a) = probs.dims3()?;
     let k = max_det.min(a);
     let dev = probs.device();
-    let (_, top) = topk_last(&probs.max(1)?, k)?; // (B, k) anchors by best-class score
+    let (_, top) = sluice_eval::shrink::topk_last(&probs.max(1)?, k)?; // (B, k) anchors by best-class score
     let sel = probs.gather(&top.unsqueeze(1)?.broadcast_as((b, nc, k))?.contiguous()?, 2)?; // (B, nc, k)
     // Candidates in (rank, class) order: rank · nc + class.
     let flat = sel.transpose(1, 2)?.contiguous()?.reshape((b, k * nc))?;
-    let (scores, fidx) = topk_last(&flat, k)?;
+    let (scores, fidx) = sluice_eval::shrink::topk_last(&flat, k)?;
     let ncs = Tensor::new(nc as u32, dev)?;
     let rank = fidx.broadcast_div(&ncs)?;
     let class = (&fidx - rank.broadcast_mul(&ncs)?)?;
@@ -449,27 +415,6 @@ mod tests {
 
     fn bits(t: &Tensor) -> Vec<u32> {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f32::to_bits).collect()
-    }
-
-    #[test]
-    fn topk_last_equals_a_stable_host_sort_at_any_length() {
-        for (n, k) in [(10, 20), (300, 300), (8192, 300), (8193, 300), (33_600, 300), (24_000, 4096)] {
-            let v = levels(2 * n, 97, n as u64);
-            let x = Tensor::from_vec(v.clone(), (2, n), &Device::Cpu).unwrap();
-            let (vals, idx) = topk_last(&x, k).unwrap();
-            let (vals, idx): (Vec<Vec<f32>>, Vec<Vec<u32>>) = (vals.to_vec2().unwrap(), idx.to_vec2().unwrap());
-            for row in 0..2 {
-                let r = &v[row * n..(row + 1) * n];
-                let mut want: Vec<usize> = (0..n).collect();
-                want.sort_by(|&a, &b| r[b].total_cmp(&r[a]).then(a.cmp(&b)));
-                want.truncate(k.min(n));
-                let got: Vec<usize> = idx[row].iter().map(|&i| i as usize).collect();
-                assert_eq!(got, want, "n {n} k {k} row {row}");
-                assert!(vals[row].iter().zip(&want).all(|(v, &i)| *v == r[i]));
-            }
-        }
-        let x = Tensor::zeros((1, 20_000), DType::F32, &Device::Cpu).unwrap();
-        assert!(topk_last(&x, 5000).is_err());
     }
 
     #[test]

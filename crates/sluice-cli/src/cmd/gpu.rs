@@ -363,7 +363,7 @@ mod imp {
         };
         let wide = distinct(rng, &[2, 33_600], 0.0, 1.0)?;
         checks.push(compare("top-300 of 33,600 columns (chunked argsort)", 0.0, gpu, |d| {
-            let (v, i) = sluice_model::head::topk_last(&wide.to_device(d)?, 300)?;
+            let (v, i) = sluice_eval::shrink::topk_last(&wide.to_device(d)?, 300)?;
             Ok(vec![v, i.to_dtype(DType::F32)?])
         }));
         for side in [640usize, 1280] {
@@ -387,6 +387,19 @@ mod imp {
         checks.push(compare("validation shrink (8400 anchors, conf 0.001)", 0.0, gpu, |d| {
             let s = shrink(&head.to_device(d)?, &ShrinkParams::default())?;
             Ok(vec![s.above_conf.to_dtype(DType::F32)?, s.finite_check])
+        }));
+        // At 1280 px (33,600 anchors) with about 5% of the anchors above conf: the device ranks them with the
+        // chunked top-k and copies ~1700 per image instead of all of them; the kept anchors must be the CPU's.
+        let wide_head = Tensor::cat(
+            &[
+                rand_tensor(rng, &[2, 4, 33_600], 0.0, 1280.0)?,
+                rand_tensor(rng, &[2, 80, 33_600], 0.0, 1.0)?.powf(1e4)?,
+            ],
+            1,
+        )?;
+        checks.push(compare("validation shrink (33,600 anchors, ~5% above conf)", 0.0, gpu, |d| {
+            let s = shrink(&wide_head.to_device(d)?, &ShrinkParams::default())?;
+            Ok(vec![s.preds, s.anchors.to_dtype(DType::F32)?, s.above_conf.to_dtype(DType::F32)?])
         }));
         Ok(())
     }
