@@ -64,7 +64,7 @@ mod workspace;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, bail};
 
-use kernels::Geom;
+pub(crate) use kernels::Geom;
 
 /// Bytes held now by the conv im2col workspaces of all threads.
 pub fn workspace_bytes() -> usize {

@@ -8,7 +8,8 @@
 //! with input and output swapped; the weight gradient sums, per channel and tap, the products of the output gradient
 //! and the shifted input over the batch. Custom op on contiguous f32/f64 CPU storage, parallel over `(n, c)` planes
 //! (the weight gradient over channels, each summed over the batch in order, so the result does not depend on
-//! scheduling); the composed version elsewhere.
+//! scheduling). On a CUDA device with the `cudnn` feature, the same op runs cuDNN's grouped convolution (group count
+//! = channels) for the forward pass and both gradients; the composed version elsewhere.
 
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -181,13 +182,82 @@ impl CustomOp2 for Depthwise {
         Ok((out, l1.shape().clone()))
     }
 
+    #[cfg(feature = "cudnn")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let g = cuda_geom(l1.shape(), self.k)?;
+        Ok((
+            crate::conv::cudnn::run_groups(crate::conv::cudnn::Pass::Forward, (s1, l1), (s2, l2), &g, g.c)?,
+            l1.shape().clone(),
+        ))
+    }
+
     fn bwd(&self, x: &Tensor, wt: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cudnn")]
+        if x.device().is_cuda() {
+            use crate::conv::cudnn::Pass;
+            let grad = grad.contiguous()?;
+            let dx = grad.apply_op2_no_bwd(wt, &DepthwiseCudnn { k: self.k, pass: Pass::BackwardData })?;
+            let dw = x.apply_op2_no_bwd(&grad, &DepthwiseCudnn { k: self.k, pass: Pass::BackwardFilter })?;
+            return Ok((Some(dx), Some(dw)));
+        }
         let (dx, dw) = match x.dtype() {
             DType::F32 => self.bwd_typed::<f32>(x, wt, grad)?,
             DType::F64 => self.bwd_typed::<f64>(x, wt, grad)?,
             d => candle_core::bail!("{OP}: backward for {d:?}"),
         };
         Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// The geometry of the depthwise convolution of an input of `shape` as cuDNN sees it: `c` outputs from `c` inputs
+/// in `c` groups, stride 1, padding `k / 2`.
+#[cfg(feature = "cudnn")]
+fn cuda_geom(shape: &Shape, k: usize) -> Result<crate::conv::Geom> {
+    let (n, c, h, w) = shape.dims4()?;
+    crate::conv::Geom::new((n, c, h, w), (c, c, k, k), 1, k / 2)
+        .ok_or_else(|| candle_core::Error::Msg(format!("{OP}: a {k}×{k} kernel does not fit {:?}", shape.dims())))
+}
+
+/// A gradient pass of the depthwise convolution through cuDNN: the input gradient from `(dy, w)`, or the weight
+/// gradient from `(x, dy)`. CUDA only: on the CPU, [`Depthwise`]'s backward computes both directly.
+#[cfg(feature = "cudnn")]
+struct DepthwiseCudnn {
+    k: usize,
+    pass: crate::conv::cudnn::Pass,
+}
+
+#[cfg(feature = "cudnn")]
+impl CustomOp2 for DepthwiseCudnn {
+    fn name(&self) -> &'static str {
+        "depthwise_conv2d_backward_cudnn"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("{}: CUDA only", self.name())
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::conv::cudnn::{Pass, run_groups};
+        // `dy` has the input's shape (stride 1, same padding): the first operand names the geometry either way.
+        let g = cuda_geom(l1.shape(), self.k)?;
+        let out = match self.pass {
+            Pass::BackwardData => l1.shape().clone(),
+            Pass::BackwardFilter => Shape::from((g.c, 1, self.k, self.k)),
+            Pass::Forward => candle_core::bail!("{}: a gradient pass", self.name()),
+        };
+        Ok((run_groups(self.pass, (s1, l1), (s2, l2), &g, g.c)?, out))
     }
 }
 
@@ -201,10 +271,14 @@ fn check(x: &Tensor, wt: &Tensor, pad: usize) -> Result<usize> {
 }
 
 /// Depthwise convolution of `x` `(B, C, H, W)` with `w` `(C, 1, k, k)`, stride 1, zero padding `pad = k / 2`,
-/// differentiable in both: the fused op on f32/f64 CPU tensors, [`depthwise_conv2d_composed`] elsewhere.
+/// differentiable in both: the fused op on f32/f64 CPU tensors and (feature `cudnn`) on cuDNN's dtypes on CUDA,
+/// [`depthwise_conv2d_composed`] elsewhere.
 pub fn depthwise_conv2d(x: &Tensor, w: &Tensor, pad: usize) -> Result<Tensor> {
     let k = check(x, w, pad)?;
-    if !fused_supported(x) || x.elem_count() == 0 {
+    let fused = fused_supported(x);
+    #[cfg(feature = "cudnn")]
+    let fused = fused || (x.device().is_cuda() && crate::conv::cudnn::supports(x.dtype()));
+    if !fused || x.elem_count() == 0 {
         return depthwise_conv2d_composed(x, w, pad);
     }
     x.contiguous()?.apply_op2(&w.contiguous()?, Depthwise { k })

@@ -309,6 +309,18 @@ mod imp {
             let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;
             with_grads(&[y], std::slice::from_ref(&r2), &[&xv])
         }));
+        // YOLO11/YOLO26's depthwise convolutions (cuDNN's grouped convolution with `cudnn`, the composed form
+        // without), on an odd shape, against the CPU's fused op.
+        for k in [3usize, 5] {
+            let xd = rand_tensor(rng, &[3, 24, 19, 23], -1.0, 1.0)?;
+            let wd = rand_tensor(rng, &[24, 1, k, k], -0.5, 0.5)?;
+            let rd = rand_tensor(rng, &[3, 24, 19, 23], -1.0, 1.0)?;
+            checks.push(compare(&format!("depthwise conv {k}x{k} fwd+bwd"), 1e-5, gpu, |d| {
+                let (xv, wv) = (var_on(&xd, d)?, var_on(&wd, d)?);
+                let y = sluice_kernels::depthwise::depthwise_conv2d(xv.as_tensor(), wv.as_tensor(), k / 2)?;
+                with_grads(&[y], std::slice::from_ref(&rd), &[&xv, &wv])
+            }));
+        }
         let r3 = rand_tensor(rng, &[4, 32, 80, 80], -1.0, 1.0)?;
         checks.push(compare("upsample2x fwd+bwd", 1e-5, gpu, |d| {
             let xv = var_on(x, d)?;

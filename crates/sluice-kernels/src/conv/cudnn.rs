@@ -16,6 +16,9 @@
 //!   makes the reuse safe: every pass runs on the device's one compute stream). It is never zero-filled.
 //! - **Outputs are not zero-filled**: cuDNN writes every element with `beta = 0`.
 //!
+//! Grouped convolutions ([`run_groups`]: the depthwise convolutions of YOLO11 and YOLO26) set cuDNN's group count
+//! on the same descriptors, where candle would run one convolution per group.
+//!
 //! [`plans_cached`] reports the table's size (the shapes tuned so far, all threads).
 
 use std::cell::RefCell;
@@ -36,7 +39,7 @@ use super::kernels::Geom;
 
 /// Which pass of the convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Pass {
+pub(crate) enum Pass {
     /// `y = conv(x, w)`.
     Forward,
     /// `dx` from `(dy, w)`.
@@ -50,7 +53,8 @@ struct Key {
     device: DeviceId,
     pass: Pass,
     dtype: DType,
-    geom: [usize; 8],
+    /// `n, c, h, w, o, k, stride, pad, groups`.
+    geom: [usize; 9],
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -103,16 +107,31 @@ pub(super) fn run(
     (s2, l2): (&CudaStorage, &Layout),
     g: &Geom,
 ) -> Result<CudaStorage> {
+    run_groups(pass, (s1, l1), (s2, l2), g, 1)
+}
+
+/// [`run`] for a grouped convolution: `groups` divides the input channels `g.c` and the outputs `g.o`, and the
+/// filter is `(o, c / groups, k, k)` (a depthwise convolution: `groups = c = o`, filter `(c, 1, k, k)`).
+pub(crate) fn run_groups(
+    pass: Pass,
+    (s1, l1): (&CudaStorage, &Layout),
+    (s2, l2): (&CudaStorage, &Layout),
+    g: &Geom,
+    groups: usize,
+) -> Result<CudaStorage> {
+    if groups == 0 || !g.c.is_multiple_of(groups) || !g.o.is_multiple_of(groups) {
+        bail!("cuDNN conv {pass:?}: {groups} groups do not divide {} input and {} output channels", g.c, g.o);
+    }
     match (s1.dtype(), s2.dtype()) {
-        (DType::F32, DType::F32) => run_t::<f32>(pass, (s1, l1), (s2, l2), g),
-        (DType::BF16, DType::BF16) => run_t::<half::bf16>(pass, (s1, l1), (s2, l2), g),
-        (DType::F16, DType::F16) => run_t::<half::f16>(pass, (s1, l1), (s2, l2), g),
+        (DType::F32, DType::F32) => run_t::<f32>(pass, (s1, l1), (s2, l2), g, groups),
+        (DType::BF16, DType::BF16) => run_t::<half::bf16>(pass, (s1, l1), (s2, l2), g, groups),
+        (DType::F16, DType::F16) => run_t::<half::f16>(pass, (s1, l1), (s2, l2), g, groups),
         (a, b) => bail!("cuDNN conv {pass:?}: expected two f32, bf16 or f16 tensors, got {a:?} and {b:?}"),
     }
 }
 
 /// Whether cuDNN takes this dtype here.
-pub(super) fn supports(dtype: DType) -> bool {
+pub(crate) fn supports(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
 }
 
@@ -123,7 +142,7 @@ struct Descriptors<T: CudnnDataType> {
     y: TensorDescriptor<T>,
 }
 
-fn descriptors<T: CudnnDataType>(cudnn: &Arc<Cudnn>, g: &Geom) -> Result<Descriptors<T>> {
+fn descriptors<T: CudnnDataType>(cudnn: &Arc<Cudnn>, g: &Geom, groups: usize) -> Result<Descriptors<T>> {
     let i = |v: usize| i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("cuDNN conv: {v} overflows i32")));
     let (pad, stride) = (i(g.pad)?, i(g.stride)?);
     let mut conv = cudnn
@@ -137,10 +156,14 @@ fn descriptors<T: CudnnDataType>(cudnn: &Arc<Cudnn>, g: &Geom) -> Result<Descrip
     if T::DATA_TYPE != sys::cudnnDataType_t::CUDNN_DATA_FLOAT {
         conv.set_math_type(sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH).map_err(err("math type"))?;
     }
+    if groups > 1 {
+        conv.set_group_count(i(groups)?).map_err(err("group count"))?;
+    }
     let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
     let x = cudnn.create_4d_tensor::<T>(nchw, [i(g.n)?, i(g.c)?, i(g.h)?, i(g.w)?]).map_err(err("input descriptor"))?;
-    let w =
-        cudnn.create_4d_filter::<T>(nchw, [i(g.o)?, i(g.c)?, i(g.k)?, i(g.k)?]).map_err(err("filter descriptor"))?;
+    let w = cudnn
+        .create_4d_filter::<T>(nchw, [i(g.o)?, i(g.c / groups)?, i(g.k)?, i(g.k)?])
+        .map_err(err("filter descriptor"))?;
     let y =
         cudnn.create_4d_tensor::<T>(nchw, [i(g.n)?, i(g.o)?, i(g.ho)?, i(g.wo)?]).map_err(err("output descriptor"))?;
     Ok(Descriptors { conv, x, w, y })
@@ -186,12 +209,13 @@ fn run_t<T>(
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
     g: &Geom,
+    groups: usize,
 ) -> Result<CudaStorage>
 where
     T: CudaDType + CudnnDataType + DeviceRepr + WithDType,
 {
     let dev = s1.device().clone();
-    let (x_len, w_len, y_len) = (g.n * g.c * g.h * g.w, g.o * g.c * g.k * g.k, g.n * g.o * g.ho * g.wo);
+    let (x_len, w_len, y_len) = (g.n * g.c * g.h * g.w, g.o * (g.c / groups) * g.k * g.k, g.n * g.o * g.ho * g.wo);
     // (first input, second input, output) element counts of the pass.
     let (len1, len2, out_len) = match pass {
         Pass::Forward => (x_len, w_len, y_len),
@@ -206,12 +230,13 @@ where
     let (a, b) = (view::<T>(s1, l1, pass)?, view::<T>(s2, l2, pass)?);
     // SAFETY: cuDNN writes every element of the output with beta = 0 before anything reads it.
     let mut out = unsafe { dev.alloc::<T>(out_len)? };
-    let key = Key { device: dev.id(), pass, dtype: T::DTYPE, geom: [g.n, g.c, g.h, g.w, g.o, g.k, g.stride, g.pad] };
+    let key =
+        Key { device: dev.id(), pass, dtype: T::DTYPE, geom: [g.n, g.c, g.h, g.w, g.o, g.k, g.stride, g.pad, groups] };
     let scale = (T::from_f64(1.0), T::from_f64(0.0));
     STATE.with(|cell| -> Result<()> {
         let mut st = cell.borrow_mut();
         let cudnn = st.handle(&dev)?;
-        let d = descriptors::<T>(&cudnn, g)?;
+        let d = descriptors::<T>(&cudnn, g, groups)?;
         match pass {
             Pass::Forward => {
                 let op = ConvForward { conv: &d.conv, x: &d.x, w: &d.w, y: &d.y };
