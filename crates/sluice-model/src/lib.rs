@@ -40,4 +40,4 @@ pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
 pub use model::{Detections, YoloV8, dfl_key};
 pub use pt::{PtCheckpoint, is_pt, read_pt, read_pt_bytes};
 pub use run::{RunOptions, RunSummary, run_npy};
-pub use weights::LoadMode;
+pub use weights::{LoadMode, Transferred};

@@ -22,6 +22,20 @@ pub enum LoadMode {
     Overlay,
 }
 
+/// The prefix of the EMA weights in a Sluice training checkpoint (`sluice-train`'s `last`/`best`).
+const TRAINING_EMA_PREFIX: &str = "ema.";
+
+/// What [`YoloV8::transfer_weights`] copied: Ultralytics' "Transferred 349/355 items from pretrained weights".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transferred {
+    /// Tensors copied from the file.
+    pub loaded: usize,
+    /// Tensors of this model's state dict (parameters, running statistics, `num_batches_tracked`, DFL).
+    pub total: usize,
+    /// The file's tensors left out (no such name here, or another shape), sorted.
+    pub skipped: Vec<String>,
+}
+
 impl YoloV8 {
     /// A model of this configuration with the weights of a safetensors file (Ultralytics key names) or an Ultralytics
     /// `.pt` checkpoint.
@@ -72,6 +86,63 @@ impl YoloV8 {
             return Err(ModelError::BadInput(format!("{}: no tensor under the prefix `{prefix}`", path.display())));
         }
         self.load_state_dict(&tensors, mode, path)
+    }
+
+    /// Starts this model from pretrained weights as Ultralytics' `DetectionModel.load` does for training
+    /// (`intersect_dicts`): every tensor of the file whose name and shape this model has is copied, the rest is left
+    /// as initialised (a head for another class count, another model size). The file is a safetensors file
+    /// (Ultralytics key names), an Ultralytics `.pt` checkpoint, or a Sluice training checkpoint (its `ema.` weights,
+    /// which Ultralytics' trainer would also take from its own checkpoint). An error if nothing matches.
+    pub fn transfer_weights(&mut self, path: impl AsRef<Path>) -> Result<Transferred> {
+        if self.is_fused() {
+            return Err(ModelError::Fused("loading weights"));
+        }
+        let path = path.as_ref();
+        let tensors = if crate::pt::is_pt(path) {
+            crate::pt::read_pt(path)?.tensors
+        } else {
+            let io = |source| ModelError::WeightsIo { file: path.to_path_buf(), source };
+            let bytes = std::fs::read(path).map_err(|source| ModelError::Io { file: path.to_path_buf(), source })?;
+            let st = candle_core::safetensors::SliceSafetensors::new(&bytes).map_err(io)?;
+            let names: Vec<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
+            let checkpoint = names.iter().any(|n| n.starts_with(TRAINING_EMA_PREFIX));
+            let mut tensors = HashMap::new();
+            for name in names {
+                let key = if checkpoint {
+                    match name.strip_prefix(TRAINING_EMA_PREFIX) {
+                        Some(k) => k.to_string(),
+                        None => continue,
+                    }
+                } else {
+                    name.clone()
+                };
+                tensors.insert(key, st.load(&name, &candle_core::Device::Cpu).map_err(io)?);
+            }
+            tensors
+        };
+        let own = self.state_dict()?;
+        let mut matched = HashMap::new();
+        let mut skipped = Vec::new();
+        for (key, t) in tensors {
+            match own.get(&key) {
+                Some(o) if o.dims() == t.dims() => {
+                    matched.insert(key, t);
+                }
+                _ => skipped.push(key),
+            }
+        }
+        skipped.sort();
+        if matched.is_empty() {
+            return Err(ModelError::BadInput(format!(
+                "{}: none of its {} tensors has a name and shape of this {} model",
+                path.display(),
+                skipped.len(),
+                self.config().name()
+            )));
+        }
+        let transferred = Transferred { loaded: matched.len(), total: own.len(), skipped };
+        self.load_state_dict(&matched, LoadMode::Overlay, path)?;
+        Ok(transferred)
     }
 
     /// Overwrites the model's parameters with tensors by Ultralytics name (the contents of a weights file);

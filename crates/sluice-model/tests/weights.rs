@@ -122,3 +122,43 @@ fn bad_inputs_are_errors_not_panics() {
     let x = Tensor::zeros((1, 3, 64, 64), DType::F64, &Device::Cpu).unwrap();
     assert!(matches!(m.forward(&x), Err(ModelError::BadInput(_))));
 }
+
+#[test]
+fn transfer_takes_what_fits_as_ultralytics_does() {
+    // Ultralytics' `DetectionModel("yolov8n.yaml", nc=6).load(...)` of these nc-80 weights keeps 319 of 355 tensors
+    // (`intersect_dicts`; the class branch's width follows nc): these 36 are left out.
+    let file = data("yolov8n_seed0.safetensors");
+    let sd = load_st(&file);
+    let mut m = YoloV8::new(YoloConfig::new(Scale::N, 6), DType::F32, &Device::Cpu).unwrap();
+    let before = m.state_dict().unwrap();
+    let t = m.transfer_weights(&file).unwrap();
+    assert_eq!((t.loaded, t.total, t.skipped.len()), (319, 355, 36));
+    assert!(t.skipped.iter().all(|k| k.starts_with("model.22.cv3.")), "{:?}", t.skipped);
+    let after = m.state_dict().unwrap();
+    for (k, v) in &after {
+        let want = if t.skipped.contains(k) { &before[k] } else { &sd[k] };
+        assert!(bytes(v) == bytes(want), "{k}");
+    }
+
+    // A Sluice training checkpoint: its `ema.` weights, not the raw model's.
+    let dir = tempfile::tempdir().unwrap();
+    let mut ckpt = HashMap::new();
+    for (k, v) in &sd {
+        ckpt.insert(format!("ema.{k}"), v.clone());
+        let raw = if v.dtype() == DType::F32 { (v + 1.0).unwrap() } else { v.clone() };
+        ckpt.insert(format!("model.{k}"), raw);
+    }
+    let p = dir.path().join("last.safetensors");
+    candle_core::safetensors::save(&ckpt, &p).unwrap();
+    let mut m = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap();
+    let t = m.transfer_weights(&p).unwrap();
+    assert_eq!((t.loaded, t.total), (355, 355));
+    let got = m.state_dict().unwrap();
+    assert!(sd.iter().all(|(k, v)| bytes(v) == bytes(&got[k])));
+
+    // Nothing in common is an error naming the file.
+    let p = dir.path().join("other.safetensors");
+    candle_core::safetensors::save(&HashMap::from([("x".to_string(), sd["model.0.conv.weight"].clone())]), &p).unwrap();
+    let e = m.transfer_weights(&p).unwrap_err();
+    assert!(e.to_string().contains("other.safetensors"), "{e}");
+}

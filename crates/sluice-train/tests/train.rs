@@ -33,6 +33,8 @@ struct Record {
     first_val_batches: Vec<(usize, usize, usize)>,
     /// The summaries the run finished with.
     finished: Vec<TrainSummary>,
+    /// The set-up lines the run reported.
+    infos: Vec<String>,
 }
 
 impl Observer for Record {
@@ -59,6 +61,10 @@ impl Observer for Record {
 
     fn finished(&mut self, summary: &TrainSummary) {
         self.finished.push(summary.clone());
+    }
+
+    fn info(&mut self, message: &str) {
+        self.infos.push(message.to_string());
     }
 }
 
@@ -264,6 +270,36 @@ fn new_family_trains(model: &str, family: Family) {
     assert_eq!(e2e.nms, family != Family::V26);
     assert_eq!(e2e.images, r.images);
     assert!(e2e.report.map50.is_finite() && e2e.report.map50_95.is_finite());
+}
+
+#[test]
+fn weights_for_another_class_count_fine_tune_with_a_fresh_class_branch() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth =
+        SynthConfig { out: dir.path().join("data"), seed: 2, train: 8, val: 4, imgsz: 96, ..Default::default() };
+    let data = generate(&synth).unwrap().data_yaml;
+    // Weights of a 3-class yolov8n; the data has 6 classes.
+    let start = dir.path().join("three.safetensors");
+    let cfg3 = sluice_model::YoloConfig::new(Scale::N, 3);
+    sluice_model::YoloV8::new_seeded(cfg3, sluice_model::candle_core::DType::F32, &Device::Cpu, 9)
+        .unwrap()
+        .save(&start)
+        .unwrap();
+    let cfg = TrainConfig { epochs: 1, weights: Some(start), ..config(&data, &dir.path().join("runs"), "ft") };
+    let mut rec = Record::default();
+    let summary = Trainer::new(cfg).unwrap().run(&mut rec).unwrap();
+    assert_eq!(summary.epochs, 1);
+    // Ultralytics' count for yolov8n from 3 to 6 classes: the class branch's width, max(64, nc), is the same, so
+    // only its three output convolutions (weight and bias) start fresh.
+    assert!(rec.infos.iter().any(|l| l.starts_with("Transferred 349/355 items")), "{:?}", rec.infos);
+    // A file with nothing of this model is refused, naming it.
+    let bad = dir.path().join("bad.safetensors");
+    let t = sluice_model::candle_core::Tensor::zeros(3, sluice_model::candle_core::DType::F32, &Device::Cpu).unwrap();
+    sluice_model::candle_core::safetensors::save(&std::collections::HashMap::from([("x".to_string(), t)]), &bad)
+        .unwrap();
+    let cfg = TrainConfig { weights: Some(bad), ..config(&data, &dir.path().join("runs"), "bad") };
+    let e = format!("{:#}", Trainer::new(cfg).err().unwrap());
+    assert!(e.contains("bad.safetensors"), "{e}");
 }
 
 #[test]

@@ -25,7 +25,8 @@ pub(crate) struct Args {
     /// yolov8n|s|m|l|x[.yaml].
     #[arg(long)]
     model: Option<String>,
-    /// Initial weights (safetensors, Ultralytics key names).
+    /// Initial weights to fine-tune from (`.pt`, safetensors with Ultralytics key names, or a Sluice checkpoint's
+    /// EMA): every tensor whose name and shape fit is taken, as Ultralytics' trainer does.
     #[arg(long)]
     weights: Option<PathBuf>,
     #[arg(long)]

@@ -20,7 +20,9 @@ pub struct TrainConfig {
     pub data: PathBuf,
     /// Model: `yolov8n` … `yolov8x` (a `.yaml` suffix is accepted).
     pub model: String,
-    /// Initial weights (safetensors with Ultralytics' key names); none = from scratch.
+    /// Initial weights to fine-tune from (`.pt`, safetensors with Ultralytics' key names, or a Sluice training
+    /// checkpoint, whose EMA is taken); every tensor whose name and shape fit is copied, as Ultralytics'
+    /// `intersect_dicts`, so weights for another class count start the head's class branch fresh; none = from scratch.
     pub weights: Option<PathBuf>,
     /// Epochs.
     pub epochs: u32,

@@ -13,7 +13,7 @@ use sluice_dataset::{IndexOptions, Split};
 use sluice_loader::split::{LoadedSplit, load_split, packed};
 use sluice_loader::{LoaderConfig, ReadFrom, STRIDE, TrainLoader, ValLoader, default_workers};
 use sluice_model::candle_core::DType;
-use sluice_model::{DetectionLoss, LoadMode, YoloV8};
+use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::config::TrainConfig;
@@ -159,7 +159,17 @@ impl Trainer {
             .with_left_out(val_left_out);
         let mut model = YoloV8::new_seeded(cfg.arch()?.config(nc), DType::F32, &device, cfg.seed)?;
         if let (true, Some(w)) = (initial_weights, &cfg.weights) {
-            model.load_weights(w, LoadMode::Strict).with_context(|| format!("initial weights {}", w.display()))?;
+            // As Ultralytics' trainer: every tensor whose name and shape fit is taken, so weights trained for
+            // another class count fine-tune here with a fresh classification output.
+            let t = model.transfer_weights(w).with_context(|| format!("initial weights {}", w.display()))?;
+            let mut line =
+                format!("Transferred {}/{} items from pretrained weights {}", t.loaded, t.total, w.display());
+            if !t.skipped.is_empty() {
+                let shown: Vec<&str> = t.skipped.iter().take(4).map(String::as_str).collect();
+                let more = if t.skipped.len() > 4 { ", …" } else { "" };
+                line.push_str(&format!(" (left out: {}{more})", shown.join(", ")));
+            }
+            notes.push(Note::Info(line));
         }
         if let Some(half) = amp_dtype(&cfg, &device) {
             model.set_autocast(Some(half))?;
