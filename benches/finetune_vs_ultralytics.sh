@@ -2,16 +2,18 @@
 # Fine-tuning beside Ultralytics 8.4.190: both trainers start from the same weights (a Sluice checkpoint trained on
 # the shapes set, converted to an Ultralytics `.pt` by crates/sluice-model/scripts/convert_weights.py) and fine-tune
 # on coco128 (80 classes: the class branch starts fresh on both sides, "Transferred 319/355 items") at imgsz 320 for
-# 30 epochs, batch 16, cache ram, seeds 0..SEEDS-1, Ultralytics' defaults otherwise. Prints each run's final mAP50 /
-# mAP50-95 (each trainer's validation of its `best`), then the mean and standard deviation per trainer.
+# 30 epochs, batch 16, cache ram, optimizer SGD (lr0 0.01, Ultralytics' default lr0: its `auto` picks AdamW at
+# lr 0.000119 for 240 iterations and 80 classes, with which Ultralytics ends these 30 epochs at mAP 0), seeds
+# 0..SEEDS-1, Ultralytics' defaults otherwise. Prints each run's final mAP50 / mAP50-95 (each trainer's validation of
+# its `best`), then the mean and standard deviation per trainer.
 #
 #   benches/finetune_vs_ultralytics.sh CHECKPOINT [SEEDS]
 #
 # CHECKPOINT: a Sluice training checkpoint (`runs/<name>/weights/best.safetensors`) of configs/models/yolov8-tiny.yaml,
 #             e.g. from `sluice train --config configs/quick.yaml`.
 # Env: PEERS_VENV (default ~/.cache/sluice-peers/venv), SLUICE (default target/release/sluice), THREADS (default 2),
-#      EPOCHS (30), IMGSZ (320); data from SLUICE_COCO128 (benches/locations.sh); runs under
-#      $BENCH_SCRATCH/finetune.
+#      EPOCHS (30), IMGSZ (320), OPTIMIZER (SGD; any of Ultralytics' names); data from SLUICE_COCO128
+#      (benches/locations.sh); runs under $BENCH_SCRATCH/finetune.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +25,7 @@ SLUICE=${SLUICE:-$ROOT/target/release/sluice}
 THREADS=${THREADS:-2}
 EPOCHS=${EPOCHS:-30}
 IMGSZ=${IMGSZ:-320}
+OPTIMIZER=${OPTIMIZER:-SGD}
 PY=$PEERS_VENV/bin/python
 [ -x "$PY" ] || { echo "no peers venv at $PEERS_VENV: run the peers' setup.sh first" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "no sluice binary at $SLUICE: cargo build --release -p sluice-cli" >&2; exit 1; }
@@ -31,6 +34,8 @@ export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS RAYON_NUM_THREADS=$THRE
 OUT=$BENCH_SCRATCH/finetune
 mkdir -p "$OUT"
 DATA=$SLUICE_COCO128/data.yaml
+echo "optimizer: $OPTIMIZER" >"$OUT/finetune.yaml"
+export OPTIMIZER
 
 "$PY" "$ROOT/crates/sluice-model/scripts/convert_weights.py" to-pt "$CKPT" "$OUT/start.pt" \
   --cfg "$ROOT/configs/models/yolov8-tiny.yaml" >&2
@@ -39,7 +44,7 @@ for s in $(seq 0 $((SEEDS - 1))); do
   "$PY" "$ROOT/benches/ul_finetune.py" "$OUT/start.pt" "$DATA" "$s" "$OUT/ul" "$EPOCHS" "$IMGSZ" 2>"$OUT/ul-s$s.err" |
     grep '"map50"' | sed 's/^/ultralytics /'
   t0=$(date +%s.%N)
-  "$SLUICE" train --data "$DATA" --model "$ROOT/configs/models/yolov8-tiny.yaml" --weights "$CKPT" \
+  "$SLUICE" train --config "$OUT/finetune.yaml" --data "$DATA" --model "$ROOT/configs/models/yolov8-tiny.yaml" --weights "$CKPT" \
     --epochs "$EPOCHS" --imgsz "$IMGSZ" --batch 16 --cache ram --seed "$s" --project "$OUT/sluice" --name "ft-s$s" \
     --exist-ok --json >"$OUT/sluice-s$s.json" 2>"$OUT/sluice-s$s.err"
   wall=$(echo "$(date +%s.%N) - $t0" | bc -l)

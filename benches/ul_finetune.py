@@ -5,8 +5,8 @@ the peers' venv python):
     python benches/ul_finetune.py WEIGHTS_PT DATA_YAML SEED OUT_DIR [EPOCHS] [IMGSZ]
 
 `YOLO(WEIGHTS_PT).train(...)` with the settings the Sluice side gets on its command line: EPOCHS (30) at IMGSZ
-(320), batch 16, cache ram, 2 workers, CPU, amp off, Ultralytics' defaults otherwise (optimizer auto, close_mosaic
-10). The trainer builds the checkpoint's model for the data's class count and takes every tensor whose name and shape
+(320), batch 16, cache ram, 2 workers, CPU, amp off, the optimizer the OPTIMIZER environment variable names (default
+SGD), Ultralytics' defaults otherwise (lr0 0.01, close_mosaic 10). The trainer builds the checkpoint's model for the data's class count and takes every tensor whose name and shape
 fit ("Transferred 319/355 items"). Prints one JSON line {seed, wall_s, map50, map}; results.csv lands in
 OUT_DIR/ft-s<SEED>.
 """
@@ -25,5 +25,6 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 m = YOLO(weights)
 t0 = time.time()
 r = m.train(data=data, epochs=epochs, imgsz=imgsz, batch=16, cache="ram", seed=seed, workers=2, device="cpu",
-            project=out, name=f"ft-s{seed}", exist_ok=True, plots=False, verbose=False, amp=False)
+            project=out, name=f"ft-s{seed}", exist_ok=True, plots=False, verbose=False, amp=False,
+            optimizer=os.environ.get("OPTIMIZER", "SGD"))
 print(json.dumps({"seed": seed, "wall_s": time.time() - t0, "map50": r.box.map50, "map": r.box.map}))

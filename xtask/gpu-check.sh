@@ -14,6 +14,7 @@
 #   train/           `sluice train` yolov8n, 640, batch 32 on the carried coco128 slice: telemetry.jsonl holds
 #                    images/s, step time, data wait and blocking device reads per batch (training and validation)
 #   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports
+#   val_*_nms.out    `sluice val --device cuda:0 --json` of the trained weights, NMS on the device and on the host
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
@@ -149,6 +150,14 @@ if [ -n "$WHEELS" ]; then
   tail -n 2 "$RES/ultralytics.out" 2>/dev/null
 else
   log "no Ultralytics wheel carried: side-by-side skipped"
+fi
+# Validation of the trained weights on the device, NMS batched there (the default) and on the host workers: the
+# same mAP, and the pass's images/s, inference and post-process shares and blocking reads for each.
+if [ -f "$RES/train/weights/best.safetensors" ]; then
+  step val_device_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA" --batch 32 \
+    --device cuda:0 --json
+  step val_host_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA" --batch 32 \
+    --device cuda:0 --host-nms --json
 fi
 step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then

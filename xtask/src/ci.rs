@@ -13,6 +13,8 @@
 //! 7. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg` (every crate that has one of
 //!    these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
 //!    `<target>/cuda-sdk` (once per target directory), no GPU is needed ([`crate::gpu::cuda_check_cargo`]).
+//! 8. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
+//!    the same wheels' nvcc and ptxas, warnings as errors ([`crate::gpu::compile_kernels`]).
 //!
 //! The steps share the workspace's target directory and its `dev` profile where they can (steps 2, 3, 4 and 7);
 //! `fuzz/` and `vendor/candle-core` are other workspaces with other profiles and lock files, so they build into
@@ -107,6 +109,9 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
         let args = [&["clippy", "--workspace", "--features", "cuda,cudnn,nvjpeg"][..], CLIPPY_TAIL].concat();
         eprintln!("xtask: cargo {} (CUDA 13.0 from {}, no GPU)", args.join(" "), sdk.display());
         s.run("clippy cuda,cudnn,nvjpeg", cmd.args(&args))?;
+        let t = Instant::now();
+        let n = crate::gpu::compile_kernels(root, &sdk)?.len();
+        s.done.push((format!("nvcc -cubin sm_90 of the {n} kernel sources"), t.elapsed()));
     }
     s.report();
     Ok(())

@@ -210,6 +210,50 @@ pub(crate) fn cuda_check_cargo(root: &Path, sdk: &Path) -> Result<Command> {
     Ok(cmd)
 }
 
+/// The CUDA C sources Sluice compiles with NVRTC at run time: every `.cu` file under `crates/*/src`, sorted.
+pub(crate) fn kernel_sources(root: &Path) -> Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(&path, out)?;
+            } else if path.extension().is_some_and(|e| e == "cu") {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    for krate in std::fs::read_dir(root.join("crates")).context("reading crates/")? {
+        let src = krate?.path().join("src");
+        if src.is_dir() {
+            walk(&src, &mut out)?;
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `nvcc -cubin` of every kernel source for sm_90 (the H100/H200), through the compiler wheels in `sdk`: the front
+/// end NVRTC shares and ptxas, so a typo or an unresolved name fails here, not on the device. The cubins go to
+/// `<target>/ptx` (nothing loads them: the binary compiles the same sources with NVRTC).
+pub(crate) fn compile_kernels(root: &Path, sdk: &Path) -> Result<Vec<PathBuf>> {
+    let home = install_wheels(sdk, COMPILER_WHEELS)?;
+    let out = crate::target_dir(root).join("ptx");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let sources = kernel_sources(root)?;
+    for src in &sources {
+        let rel = src.strip_prefix(root).unwrap_or(src);
+        let name = rel.to_string_lossy().replace('/', "_").replace(".cu", ".cubin");
+        let mut cmd = Command::new(home.join("bin/nvcc"));
+        cmd.args(["-cubin", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings", "-o"]).arg(out.join(name)).arg(src);
+        cuda_env(&mut cmd, &home);
+        eprintln!("xtask: nvcc -cubin -arch=sm_90 {}", rel.display());
+        crate::run(&mut cmd).with_context(|| format!("compiling {}", rel.display()))?;
+    }
+    Ok(sources)
+}
+
 /// `cargo xtask gpu-build`: the toolkit (cached), then the release `sluice` with `features`; returns the binary.
 pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
     let home = ensure_sdk(root)?;

@@ -90,6 +90,10 @@ enum Task {
         #[arg(long, default_value = "cuda")]
         features: String,
     },
+    /// Compile every CUDA C kernel source of the crates (`crates/*/src/**/*.cu`, which the binary compiles with
+    /// NVRTC at run time) for sm_90 with nvcc and ptxas from the CUDA 13.0 compiler wheels (installed into
+    /// `<target>/cuda-sdk` when missing; no GPU needed), warnings as errors. `cargo xtask ci` runs it too.
+    Kernels,
     /// Generate the synthetic shapes dataset (JPEGs + YOLO labels + data.yaml), deterministic from the seed:
     /// runs `sluice data gen` with these flags (see `sluice data gen --help`; default: the embedded default set
     /// in datasets/synthetic).
@@ -109,6 +113,7 @@ fn main() -> Result<()> {
         Task::Bench { case, features, sluice, rest } => bench(&root, case, features.as_deref(), sluice, &rest),
         Task::GpuBuild { features } => gpu::gpu_build(&root, &features).map(|_| ()),
         Task::GpuCheck { sluice, features } => gpu::gpu_check(&root, sluice, &features),
+        Task::Kernels => gpu::compile_kernels(&root, &gpu::ci_sdk_root(&root)).map(|_| ()),
         Task::GenData { args } => {
             let mut cmd =
                 vec!["run", "--release", "--quiet", "-p", CLI_PACKAGE, "--bin", "sluice", "--", "data", "gen"];

@@ -11,6 +11,9 @@
 
 pub mod coco;
 pub mod error;
+pub mod masknms;
+#[cfg(feature = "cuda")]
+mod masknms_cuda;
 pub mod metric;
 pub mod nms;
 pub mod numeric;
@@ -23,6 +26,7 @@ pub use coco::{
     CocoAccumulator, CocoDataset, CocoEval, CocoParams, Detections, DtBox, GtBox, evaluate as coco_evaluate,
 };
 pub use error::{Error, Result};
+pub use masknms::{MaskNms, MaskScratch, ValPost};
 pub use metric::{CocoMetric, UltralyticsMetric};
 pub use nms::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredBatch, PredView};
 #[cfg(feature = "candle")]

@@ -124,7 +124,7 @@ impl<'a> PredView<'a> {
     }
 
     #[inline]
-    fn at(&self, row: usize, anchor: usize) -> f32 {
+    pub(crate) fn at(&self, row: usize, anchor: usize) -> f32 {
         match self.layout {
             Layout::ChannelsFirst => self.data[row * self.num_anchors + anchor],
             Layout::AnchorsFirst => self.data[anchor * (4 + self.num_classes) + row],
@@ -181,14 +181,14 @@ pub struct NmsScratch {
 
 /// A u32 whose ascending order is the descending order of the (finite) float `s`; -0.0 and 0.0 are equal.
 #[inline]
-fn desc_key(s: f32) -> u32 {
+pub(crate) fn desc_key(s: f32) -> u32 {
     let b = (s + 0.0).to_bits();
     let asc = if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 };
     !asc
 }
 
 /// Box extent of all anchors: `(min of x1/y1, max of x2/y2)` in float64.
-struct Extent {
+pub(crate) struct Extent {
     lo: f64,
     hi: f64,
 }
@@ -325,7 +325,7 @@ impl Nms {
 }
 
 /// Checks that every box value is finite and returns the extent of all boxes (as xyxy).
-fn check_boxes(pred: &PredView<'_>, image: usize) -> Result<Extent> {
+pub(crate) fn check_boxes(pred: &PredView<'_>, image: usize) -> Result<Extent> {
     let na = pred.num_anchors;
     let (mut lo, mut hi, mut finite) = (f32::INFINITY, f32::NEG_INFINITY, true);
     let mut visit = |cx: f32, cy: f32, w: f32, h: f32| {
@@ -357,7 +357,7 @@ fn check_boxes(pred: &PredView<'_>, image: usize) -> Result<Extent> {
 }
 
 /// The error naming the first non-finite value (row-major over rows, then anchors).
-fn first_non_finite(pred: &PredView<'_>, image: usize) -> Error {
+pub(crate) fn first_non_finite(pred: &PredView<'_>, image: usize) -> Error {
     for row in 0..4 + pred.num_classes {
         for anchor in 0..pred.num_anchors {
             let value = pred.at(row, anchor);

@@ -151,7 +151,7 @@ fn shrink_ops(y: &Tensor, p: &ShrinkParams, b: usize, rows: usize, a: usize) -> 
 
 /// Calls `f` with the contiguous values of `t` on the host. On the CPU this reads the tensor's storage in place
 /// (the caller copies into its pooled buffer, no allocation); other devices copy to the host first.
-fn with_host_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+pub(crate) fn with_host_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
     sluice_core::syncs::record_if(!t.device().is_cpu(), sluice_core::syncs::Site::ShrinkCopy);
     let host =
         if t.device().is_cpu() { t.contiguous() } else { t.to_device(&Device::Cpu).and_then(|h| h.contiguous()) };
@@ -254,6 +254,7 @@ pub fn unpack(v: &[f32], d: PackedDims, dst: &mut ValBatch) -> Result<()> {
     dst.all_finite.extend(v[np + na + b..].iter().map(|&x| x == 0.0));
     (dst.preds.batch, dst.preds.num_classes, dst.preds.num_anchors) = (d.batch, d.rows - 4, d.kept);
     dst.preds.layout = Layout::ChannelsFirst;
+    dst.kept_rows = false;
     Ok(())
 }
 

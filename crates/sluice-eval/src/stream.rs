@@ -114,6 +114,10 @@ pub struct ValBatch {
     pub above_conf: Vec<u32>,
     /// Optional (empty = unknown): for each image, whether every value of its full head output was finite.
     pub all_finite: Vec<bool>,
+    /// `preds` holds the rows an NMS on the device kept (`max_det` anchors-first rows `x1, y1, x2, y2, score,
+    /// class` per image, [`crate::masknms::unpack_kept`]), not head outputs: its `num_classes` is 2 whatever the
+    /// model's, and the post-process must be [`crate::ValPost::Kept`].
+    pub kept_rows: bool,
     /// Position of the batch in submission order (set by [`StreamingValidator::submit`]).
     seq: u64,
 }
@@ -128,6 +132,7 @@ impl ValBatch {
         self.anchor_index.clear();
         self.above_conf.clear();
         self.all_finite.clear();
+        self.kept_rows = false;
         self.seq = 0;
     }
 
@@ -157,7 +162,11 @@ impl ValBatch {
         if self.ids.len() != b {
             return bad(format!("{} sample ids for {b} images", self.ids.len()));
         }
-        if p.num_classes != num_classes as usize {
+        if self.kept_rows {
+            if p.num_classes != 2 || p.layout != crate::Layout::AnchorsFirst {
+                return bad(format!("kept NMS rows of 4 + {} values in {:?}", p.num_classes, p.layout));
+            }
+        } else if p.num_classes != num_classes as usize {
             return bad(format!("{} classes in the predictions, the validator has {num_classes}", p.num_classes));
         }
         if p.data.len() != b * (4 + p.num_classes) * p.num_anchors {

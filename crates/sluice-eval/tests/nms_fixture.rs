@@ -5,7 +5,7 @@
 
 mod common;
 
-use sluice_eval::{Error, Layout, Nms, NmsMode, NmsParams, NmsScratch, PredView};
+use sluice_eval::{Error, Layout, MaskNms, MaskScratch, Nms, NmsMode, NmsParams, NmsScratch, PredView};
 
 fn pred() -> Vec<f32> {
     let npy = common::read_npy("nms_pred_img0.npy");
@@ -93,4 +93,25 @@ fn nan_in_the_real_prediction_is_an_error() {
     let view = PredView::new(&data, 80, 8400, Layout::ChannelsFirst).unwrap();
     let e = Nms::default().run(&view, 0, &mut NmsScratch::default(), &mut Vec::new(), None).unwrap_err();
     assert!(e.to_string().contains(&format!("anchor {first}, row 2")), "{e}");
+}
+
+#[test]
+fn the_device_steps_host_twin_keeps_the_references_rows() {
+    // MaskNms runs the device's candidate keys, sort, masks and greedy keep on the host: on the real prediction
+    // (84 x 8400, conf 0.001: tens of thousands of multi-label candidates cut to max_nms) it keeps exactly the
+    // rows and anchors of the CPU NMS, hence of Ultralytics and torchvision.
+    let data = pred();
+    let view = PredView::new(&data, 80, 8400, Layout::ChannelsFirst).unwrap();
+    for (multi, tag) in [(false, "single"), (true, "multi")] {
+        for (mode, reference) in [
+            (NmsMode::ClassOffset { max_wh: 7680.0 }, format!("nms_ref_img0_{tag}.npy")),
+            (NmsMode::Exact, format!("nms_ref_img0_{tag}_exactpercls.npy")),
+        ] {
+            let params = NmsParams { multi_label: multi, mode, ..NmsParams::default() };
+            let (mut out, mut idx) = (Vec::new(), Vec::new());
+            MaskNms::new(params).run(&view, 0, &mut MaskScratch::default(), &mut out, Some(&mut idx)).unwrap();
+            compare(&out, &reference);
+            assert_eq!((out, idx), run(&data, Layout::ChannelsFirst, multi, mode), "{reference}");
+        }
+    }
 }

@@ -181,11 +181,18 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
         strict: false,
         end2end: false,
         device: "cpu",
+        device_nms: None,
     };
     let (v, _, used) = validate_weights(&req).unwrap();
     assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8 });
     assert_eq!((v.report.map50, v.report.map50_95), (map50, map50_95));
     assert_eq!((v.images, v.skipped.skipped), (4, 0));
+    // NMS where the predictions are (the device kernels' host twin here), only the kept rows handed to the
+    // workers: the same detections, so the same report to the last bit.
+    let (d, _, _) = validate_weights(&ValRequest { device_nms: Some(true), ..req }).unwrap();
+    assert!(v.stats.detections > 0, "the pass must have detections to compare");
+    assert_eq!(d.stats.detections, v.stats.detections);
+    assert_eq!((d.report, d.loss, d.images), (v.report.clone(), v.loss, v.images));
 
     // Val images that no longer decode are left out, counted and named: one whose header is gone (indexing leaves
     // it out) and one cut before its scan (its header reads, the pass fails to decode it); with `strict` they stop the pass.
@@ -259,6 +266,7 @@ fn new_family_trains(model: &str, family: Family) {
         strict: false,
         end2end: false,
         device: "cpu",
+        device_nms: None,
     };
     let (r, _, settings) = validate_weights(&req).unwrap();
     assert_eq!(settings.imgsz, 64);

@@ -413,6 +413,41 @@ mod imp {
             let s = shrink(&wide_head.to_device(d)?, &ShrinkParams::default())?;
             Ok(vec![s.preds, s.anchors.to_dtype(DType::F32)?, s.above_conf.to_dtype(DType::F32)?])
         }));
+        nms_checks(gpu, rng, checks)
+    }
+
+    /// Batched NMS on the device (`sluice_eval::masknms`) against its host twin, which the CPU tests hold equal to
+    /// the CPU NMS and to Ultralytics: bit-equal rows, anchors and counts. Scores on a grid of 16 values and boxes
+    /// on a 4 px grid give ties in scores and in IoU.
+    fn nms_checks(gpu: &Device, rng: &mut RngStream, checks: &mut Vec<Check>) -> Result<()> {
+        use sluice_eval::masknms::nms_tensor;
+        use sluice_eval::{Layout, NmsMode, NmsParams};
+        let tied = |rng: &mut RngStream, b: usize, nc: usize, a: usize, side: f32, pow: f64| -> Result<Tensor> {
+            let xy = (rand_tensor(rng, &[b, 2, a], 0.0, side / 4.0)?.floor()? * 4.0)?;
+            let wh = (rand_tensor(rng, &[b, 2, a], 1.0, 50.0)?.floor()? * 4.0)?;
+            let s = (rand_tensor(rng, &[b, nc, a], 0.0, 1.0)?.powf(pow)? * 16.0)?.floor()?;
+            Ok(Tensor::cat(&[xy, wh, (s / 16.0)?], 1)?)
+        };
+        let ul = NmsParams::ultralytics_val();
+        let cases = [
+            ("Ultralytics' val (class offset, multi-label, conf 0.001), 4 x 8400 x 80", 8400, 4.0, ul),
+            ("exact per class, multi-label, 4 x 8400 x 80", 8400, 4.0, NmsParams { mode: NmsMode::Exact, ..ul }),
+            (
+                "predict settings (single-label, conf 0.25), 4 x 8400 x 80",
+                8400,
+                1.0,
+                NmsParams { conf_thres: 0.25, multi_label: false, ..ul },
+            ),
+            ("class offset at 1280 px, 4 x 33,600 x 80, conf 0.5", 33_600, 2.0, NmsParams { conf_thres: 0.5, ..ul }),
+        ];
+        for (name, a, pow, params) in cases {
+            let side = if a > 8400 { 1280.0 } else { 640.0 };
+            let y = tied(rng, 4, 80, a, side, pow)?;
+            checks.push(compare(&format!("batched NMS on the device: {name}"), 0.0, gpu, |d| {
+                let k = nms_tensor(&y.to_device(d)?, Layout::ChannelsFirst, &params)?;
+                Ok(vec![k.rows, k.anchors.to_dtype(DType::F32)?, k.kept.to_dtype(DType::F32)?])
+            }));
+        }
         Ok(())
     }
 

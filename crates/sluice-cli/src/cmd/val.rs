@@ -45,6 +45,10 @@ pub(crate) struct Args {
     /// `nms=False`); by default, and for other models, NMS runs on the one-to-many output.
     #[arg(long)]
     end2end: bool,
+    /// On a GPU, run NMS on the post-process workers (the predictions shrunk on the device, then copied) instead
+    /// of on the device (batched NMS kernels, only the kept rows copied).
+    #[arg(long)]
+    host_nms: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -94,6 +98,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         strict: args.strict,
         end2end: args.end2end,
         device: &args.device,
+        device_nms: args.host_nms.then_some(false),
     })?;
     let r = &v.report;
     let classes: Vec<ClassRow> = r

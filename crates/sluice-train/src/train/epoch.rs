@@ -272,7 +272,8 @@ impl Trainer {
     /// is the best so far.
     fn validate_epoch(&mut self, epoch: u32, tel: &mut EpochTelemetry, observer: &mut dyn Observer) -> Result<bool> {
         let syncs0 = sluice_core::syncs::snapshot();
-        let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, ValOptions::default())?;
+        let opts = ValOptions::default().for_device(self.model.device());
+        let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, opts)?;
         tel.val_s = v.seconds;
         let mut vt = ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats);
         vt.nms = v.nms;

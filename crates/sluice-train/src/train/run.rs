@@ -254,7 +254,12 @@ impl Trainer {
             return Ok(());
         }
         let model = load_model(best, None, self.loss.nc, self.model.device())?;
-        let opts = ValOptions { keep_first_batch: self.cfg.plots, end2end: self.cfg.nms == Some(false) };
+        let opts = ValOptions {
+            keep_first_batch: self.cfg.plots,
+            end2end: self.cfg.nms == Some(false),
+            ..ValOptions::default()
+        }
+        .for_device(self.model.device());
         let v = validate(&model, &self.val, &self.loss, &self.transfer, opts)?;
         observer.final_eval(&FinalEvalEvent {
             weights: best,

@@ -106,6 +106,9 @@ pub struct ValRequest<'a> {
     pub end2end: bool,
     /// The device ([`device_of`]: `cpu`, `cuda:N`).
     pub device: &'a str,
+    /// Where NMS runs ([`ValOptions::device_nms`]): `None` on the device when it is a GPU, else on the
+    /// post-process workers; `Some(true)` on the device (the host twin of the kernels on the CPU).
+    pub device_nms: Option<bool>,
 }
 
 /// The settings a validation ran with, after [`ValRequest`]'s defaults.
@@ -156,7 +159,10 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
         &val,
         &loss,
         &DeviceTransfer::new(&device, DType::F32)?,
-        ValOptions { end2end: req.end2end, ..ValOptions::default() },
+        match req.device_nms {
+            Some(on) => ValOptions { end2end: req.end2end, device_nms: on, ..ValOptions::default() },
+            None => ValOptions { end2end: req.end2end, ..ValOptions::default() }.for_device(&device),
+        },
     )?;
     Ok((v, loaded.config.names, ValSettings { data, imgsz, batch }))
 }

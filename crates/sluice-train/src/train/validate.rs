@@ -16,8 +16,10 @@ use std::time::Instant;
 
 use crate::error::{Context, Result};
 use sluice_core::{Batch, Detection, SampleId, Target, Transfer};
+use sluice_eval::masknms::{KeptDims, nms_tensor};
 use sluice_eval::{
-    ApReport, NmsMode, NmsParams, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator, shrink,
+    ApReport, Layout, Nms, NmsMode, NmsParams, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator,
+    UltralyticsMetric, ValPost, shrink,
 };
 use sluice_kernels::threads::on_compute_pool;
 use sluice_model::{DetectionLoss, YoloV8};
@@ -35,6 +37,19 @@ pub struct ValOptions {
     /// Validate an end-to-end model (YOLO26) on its one-to-one head's top-k output with no NMS (Ultralytics'
     /// `nms=False`); a model without that head is validated with NMS, as Ultralytics falls back.
     pub end2end: bool,
+    /// Run NMS where the predictions are (`sluice_eval::masknms::nms_tensor`: the kernels on a CUDA device, their
+    /// host twin on the CPU) and copy only the kept rows, instead of shrinking the predictions and running NMS on
+    /// the post-process workers. The two keep the same detections; [`ValOptions::for_device`] turns it on for a
+    /// CUDA device.
+    pub device_nms: bool,
+}
+
+impl ValOptions {
+    /// These options with NMS on the device where the device is a GPU (on the CPU the workers run it, overlapped
+    /// with inference).
+    pub fn for_device(self, device: &candle_core::Device) -> Self {
+        Self { device_nms: device.is_cuda(), ..self }
+    }
 }
 
 /// The first validation batch (letterboxed images and targets, as the model saw them) and the NMS output of each
@@ -110,18 +125,28 @@ impl ValResult {
     }
 }
 
+/// The shape of a packed batch in flight: shrunk predictions, or the rows an NMS on the device kept.
+#[derive(Debug, Clone, Copy)]
+enum Packed {
+    Shrunk(PackedDims),
+    Kept(KeptDims),
+}
+
+/// The validator of a pass: its workers run [`ValPost`].
+type Validator = StreamingValidator<ValPost, UltralyticsMetric>;
+
 /// Validation batches whose shrunk outputs are being read back: their shapes, sample ids and targets in
 /// submission order (the readback's order), with the vectors reused.
 #[derive(Debug, Default)]
 struct InFlight {
-    queue: VecDeque<(PackedDims, Vec<SampleId>, Vec<Target>)>,
+    queue: VecDeque<(Packed, Vec<SampleId>, Vec<Target>)>,
     spare: Vec<(Vec<SampleId>, Vec<Target>)>,
     /// The last readback taken.
     host: Vec<f32>,
 }
 
 impl InFlight {
-    fn push(&mut self, dims: PackedDims, ids: &[SampleId], targets: &[Target]) {
+    fn push(&mut self, dims: Packed, ids: &[SampleId], targets: &[Target]) {
         let (mut i, mut t) = self.spare.pop().unwrap_or_default();
         i.clear();
         i.extend_from_slice(ids);
@@ -131,13 +156,22 @@ impl InFlight {
     }
 
     /// Hands the oldest batch, whose readback is in `host`, to the validator.
-    fn submit_oldest(&mut self, validator: &mut StreamingValidator) -> Result<()> {
+    fn submit_oldest(&mut self, validator: &mut Validator) -> Result<()> {
         let (dims, ids, targets) =
             self.queue.pop_front().context("validation: a readback landed for no batch in flight")?;
-        validator.submit_packed(&self.host, dims, &ids, &targets)?;
+        match dims {
+            Packed::Shrunk(d) => validator.submit_packed(&self.host, d, &ids, &targets)?,
+            Packed::Kept(d) => validator.submit_kept(&self.host, d, &ids, &targets)?,
+        }
         self.spare.push((ids, targets));
         Ok(())
     }
+}
+
+/// What crosses to the host for one batch.
+enum Out {
+    Shrunk(sluice_eval::Shrunk),
+    Kept(sluice_eval::masknms::KeptRows),
 }
 
 /// Validates `model` over one pass of `loader`: inference on this thread, NMS and matching on `workers`
@@ -168,8 +202,10 @@ pub fn validate(
     } else {
         NmsParams::ultralytics_val()
     };
-    let mut validator =
-        StreamingValidator::new(StreamConfig { workers: 2, keep_batches, nms, ..StreamConfig::new(nc) })?;
+    let post =
+        if opts.device_nms { ValPost::Kept { conf: nms.conf_thres as f32 } } else { ValPost::Nms(Nms::new(nms)) };
+    let cfg = StreamConfig { workers: 2, keep_batches, nms, ..StreamConfig::new(nc) };
+    let mut validator: Validator = StreamingValidator::with_stages(cfg, post, || UltralyticsMetric::new(nc))?;
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
     // An end-to-end head (YOLO26) has its loss on the host path only.
     let dense = dense_on(transfer.device()) && !model.config().family.end2end();
@@ -196,7 +232,7 @@ pub fn validate(
         let t = Instant::now();
         let x = transfer.transfer(&batch).context("validation transfer")?;
         // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
-        let (l, shrunk) = on_compute_pool(model.device(), || -> Result<_> {
+        let (l, out) = on_compute_pool(model.device(), || -> Result<_> {
             let mut out = model.forward(&x.images)?;
             // An end-to-end head's validation loss is Ultralytics' E2ELoss, whose items come from the one-to-one
             // branches (the metrics use the one-to-many output, as Ultralytics' default `nms` does).
@@ -205,13 +241,21 @@ pub fn validate(
             // An end-to-end pass takes the one-to-one head's top 300 rows (one per object), laid out as the eval
             // output, which the post-process passes through with no suppression.
             let y = if end2end { model.forward_end2end_decoded(&x.images, 300)? } else { out.y };
-            // Only the anchors above the validation conf cross to the host (the whole head output stays put).
-            let shrunk = shrink(&y, &shrink_params)?;
-            Ok((l, shrunk))
+            // Only the anchors above the validation conf cross to the host (the whole head output stays put), or,
+            // with NMS on the device, only the rows it keeps.
+            let out = if opts.device_nms {
+                Out::Kept(nms_tensor(&y, Layout::ChannelsFirst, &nms)?)
+            } else {
+                Out::Shrunk(shrink(&y, &shrink_params)?)
+            };
+            Ok((l, out))
         })?;
         model_s += t.elapsed().as_secs_f64();
         if dense {
-            let (packed, dims) = shrunk.pack()?;
+            let (packed, dims) = match &out {
+                Out::Shrunk(s) => s.pack().map(|(p, d)| (p, Packed::Shrunk(d)))?,
+                Out::Kept(k) => k.pack().map(|(p, d)| (p, Packed::Kept(d)))?,
+            };
             if readback.submit(batches, &packed, &mut in_flight.host)?.is_some() {
                 in_flight.submit_oldest(&mut validator)?;
             }
@@ -220,7 +264,10 @@ pub fn validate(
                 in_flight.submit_oldest(&mut validator)?;
             }
         } else {
-            validator.submit_shrunk(&shrunk, &batch.sample_ids, &batch.targets)?;
+            match &out {
+                Out::Shrunk(s) => validator.submit_shrunk(s, &batch.sample_ids, &batch.targets)?,
+                Out::Kept(k) => validator.submit_kept_rows(k, &batch.sample_ids, &batch.targets)?,
+            }
         }
         // Host items are summed here; device items are summed on the device and read once after the pass.
         match l.items {

@@ -1,0 +1,177 @@
+//! The CUDA launches of batched mask NMS (feature `cuda`): the kernels of `masknms.cu`, compiled by NVRTC once per
+//! device, chained on the input's stream with no host read. See [`crate::masknms`] for the steps and their host
+//! twins.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::DeviceId;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, Storage, Tensor};
+
+use crate::Layout;
+use crate::error::{Error, Result};
+use crate::masknms::{CUDA_SOURCE, KeptRows, WORD, words};
+use crate::nms::{NmsMode, NmsParams};
+
+struct Kernels {
+    keys: CudaFunction,
+    fill: CudaFunction,
+    bitonic: CudaFunction,
+    count: CudaFunction,
+    boxes: CudaFunction,
+    overlap: CudaFunction,
+    keep: CudaFunction,
+    gather: CudaFunction,
+}
+
+fn drv<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
+    move |e| Error::Invalid { what: "CUDA NMS", reason: format!("{what}: {e:?}") }
+}
+
+fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
+    static CACHE: OnceLock<Mutex<HashMap<DeviceId, Arc<Kernels>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = cache.lock().map_err(|_| Error::Stream("the NMS kernel cache is poisoned".into()))?;
+    if let Some(k) = map.get(&dev.id()) {
+        return Ok(Arc::clone(k));
+    }
+    let ptx = candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(CUDA_SOURCE).map_err(drv("compiling"))?;
+    let module = dev.cuda_stream().context().load_module(ptx).map_err(drv("loading the module"))?;
+    let f = |name: &str| module.load_function(name).map_err(drv("loading a kernel"));
+    let k = Arc::new(Kernels {
+        keys: f("masknms_candidate_keys")?,
+        fill: f("masknms_fill")?,
+        bitonic: f("masknms_bitonic_step")?,
+        count: f("masknms_count")?,
+        boxes: f("masknms_boxes")?,
+        overlap: f("masknms_overlap")?,
+        keep: f("masknms_keep")?,
+        gather: f("masknms_gather")?,
+    });
+    map.insert(dev.id(), Arc::clone(&k));
+    Ok(k)
+}
+
+/// One thread per element, 256 per block.
+fn flat(total: usize) -> Result<LaunchConfig> {
+    let blocks = u32::try_from(total.div_ceil(256).max(1)).map_err(drv("grid too large"))?;
+    Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+}
+
+fn i32_of(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(drv("a size overflows i32"))
+}
+
+fn i64_of(v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(drv("a size overflows i64"))
+}
+
+fn wrap<T: candle_core::cuda_backend::CudaDType>(s: CudaSlice<T>, dev: &CudaDevice, shape: &[usize]) -> Tensor {
+    let storage = CudaStorage::wrap_cuda_slice(s, dev.clone());
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+}
+
+/// The kernels' chain for `B` images of `nc` classes over `na` anchors (checked by the caller).
+pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParams) -> Result<KeptRows> {
+    let b = y.dim(0).map_err(Error::Candle)?;
+    let y = y.contiguous().map_err(Error::Candle)?;
+    let (ys, ly) = y.storage_and_layout();
+    let Storage::Cuda(ys) = &*ys else { return Err(drv("input")("not on a CUDA device")) };
+    let pred = ys.as_cuda_slice::<f32>().map_err(Error::Candle)?.slice(ly.start_offset()..);
+    let dev = ys.device().clone();
+    let stream = dev.cuda_stream();
+    let k = kernels(&dev)?;
+    let (rs, cs) = match layout {
+        Layout::ChannelsFirst => (na, 1),
+        Layout::AnchorsFirst => (1, 4 + nc),
+    };
+    let slots = na * nc;
+    let seg = slots.next_power_of_two().max(2);
+    let n_max = slots.min(p.max_nms).max(1);
+    let w = words(n_max);
+    let max_det = p.max_det;
+    let multi = p.multi_label && nc > 1;
+    let offset = match (p.agnostic, p.mode) {
+        (false, NmsMode::ClassOffset { max_wh }) => Some(max_wh),
+        _ => None,
+    };
+    let per_class = !p.agnostic && p.mode == NmsMode::Exact;
+    let (nci, bi, wi, mdi) = (i32_of(nc)?, i32_of(b)?, i32_of(w)?, i32_of(max_det)?);
+    let (nai, rsi, csi, segi, ni) = (i64_of(na)?, i64_of(rs)?, i64_of(cs)?, i64_of(seg)?, i64_of(n_max)?);
+    let alloc = |what: &'static str, n: usize| stream.alloc_zeros::<u32>(n).map_err(drv(what));
+    // SAFETY: `masknms_fill` writes every key before anything reads them.
+    let mut keys = unsafe { stream.alloc::<u64>(b * seg) }.map_err(drv("allocating the keys"))?;
+    let mut bad = alloc("allocating the flags", b)?;
+    let mut count = alloc("allocating the counts", b)?;
+    let mut kept = alloc("allocating the kept counts", b)?;
+    let mut keep = alloc("allocating the kept positions", b * max_det)?;
+    let mut anchors = alloc("allocating the anchors", b * max_det)?;
+    let mut rows = stream.alloc_zeros::<f32>(b * max_det * 6).map_err(drv("allocating the rows"))?;
+    let mut boxes = stream.alloc_zeros::<f32>(b * n_max * 4).map_err(drv("allocating the boxes"))?;
+    let mut sup = stream.alloc_zeros::<f32>(b * n_max * 5).map_err(drv("allocating the boxes"))?;
+    let mut groups = alloc("allocating the groups", b * n_max)?;
+    let mut masks = stream.alloc_zeros::<u64>(n_max * w).map_err(drv("allocating the masks"))?;
+
+    let total = i64_of(b * seg)?;
+    let mut l = stream.launch_builder(&k.fill);
+    l.arg(&mut keys).arg(&total);
+    // SAFETY (every launch below): the arguments match the kernel's signature in masknms.cu, and every index a
+    // kernel forms is bounded by the sizes passed, which are those of the buffers allocated above.
+    unsafe { l.launch(flat(b * seg)?) }.map_err(drv("fill"))?;
+    let (conf, multi_i) = (p.conf_thres as f32, i32::from(multi));
+    let mut l = stream.launch_builder(&k.keys);
+    l.arg(&pred).arg(&mut keys).arg(&mut bad).arg(&nci).arg(&nai).arg(&rsi).arg(&csi).arg(&segi).arg(&bi);
+    l.arg(&conf).arg(&multi_i);
+    unsafe { l.launch(flat(b * na)?) }.map_err(drv("candidate keys"))?;
+    let mut size = 2usize;
+    while size <= seg {
+        let mut j = size / 2;
+        while j > 0 {
+            let (ji, si) = (i64_of(j)?, i64_of(size)?);
+            let mut l = stream.launch_builder(&k.bitonic);
+            l.arg(&mut keys).arg(&segi).arg(&bi).arg(&ji).arg(&si);
+            unsafe { l.launch(flat(b * seg)?) }.map_err(drv("sort"))?;
+            j /= 2;
+        }
+        size *= 2;
+    }
+    let max_nms = i64_of(p.max_nms)?;
+    let mut l = stream.launch_builder(&k.count);
+    l.arg(&keys).arg(&mut count).arg(&segi).arg(&bi).arg(&max_nms);
+    unsafe { l.launch(flat(b * seg)?) }.map_err(drv("count"))?;
+    let (max_wh, off_i, pc_i) = (offset.unwrap_or(0.0), i32::from(offset.is_some()), i32::from(per_class));
+    let mut l = stream.launch_builder(&k.boxes);
+    l.arg(&pred).arg(&keys).arg(&count).arg(&mut boxes).arg(&mut sup).arg(&mut groups).arg(&nci).arg(&nai);
+    l.arg(&rsi).arg(&csi).arg(&segi).arg(&ni).arg(&bi).arg(&max_wh).arg(&off_i).arg(&pc_i);
+    unsafe { l.launch(flat(b * n_max)?) }.map_err(drv("boxes"))?;
+    let suppress = i32::from(p.mode != NmsMode::None);
+    let blocks = u32::try_from(w).map_err(drv("too many candidates"))?;
+    let shared = u32::try_from(w * 8).map_err(drv("too many candidates"))?;
+    for img in 0..b {
+        let img = i32_of(img)?;
+        if suppress == 1 {
+            let cfg =
+                LaunchConfig { grid_dim: (blocks, blocks, 1), block_dim: (WORD as u32, 1, 1), shared_mem_bytes: 0 };
+            let mut l = stream.launch_builder(&k.overlap);
+            l.arg(&sup).arg(&groups).arg(&count).arg(&mut masks).arg(&ni).arg(&wi).arg(&img).arg(&p.iou_thres);
+            unsafe { l.launch(cfg) }.map_err(drv("overlap masks"))?;
+        }
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: shared };
+        let mut l = stream.launch_builder(&k.keep);
+        l.arg(&masks).arg(&count).arg(&mut keep).arg(&mut kept).arg(&wi).arg(&img).arg(&mdi).arg(&suppress);
+        unsafe { l.launch(cfg) }.map_err(drv("greedy keep"))?;
+    }
+    let mut l = stream.launch_builder(&k.gather);
+    l.arg(&pred).arg(&keys).arg(&boxes).arg(&keep).arg(&kept).arg(&mut rows).arg(&mut anchors).arg(&nci).arg(&nai);
+    l.arg(&rsi).arg(&csi).arg(&segi).arg(&ni).arg(&bi).arg(&mdi);
+    unsafe { l.launch(flat(b * max_det)?) }.map_err(drv("gather"))?;
+    Ok(KeptRows {
+        rows: wrap(rows, &dev, &[b, max_det, 6]),
+        anchors: wrap(anchors, &dev, &[b, max_det]),
+        kept: wrap(kept, &dev, &[b]),
+        non_finite: wrap(bad, &dev, &[b]),
+    })
+}
