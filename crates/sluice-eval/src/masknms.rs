@@ -258,9 +258,9 @@ pub struct KeptDims {
 
 #[cfg(feature = "candle")]
 impl KeptDims {
-    /// Values in the packed vector: the rows, the anchors and the non-finite flags.
+    /// Values in the packed vector: the rows, the anchors, the kept counts and the non-finite flags.
     pub fn len(&self) -> usize {
-        self.batch * self.max_det * 7 + self.batch
+        self.batch * self.max_det * 7 + 2 * self.batch
     }
 
     /// Whether the packed vector is empty (no images).
@@ -271,16 +271,39 @@ impl KeptDims {
 
 #[cfg(feature = "candle")]
 impl KeptRows {
-    /// The rows, anchors and non-finite flags packed into one flat float32 tensor on their device (anchors and
-    /// flags are below 2^24, so exact): the one copy a batch's NMS needs, which can be made asynchronously
+    /// The rows, anchors, kept counts and non-finite flags packed into one flat float32 tensor on their device
+    /// (the integers are below 2^24, so exact): the one copy a batch's NMS needs, which can be made asynchronously
     /// (`sluice_transfer::Readback`).
     pub fn pack(&self) -> Result<(candle_core::Tensor, KeptDims)> {
         use candle_core::{DType, Tensor};
         let (batch, max_det, _) = self.rows.dims3().map_err(Error::Candle)?;
         let flat = |t: &Tensor| t.to_dtype(DType::F32).and_then(|t| t.flatten_all());
-        let packed = (|| Tensor::cat(&[flat(&self.rows)?, flat(&self.anchors)?, flat(&self.non_finite)?], 0))()
-            .map_err(Error::Candle)?;
-        Ok((packed, KeptDims { batch, max_det }))
+        let parts =
+            || Tensor::cat(&[flat(&self.rows)?, flat(&self.anchors)?, flat(&self.kept)?, flat(&self.non_finite)?], 0);
+        Ok((parts().map_err(Error::Candle)?, KeptDims { batch, max_det }))
+    }
+
+    /// The kept detections of every image and whether its predictions were all finite, in one read (a blocking
+    /// copy off the CPU: for prediction, where the boxes are wanted at once).
+    pub fn read(&self) -> Result<(Vec<Vec<Detection>>, Vec<bool>)> {
+        let (packed, d) = self.pack()?;
+        crate::shrink::with_host_slice(&packed, |v: &[f32]| {
+            let (nr, na) = (d.batch * d.max_det * 6, d.batch * d.max_det);
+            let (kept, finite) = (&v[nr + na..nr + na + d.batch], &v[nr + na + d.batch..]);
+            let dets = (0..d.batch)
+                .map(|b| {
+                    let rows = &v[b * d.max_det * 6..][..kept[b] as usize * 6];
+                    rows.chunks_exact(6)
+                        .map(|r| Detection {
+                            bbox: BoxXyxy::new(r[0], r[1], r[2], r[3]),
+                            score: r[4],
+                            class: r[5] as u32,
+                        })
+                        .collect()
+                })
+                .collect();
+            (dets, finite.iter().map(|&x| x == 0.0).collect())
+        })
     }
 }
 
@@ -302,7 +325,7 @@ pub fn unpack_kept(v: &[f32], d: KeptDims, dst: &mut crate::ValBatch) -> Result<
     dst.anchor_index.extend(v[nr..nr + na].iter().map(|&x| x as u32));
     dst.above_conf.clear();
     dst.all_finite.clear();
-    dst.all_finite.extend(v[nr + na..].iter().map(|&x| x == 0.0));
+    dst.all_finite.extend(v[nr + na + d.batch..].iter().map(|&x| x == 0.0));
     (dst.preds.batch, dst.preds.num_classes, dst.preds.num_anchors) = (d.batch, 2, d.max_det);
     dst.preds.layout = crate::Layout::AnchorsFirst;
     dst.kept_rows = true;

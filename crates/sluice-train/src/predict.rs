@@ -12,6 +12,7 @@ use sluice_core::{DecodeHint, Decoder, Detection, ImageLabels, ImageRgb8, Sample
 use sluice_dataset::coco::{CocoDetection, export_detections};
 use sluice_dataset::{ImageFormat, Sample, SampleIndex};
 use sluice_decode::{Backend, Format};
+use sluice_eval::masknms::nms_tensor;
 use sluice_eval::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredView};
 use sluice_model::candle_core::{DType, Device, Tensor};
 use sluice_model::{Arch, ModelError, YoloV8};
@@ -103,11 +104,15 @@ pub struct PredictOptions {
     /// Predict with an end-to-end model's (YOLO26's) one-to-one head: its top-k rows with the conf threshold and
     /// no NMS (Ultralytics' `nms=False`); a model without that head runs NMS, as Ultralytics falls back.
     pub end2end: bool,
+    /// Where NMS runs: `None` on the model's device when it is a GPU (batched NMS kernels, only the kept rows
+    /// copied), else on the host; `Some(true)` where the predictions are (the kernels' host twin on the CPU),
+    /// `Some(false)` on the host. Both keep the same detections.
+    pub device_nms: Option<bool>,
 }
 
 impl Default for PredictOptions {
     fn default() -> Self {
-        Self { imgsz: 640, conf: 0.25, iou: 0.7, max_det: 300, agnostic: false, end2end: false }
+        Self { imgsz: 640, conf: 0.25, iou: 0.7, max_det: 300, agnostic: false, end2end: false, device_nms: None }
     }
 }
 
@@ -354,12 +359,24 @@ impl Predictor {
         } else {
             sluice_kernels::threads::on_compute_pool(model.device(), || model.forward(&input)).map_err(model_err)?.y
         };
-        let anchors = y.dim(2).map_err(candle)?;
-        let data = y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?;
         let nms_err = |source| PredictError::Nms { path: name.to_path_buf(), source };
-        let view = PredView::new(&data, self.nc, anchors, Layout::ChannelsFirst).map_err(nms_err)?;
         let mut dets = Vec::new();
-        self.nms.run(&view, 0, &mut self.scratch, &mut dets, None).map_err(nms_err)?;
+        let on_device = self.opts.device_nms.unwrap_or_else(|| model.device().is_cuda());
+        let mut finite = true;
+        if on_device {
+            // Only the kept rows cross to the host.
+            let kept = nms_tensor(&y, Layout::ChannelsFirst, &self.nms.params).map_err(nms_err)?;
+            let (mut all, flags) = kept.read().map_err(nms_err)?;
+            dets = all.pop().unwrap_or_default();
+            finite = flags.first().copied().unwrap_or(true);
+        }
+        if !on_device || !finite {
+            // On the host, which also names the anchor and row of a non-finite value.
+            let anchors = y.dim(2).map_err(candle)?;
+            let data = y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?;
+            let view = PredView::new(&data, self.nc, anchors, Layout::ChannelsFirst).map_err(nms_err)?;
+            self.nms.run(&view, 0, &mut self.scratch, &mut dets, None).map_err(nms_err)?;
+        }
         for d in &mut dets {
             d.bbox = lb.unmap_box(&d.bbox).clip(w as f32, h as f32);
         }
@@ -455,6 +472,23 @@ mod tests {
         let b = BoxXyxy::new(10.5, 20.25, 300.0, 959.0);
         assert_eq!(lb.unmap_box(&lb.map_box(&b)), b);
         assert_eq!(p.num_classes(), 2);
+    }
+
+    #[test]
+    fn nms_where_the_predictions_are_keeps_the_same_detections() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = saved_model(dir.path(), 3);
+        // A random-init model on a textured image has many low-score boxes; conf 0.001 keeps a few hundred.
+        let data: Vec<u8> = (0..200 * 150 * 3usize).map(|i| ((i * 7 + i / 600 * 13) % 256) as u8).collect();
+        let img = ImageRgb8::from_raw(200, 150, 600, data).expect("image");
+        let mut got = Vec::new();
+        for device_nms in [Some(false), Some(true)] {
+            let o = PredictOptions { imgsz: 160, conf: 0.001, device_nms, ..PredictOptions::default() };
+            let mut p = Predictor::load(&w, Arch::v8(Scale::N), None, o).expect("load");
+            got.push(p.predict_image(&img, Path::new("img.png")).expect("predict").0);
+        }
+        assert!(!got[0].is_empty());
+        assert_eq!(got[0], got[1]);
     }
 
     #[test]

@@ -156,6 +156,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         max_det: a.max_det,
         agnostic: a.agnostic_nms,
         end2end: a.end2end,
+        device_nms: None,
     };
     let device = sluice_train::train::device_of(&a.device)?;
     let mut predictor = Predictor::load_on(&a.weights, arch, a.nc, opts, &device).context("loading the model")?;
