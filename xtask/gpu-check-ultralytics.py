@@ -2,7 +2,8 @@
 
 Usage: python3 ul_train.py DATA.yaml EPOCHS OUT.json
 Writes the run's wall seconds, the per-epoch cumulative times from results.csv, training images/s (images per
-epoch over the mean epoch time after the first) and the final metrics.
+epoch over the mean epoch time after the first) and the final metrics, then the wall time and images/s of a warm
+`val` (batch 32) and of a streamed `predict` (batch 32) of its best.pt over the same images.
 """
 import csv
 import json
@@ -57,6 +58,21 @@ try:
         per = (times[-1] - times[0]) / (len(times) - 1)
         result["epoch_s_after_first"] = per
         result["images_per_s_incl_val"] = n_images / per
+    # Validation and prediction of its own best.pt, the peer figures of `sluice val` / `sluice predict` on the
+    # device: one warm-up pass, then a timed one.
+    best = YOLO(os.path.join(project, "train", "weights", "best.pt"))
+    val_args = dict(data=data, imgsz=640, batch=32, device=0, plots=False, verbose=False, workers=12)
+    best.val(**val_args)
+    t = time.perf_counter()
+    v = best.val(**val_args)
+    result["val_wall_s"] = time.perf_counter() - t
+    result["val_images_per_s"] = n_images / result["val_wall_s"]
+    result["val_map50_95"] = float(v.box.map)
+    source = os.path.join(os.path.dirname(data), "images", "train2017")
+    t = time.perf_counter()
+    n = sum(1 for _ in best.predict(source=source, imgsz=640, batch=32, device=0, stream=True, verbose=False))
+    result["predict_wall_s"] = time.perf_counter() - t
+    result["predict_images_per_s"] = n / result["predict_wall_s"]
 except Exception as e:  # noqa: BLE001
     result["error"] = repr(e)
 json.dump(result, open(out, "w"), indent=1)

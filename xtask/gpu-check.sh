@@ -13,8 +13,10 @@
 #   convs_torch.json the same layers with PyTorch (cuDNN heuristics, then cudnn.benchmark), ratios to Sluice's
 #   train/           `sluice train` yolov8n, 640, batch 32 on the carried coco128 slice: telemetry.jsonl holds
 #                    images/s, step time, data wait and blocking device reads per batch (training and validation)
-#   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports
+#   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports, then its `val`
+#                    (batch 32, warm) and `predict` (stream over the slice) of its own best.pt, timed
 #   val_*_nms.out    `sluice val --device cuda:0 --json` of the trained weights, NMS on the device and on the host
+#   predict_device.* `sluice predict --device cuda:0 --json` over the slice's images, its wall time (`time -v`)
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
@@ -145,7 +147,7 @@ tail -n 3 "$RES/train.out" 2>/dev/null
 # Ultralytics, same settings, when its wheel was carried (installed without dependencies: the device's PyTorch,
 # NumPy, OpenCV and friends are used as they are; an import failure is recorded, not fatal).
 if [ -n "$WHEELS" ]; then
-  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 100 \
+  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 130 \
     python3 "$HERE/ul_train.py" "$DATA" "$EPOCHS" "$RES/ultralytics.json"
   tail -n 2 "$RES/ultralytics.out" 2>/dev/null
 else
@@ -158,6 +160,8 @@ if [ -f "$RES/train/weights/best.safetensors" ]; then
     --device cuda:0 --json
   step val_host_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA" --batch 32 \
     --device cuda:0 --host-nms --json
+  step predict_device 30 /usr/bin/time -v "$S" predict --weights "$RES/train/weights/best.safetensors" \
+    --source "$HERE/data/images/train2017" --device cuda:0 --json
 fi
 step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
