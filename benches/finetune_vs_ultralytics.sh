@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Fine-tuning beside Ultralytics 8.4.190: both trainers start from the same weights (a Sluice checkpoint trained on
 # the shapes set, converted to an Ultralytics `.pt` by crates/sluice-model/scripts/convert_weights.py) and fine-tune
-# on coco128 (80 classes: the class branch starts fresh on both sides, "Transferred 319/355 items") at imgsz 320 for
-# 30 epochs, batch 16, cache ram, optimizer SGD (lr0 0.01, Ultralytics' default lr0: its `auto` picks AdamW at
-# lr 0.000119 for 240 iterations and 80 classes, with which Ultralytics ends these 30 epochs at mAP 0), seeds
-# 0..SEEDS-1, Ultralytics' defaults otherwise. Prints each run's final mAP50 / mAP50-95 (each trainer's validation of
+# on coco128 (80 classes: both keep the source's class-branch width and start its last convolutions fresh,
+# "Transferred 349/355 items") at imgsz 320 for 30 epochs, batch 16, cache ram, optimizer SGD (lr0 0.01, Ultralytics'
+# default lr0: its `auto` picks AdamW at lr 0.000119 for 240 iterations and 80 classes, with which Ultralytics ends
+# these 30 epochs at mAP 0), seeds 0..SEEDS-1, Ultralytics' defaults otherwise. Prints each run's final mAP50 / mAP50-95 (each trainer's validation of
 # its `best`), then the mean and standard deviation per trainer.
 #
 #   benches/finetune_vs_ultralytics.sh CHECKPOINT [SEEDS]

@@ -239,7 +239,7 @@ impl Arch {
 
     /// The model's configuration for `nc` classes.
     pub fn config(self, nc: usize) -> YoloConfig {
-        YoloConfig { scale: self.scale, nc, family: self.family }
+        YoloConfig { scale: self.scale, nc, family: self.family, cls_width: None }
     }
 
     /// The model's name (`yolov8n`, `yolo11s`, …).
@@ -298,6 +298,11 @@ pub struct YoloConfig {
     pub nc: usize,
     /// The layer table.
     pub family: Family,
+    /// Hidden channels of the class branch when they are not Ultralytics' `max(ch[0], min(nc, 100))`: Ultralytics
+    /// 8.4 keeps the source model's width when it fine-tunes weights for another class count (the pretrained
+    /// hidden layers transfer; only the last convolution is new), so such a model's width follows its weights
+    /// ([`YoloConfig::with_cls_width`], [`crate::weights::cls_width_of`]). `None`: the formula.
+    pub cls_width: Option<usize>,
 }
 
 /// DFL bins per box side.
@@ -308,7 +313,13 @@ pub const STRIDES: [usize; 3] = [8, 16, 32];
 impl YoloConfig {
     /// A YOLOv8 configuration.
     pub fn new(scale: Scale, nc: usize) -> Self {
-        Self { scale, nc, family: Family::V8 }
+        Self { scale, nc, family: Family::V8, cls_width: None }
+    }
+
+    /// The same model with class-branch hidden width `width` (kept as `None` when it is the formula's).
+    pub fn with_cls_width(self, width: usize) -> Self {
+        let formula = Self { cls_width: None, ..self }.cls_hidden();
+        Self { cls_width: (width != formula).then_some(width), ..self }
     }
 
     /// The same scale and class count in another family.
@@ -359,9 +370,9 @@ impl YoloConfig {
         16.max(self.head_channels()[0] / 4).max(4 * self.family.reg_max())
     }
 
-    /// Hidden channels of the legacy class branch: `max(ch[0], min(nc, 100))`.
+    /// Hidden channels of the class branch: `max(ch[0], min(nc, 100))`, or [`YoloConfig::cls_width`].
     pub fn cls_hidden(&self) -> usize {
-        self.head_channels()[0].max(self.nc.min(100))
+        self.cls_width.unwrap_or_else(|| self.head_channels()[0].max(self.nc.min(100)))
     }
 
     /// Number of anchors for a square input of side `imgsz`.

@@ -92,7 +92,12 @@ pub struct PtCheckpoint {
 impl PtCheckpoint {
     /// The model's architecture.
     pub fn config(&self) -> YoloConfig {
-        YoloConfig::new(self.scale, self.nc).with_family(self.family)
+        let cfg = YoloConfig::new(self.scale, self.nc).with_family(self.family);
+        let shapes = self.tensors.iter().map(|(k, t)| (k.as_str(), t.dims()));
+        match crate::weights::cls_width_of(shapes) {
+            Some(w) => cfg.with_cls_width(w),
+            None => cfg,
+        }
     }
 }
 

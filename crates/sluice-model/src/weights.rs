@@ -45,6 +45,7 @@ impl YoloV8 {
         dtype: DType,
         device: &candle_core::Device,
     ) -> Result<Self> {
+        let cfg = cfg.fit_to_weights(path.as_ref(), "")?;
         let mut m = Self::new(cfg, dtype, device)?;
         m.load_weights(path, LoadMode::Strict)?;
         Ok(m)
@@ -231,6 +232,68 @@ impl YoloV8 {
         let sd = self.state_dict()?;
         candle_core::safetensors::save(&sd, path)
             .map_err(|source| ModelError::WeightsIo { file: path.to_path_buf(), source })
+    }
+}
+
+/// The class branch's hidden width in a state dict: the input channels of the first level's last class convolution
+/// (`<prefix>model.<head>.cv3.0.2.weight`, shape `(nc, width, 1, 1)`, in every family), whatever the prefix.
+pub fn cls_width_of<'a>(shapes: impl IntoIterator<Item = (&'a str, &'a [usize])>) -> Option<usize> {
+    shapes.into_iter().find(|(k, s)| k.ends_with(".cv3.0.2.weight") && s.len() == 4).map(|(_, s)| s[1])
+}
+
+/// The input channels of the head's box branches, level by level (`….cv2.<i>.0.conv.weight`), when the state dict
+/// has all three.
+pub fn head_inputs_of<'a>(shapes: impl IntoIterator<Item = (&'a str, &'a [usize])>) -> Option<[usize; 3]> {
+    let mut out = [0usize; 3];
+    for (k, s) in shapes {
+        for (i, o) in out.iter_mut().enumerate() {
+            if k.ends_with(&format!(".cv2.{i}.0.conv.weight")) && !k.contains("one2one") && s.len() == 4 {
+                *o = s[1];
+            }
+        }
+    }
+    out.iter().all(|&c| c > 0).then_some(out)
+}
+
+/// The names and shapes of a weights file's tensors under `prefix` (stripped): a safetensors file, a training
+/// checkpoint (with its `ema.` or `model.` prefix) or an Ultralytics `.pt`.
+pub fn file_shapes(path: &Path, prefix: &str) -> Result<Vec<(String, Vec<usize>)>> {
+    if crate::pt::is_pt(path) {
+        let ckpt = crate::pt::read_pt(path)?;
+        return Ok(ckpt.tensors.iter().map(|(k, t)| (k.clone(), t.dims().to_vec())).collect());
+    }
+    let bytes = std::fs::read(path).map_err(|source| ModelError::Io { file: path.to_path_buf(), source })?;
+    let st = candle_core::safetensors::SliceSafetensors::new(&bytes)
+        .map_err(|source| ModelError::WeightsIo { file: path.to_path_buf(), source })?;
+    Ok(st
+        .tensors()
+        .into_iter()
+        .filter_map(|(name, view)| name.strip_prefix(prefix).map(|k| (k.to_string(), view.shape().to_vec())))
+        .collect())
+}
+
+impl crate::config::YoloConfig {
+    /// The configuration a fine-tuning run from the weights in `path` builds, as Ultralytics 8.4's
+    /// `DetectionModel.load` rebuilds it: when the file's head has this model's input widths, the class branch keeps
+    /// the file's hidden width (its hidden layers transfer, the last convolution is new for another class count);
+    /// otherwise this configuration as it is.
+    pub fn for_transfer(self, path: &Path) -> Result<Self> {
+        let shapes = file_shapes(path, "")?;
+        let view = || shapes.iter().map(|(k, s)| (k.as_str(), s.as_slice()));
+        Ok(match (head_inputs_of(view()), cls_width_of(view())) {
+            (Some(inputs), Some(w)) if inputs == self.head_channels() => self.with_cls_width(w),
+            _ => self,
+        })
+    }
+
+    /// This configuration with the class-branch width of the weights in `path` under `prefix`, so that a model
+    /// Ultralytics fine-tuned from weights for another class count (whose branch keeps the source's width) loads.
+    pub fn fit_to_weights(self, path: &Path, prefix: &str) -> Result<Self> {
+        let shapes = file_shapes(path, prefix)?;
+        Ok(match cls_width_of(shapes.iter().map(|(k, s)| (k.as_str(), s.as_slice()))) {
+            Some(w) => self.with_cls_width(w),
+            None => self,
+        })
     }
 }
 

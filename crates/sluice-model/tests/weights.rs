@@ -125,8 +125,8 @@ fn bad_inputs_are_errors_not_panics() {
 
 #[test]
 fn transfer_takes_what_fits_as_ultralytics_does() {
-    // Ultralytics' `DetectionModel("yolov8n.yaml", nc=6).load(...)` of these nc-80 weights keeps 319 of 355 tensors
-    // (`intersect_dicts`; the class branch's width follows nc): these 36 are left out.
+    // Into a model of the formula's width (a fresh 6-class yolov8n: 64), Ultralytics' `intersect_dicts` of these
+    // nc-80 weights keeps 319 of 355 tensors (the class branch's 36 have other shapes).
     let file = data("yolov8n_seed0.safetensors");
     let sd = load_st(&file);
     let mut m = YoloV8::new(YoloConfig::new(Scale::N, 6), DType::F32, &Device::Cpu).unwrap();
@@ -140,8 +140,27 @@ fn transfer_takes_what_fits_as_ultralytics_does() {
         assert!(bytes(v) == bytes(want), "{k}");
     }
 
-    // A Sluice training checkpoint: its `ema.` weights, not the raw model's.
+    // As a fine-tuning run builds it (Ultralytics 8.4.190's `DetectionModel.load`): the head's inputs match, so the
+    // class branch keeps the source's width (80, where a fresh 6-class yolov8n has 64), its hidden layers transfer
+    // and only the last convolutions are new, with Ultralytics' bias init for 6 classes: "Transferred 349/355".
+    let cfg = YoloConfig::new(Scale::N, 6).for_transfer(&file).unwrap();
+    assert_eq!((cfg.cls_width, cfg.cls_hidden()), (Some(80), 80));
+    let mut m = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+    let t = m.transfer_weights(&file).unwrap();
+    assert_eq!((t.loaded, t.total), (349, 355));
+    assert_eq!(t.skipped.iter().filter(|k| k.ends_with(".2.weight") || k.ends_with(".2.bias")).count(), 6);
+    let got = m.state_dict().unwrap();
+    assert!(bytes(&got["model.22.cv3.0.0.conv.weight"]) == bytes(&sd["model.22.cv3.0.0.conv.weight"]));
+    let bias: Vec<f32> = got["model.22.cv3.0.2.bias"].to_vec1().unwrap();
+    assert!((f64::from(bias[0]) - (5.0f64 / 6.0 / 80.0f64.powi(2)).ln()).abs() < 1e-5, "{bias:?}");
+    // Saved, it loads back with the width its weights have.
     let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("wide.safetensors");
+    m.save(&saved).unwrap();
+    let back = YoloV8::load(YoloConfig::new(Scale::N, 6), &saved, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(back.config().cls_hidden(), 80);
+
+    // A Sluice training checkpoint: its `ema.` weights, not the raw model's.
     let mut ckpt = HashMap::new();
     for (k, v) in &sd {
         ckpt.insert(format!("ema.{k}"), v.clone());

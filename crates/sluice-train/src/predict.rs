@@ -294,10 +294,12 @@ impl Predictor {
                 Ok(m)
             })
         } else if checkpoint {
-            YoloV8::new(arch.config(nc), DType::F32, device).and_then(|mut m| {
-                m.load_weights_prefixed(weights, "ema.", sluice_model::LoadMode::Strict)?;
-                Ok(m)
-            })
+            arch.config(nc).fit_to_weights(weights, "ema.").and_then(|c| YoloV8::new(c, DType::F32, device)).and_then(
+                |mut m| {
+                    m.load_weights_prefixed(weights, "ema.", sluice_model::LoadMode::Strict)?;
+                    Ok(m)
+                },
+            )
         } else {
             YoloV8::load(arch.config(nc), weights, DType::F32, device)
         }

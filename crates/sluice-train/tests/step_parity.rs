@@ -484,7 +484,8 @@ fn check(fx: &Fixture, specs: &[Spec], tol: &[(&str, f64, f64)], early_until: us
 
 #[test]
 fn training_steps_match_ultralytics() {
-    // The settings of configs/quick.yaml as Ultralytics reads them: its defaults and optimizer `auto` (AdamW here).
+    // The data, model and settings of configs/quick.yaml with Ultralytics' own default optimizer, `auto` (AdamW at
+    // this length); the default's MuSGD is held to Ultralytics by `musgd_steps_match_ultralytics`.
     let spec = |run| Spec {
         run,
         model_yaml: YOLOV8_TINY,

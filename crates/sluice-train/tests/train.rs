@@ -286,10 +286,10 @@ fn weights_for_another_class_count_fine_tune_with_a_fresh_class_branch() {
     let synth =
         SynthConfig { out: dir.path().join("data"), seed: 2, train: 8, val: 4, imgsz: 96, ..Default::default() };
     let data = generate(&synth).unwrap().data_yaml;
-    // Weights of a 3-class yolov8n; the data has 6 classes.
-    let start = dir.path().join("three.safetensors");
-    let cfg3 = sluice_model::YoloConfig::new(Scale::N, 3);
-    sluice_model::YoloV8::new_seeded(cfg3, sluice_model::candle_core::DType::F32, &Device::Cpu, 9)
+    // Weights of an 80-class yolov8n; the data has 6 classes.
+    let start = dir.path().join("eighty.safetensors");
+    let cfg80 = sluice_model::YoloConfig::new(Scale::N, 80);
+    sluice_model::YoloV8::new_seeded(cfg80, sluice_model::candle_core::DType::F32, &Device::Cpu, 9)
         .unwrap()
         .save(&start)
         .unwrap();
@@ -297,9 +297,13 @@ fn weights_for_another_class_count_fine_tune_with_a_fresh_class_branch() {
     let mut rec = Record::default();
     let summary = Trainer::new(cfg).unwrap().run(&mut rec).unwrap();
     assert_eq!(summary.epochs, 1);
-    // Ultralytics' count for yolov8n from 3 to 6 classes: the class branch's width, max(64, nc), is the same, so
-    // only its three output convolutions (weight and bias) start fresh.
+    // Ultralytics 8.4.190's count for yolov8n from 80 to 6 classes: the class branch keeps the source's width
+    // (80, not a fresh model's 64), so only its three output convolutions (weight and bias) start fresh.
     assert!(rec.infos.iter().any(|l| l.starts_with("Transferred 349/355 items")), "{:?}", rec.infos);
+    // The run's checkpoints have that width: the final validation loaded `best` (above), and `last` resumes into a
+    // model of the same shape (the run is over, which is all resume has to say).
+    let e = format!("{:#}", Trainer::resume(&summary.last).err().unwrap());
+    assert!(e.contains("already finished"), "{e}");
     // A file with nothing of this model is refused, naming it.
     let bad = dir.path().join("bad.safetensors");
     let t = sluice_model::candle_core::Tensor::zeros(3, sluice_model::candle_core::DType::F32, &Device::Cpu).unwrap();

@@ -77,7 +77,7 @@ impl Trainer {
     pub fn new(cfg: TrainConfig) -> Result<Self> {
         cfg.validate()?;
         let paths = RunPaths::fresh(&cfg);
-        let t = Self::build(cfg, paths, true)?;
+        let t = Self::build(cfg, paths, None)?;
         t.paths.create()?;
         std::fs::write(t.paths.dir.join("args.yaml"), t.cfg.to_yaml()?)?;
         Ok(t)
@@ -88,7 +88,7 @@ impl Trainer {
         let meta = read_meta(path)?;
         let cfg = TrainConfig::from_yaml_str(&meta.config)?;
         cfg.validate()?;
-        let mut t = Self::build(cfg, RunPaths::new(meta.run_dir.clone()), false)?;
+        let mut t = Self::build(cfg, RunPaths::new(meta.run_dir.clone()), Some(path))?;
         t.paths.create()?;
         t.opt.load_state(&mut t.model, path).with_context(|| format!("restoring {}", path.display()))?;
         t.progress = meta.progress;
@@ -98,7 +98,9 @@ impl Trainer {
         Ok(t)
     }
 
-    fn build(cfg: TrainConfig, paths: RunPaths, initial_weights: bool) -> Result<Self> {
+    /// A run from `cfg`: a new one (initial weights from `cfg.weights`), or, with `resume_from`, the model shaped
+    /// for that checkpoint (its weights are loaded by the caller).
+    fn build(cfg: TrainConfig, paths: RunPaths, resume_from: Option<&Path>) -> Result<Self> {
         let opts = IndexOptions { cache: true, find_orphans: false };
         let split = |s: Split| -> Result<LoadedSplit> {
             let loaded = load_split(&cfg.data, s, &opts, s == Split::Train)
@@ -157,8 +159,16 @@ impl Trainer {
         let vcfg = LoaderConfig { batch: cfg.batch * 2, multi_scale: 0.0, ..lcfg };
         let val = ValLoader::new(source(&val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg)
             .with_left_out(val_left_out);
-        let mut model = YoloV8::new_seeded(cfg.arch()?.config(nc), DType::F32, &device, cfg.seed)?;
-        if let (true, Some(w)) = (initial_weights, &cfg.weights) {
+        let base = cfg.arch()?.config(nc);
+        // The class branch's width follows the weights it is built for (Ultralytics' load keeps a fine-tuning
+        // source's width; a checkpoint holds its own).
+        let arch = match (resume_from, &cfg.weights) {
+            (Some(ckpt), _) => base.fit_to_weights(ckpt, "").with_context(|| format!("reading {}", ckpt.display()))?,
+            (None, Some(w)) => base.for_transfer(w).with_context(|| format!("initial weights {}", w.display()))?,
+            (None, None) => base,
+        };
+        let mut model = YoloV8::new_seeded(arch, DType::F32, &device, cfg.seed)?;
+        if let (None, Some(w)) = (resume_from, &cfg.weights) {
             // As Ultralytics' trainer: every tensor whose name and shape fit is taken, so weights trained for
             // another class count fine-tune here with a fresh classification output.
             let t = model.transfer_weights(w).with_context(|| format!("initial weights {}", w.display()))?;

@@ -67,7 +67,9 @@ pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Devic
         }
     };
     let cfg = TrainConfig { model: name, ..Default::default() };
-    let mut m = YoloV8::new(cfg.arch()?.config(nc), DType::F32, device)?;
+    let prefix = if stored.is_some() { "ema." } else { "" };
+    let arch = cfg.arch()?.config(nc).fit_to_weights(weights, prefix)?;
+    let mut m = YoloV8::new(arch, DType::F32, device)?;
     match stored {
         Some(_) => m.load_weights_prefixed(weights, "ema.", LoadMode::Strict),
         None => m.load_weights(weights, LoadMode::Strict),
