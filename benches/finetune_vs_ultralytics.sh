@@ -51,7 +51,7 @@ for s in $(seq 0 $((SEEDS - 1))); do
   "$PY" - "$OUT/sluice-s$s.json" "$s" "$wall" <<'PYEOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
-v = r["final_metrics"]
+v = r["best_metrics"]
 print("sluice " + json.dumps({"seed": int(sys.argv[2]), "wall_s": float(sys.argv[3]), "map50": v["map50"], "map": v["map50_95"]}))
 PYEOF
 done | tee "$OUT/summary.txt"
