@@ -218,6 +218,9 @@ pub fn coco_results(preds: &[Prediction], names: &[String]) -> Vec<CocoDetection
     export_detections(&index, preds.iter().enumerate().map(|(i, p)| (i as SampleId, p.detections.as_slice())))
 }
 
+/// Decoded images each decode thread of [`Predictor::predict_stream`] keeps waiting for the model.
+pub const DECODE_AHEAD: usize = 2;
+
 /// A loaded model ready to predict on images.
 pub struct Predictor {
     model: YoloV8,
@@ -225,7 +228,41 @@ pub struct Predictor {
     opts: PredictOptions,
     nms: Nms,
     scratch: NmsScratch,
-    decoder: Box<dyn Decoder>,
+    /// Shared with the decode threads of [`Predictor::predict_stream`].
+    decoder: std::sync::Arc<dyn Decoder>,
+}
+
+/// An image file read and decoded, ready for [`Predictor::predict_decoded`].
+#[derive(Debug, Clone)]
+pub struct DecodedFile {
+    /// The file.
+    pub path: PathBuf,
+    /// Its format (from the bytes).
+    pub format: ImageFormat,
+    /// Its pixels, after EXIF orientation.
+    pub image: ImageRgb8,
+}
+
+/// Reads and decodes one image file with `decoder`: no model work, so it runs on any thread.
+pub fn decode_file(decoder: &dyn Decoder, path: &Path) -> Result<DecodedFile> {
+    let bytes = std::fs::read(path).map_err(|source| PredictError::Io { path: path.to_path_buf(), source })?;
+    let format = match Format::sniff(&bytes) {
+        Some(Format::Jpeg) => ImageFormat::Jpeg,
+        Some(Format::Png) => ImageFormat::Png,
+        Some(Format::Bmp) => ImageFormat::Bmp,
+        Some(Format::WebP) => ImageFormat::Webp,
+        other => {
+            return Err(PredictError::Decode {
+                path: path.to_path_buf(),
+                reason: format!("unsupported image format {other:?} (JPEG, PNG, BMP or WebP)"),
+            });
+        }
+    };
+    let mut image = ImageRgb8::default();
+    decoder
+        .decode(&bytes, DecodeHint::default(), &mut image)
+        .map_err(|e| PredictError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
+    Ok(DecodedFile { path: path.to_path_buf(), format, image })
 }
 
 impl std::fmt::Debug for Predictor {
@@ -319,7 +356,7 @@ impl Predictor {
             ..NmsParams::default()
         });
         let decoder = Backend::preferred_decoder().map_err(|e| invalid(format!("no image decoder: {e}")))?;
-        Ok(Self { model, nc, opts, nms, scratch: NmsScratch::default(), decoder })
+        Ok(Self { model, nc, opts, nms, scratch: NmsScratch::default(), decoder: decoder.into() })
     }
 
     /// The class count of the model.
@@ -387,33 +424,60 @@ impl Predictor {
 
     /// Reads, decodes and predicts one image file. Returns the prediction and the decoded image (for drawing).
     pub fn predict_file(&mut self, path: &Path) -> Result<(Prediction, ImageRgb8)> {
-        let bytes = std::fs::read(path).map_err(|source| PredictError::Io { path: path.to_path_buf(), source })?;
-        let format = match Format::sniff(&bytes) {
-            Some(Format::Jpeg) => ImageFormat::Jpeg,
-            Some(Format::Png) => ImageFormat::Png,
-            Some(Format::Bmp) => ImageFormat::Bmp,
-            Some(Format::WebP) => ImageFormat::Webp,
-            other => {
-                return Err(PredictError::Decode {
-                    path: path.to_path_buf(),
-                    reason: format!("unsupported image format {other:?} (JPEG, PNG, BMP or WebP)"),
-                });
-            }
-        };
-        let mut image = ImageRgb8::default();
-        self.decoder
-            .decode(&bytes, DecodeHint::default(), &mut image)
-            .map_err(|e| PredictError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
-        let (detections, letterbox) = self.predict_image(&image, path)?;
+        let decoded = decode_file(&*self.decoder, path)?;
+        self.predict_decoded(decoded)
+    }
+
+    /// Predicts a decoded file. Returns the prediction and the image (for drawing).
+    pub fn predict_decoded(&mut self, d: DecodedFile) -> Result<(Prediction, ImageRgb8)> {
+        let (detections, letterbox) = self.predict_image(&d.image, &d.path)?;
         let pred = Prediction {
-            path: path.to_path_buf(),
-            format,
-            width: image.width(),
-            height: image.height(),
+            width: d.image.width(),
+            height: d.image.height(),
+            path: d.path,
+            format: d.format,
             detections,
             letterbox,
         };
-        Ok((pred, image))
+        Ok((pred, d.image))
+    }
+
+    /// Predicts `paths` in order, reading and decoding ahead on `threads` threads (at least one) while this thread
+    /// runs the model: each thread takes every `threads`-th file and keeps at most [`DECODE_AHEAD`] decoded images
+    /// waiting, so memory stays bounded and the model never waits on a decode that could have run earlier.
+    /// `each(i, result)` sees file `i`'s prediction (or its error) in order; an error it returns stops the stream
+    /// (the decode threads stop at their next hand-off) and is returned.
+    pub fn predict_stream<E: From<PredictError>>(
+        &mut self,
+        paths: &[PathBuf],
+        threads: usize,
+        mut each: impl FnMut(usize, Result<(Prediction, ImageRgb8)>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let k = threads.clamp(1, paths.len().max(1));
+        std::thread::scope(|scope| {
+            let mut rxs = Vec::with_capacity(k);
+            for w in 0..k {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<DecodedFile>>(DECODE_AHEAD);
+                rxs.push(rx);
+                let decoder = std::sync::Arc::clone(&self.decoder);
+                scope.spawn(move || {
+                    for path in paths.iter().skip(w).step_by(k) {
+                        // The receiver is gone once the consumer stopped: so is the need to decode.
+                        if tx.send(decode_file(&*decoder, path)).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            for (i, path) in paths.iter().enumerate() {
+                let decoded = rxs[i % k].recv().map_err(|_| PredictError::Decode {
+                    path: path.clone(),
+                    reason: "the decode thread stopped".into(),
+                })?;
+                each(i, decoded.and_then(|d| self.predict_decoded(d)))?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -491,6 +555,50 @@ mod tests {
         }
         assert!(!got[0].is_empty());
         assert_eq!(got[0], got[1]);
+    }
+
+    #[test]
+    fn the_stream_predicts_every_file_in_order_as_one_at_a_time_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let synth = sluice_dataset::synth::SynthConfig {
+            out: dir.path().join("data"),
+            train: 7,
+            val: 1,
+            imgsz: 96,
+            ..Default::default()
+        };
+        sluice_dataset::synth::generate(&synth).expect("data");
+        let mut files = list_sources(&dir.path().join("data")).expect("list");
+        files.truncate(7);
+        // A file that does not decode, in the middle: its error comes in its place.
+        let bad = dir.path().join("data/zz_bad.jpg");
+        std::fs::write(&bad, b"not a jpeg").expect("write");
+        files.insert(3, bad.clone());
+        let w = saved_model(dir.path(), 6);
+        let o = PredictOptions { imgsz: 96, conf: 0.001, ..PredictOptions::default() };
+        let mut one = Predictor::load(&w, Arch::v8(Scale::N), None, o).expect("load");
+        let want: Vec<Option<Vec<Detection>>> =
+            files.iter().map(|f| one.predict_file(f).ok().map(|(p, _)| p.detections)).collect();
+        assert!(want.iter().flatten().any(|d| !d.is_empty()));
+        for threads in [1, 3, 16] {
+            let mut got = Vec::new();
+            let r: std::result::Result<(), PredictError> = one.predict_stream(&files, threads, |i, r| {
+                got.push((i, r.ok().map(|(p, _)| p.detections)));
+                Ok(())
+            });
+            r.expect("stream");
+            let order: Vec<usize> = got.iter().map(|g| g.0).collect();
+            assert_eq!(order, (0..files.len()).collect::<Vec<_>>());
+            assert_eq!(got.into_iter().map(|g| g.1).collect::<Vec<_>>(), want, "{threads} threads");
+        }
+        // An error from the callback stops the stream and comes back.
+        let mut seen = 0;
+        let r = one.predict_stream(&files, 2, |i, _| {
+            seen += 1;
+            if i == 1 { Err(PredictError::Invalid { what: "test", reason: "stop".into() }) } else { Ok(()) }
+        });
+        assert!(r.is_err());
+        assert_eq!(seen, 2);
     }
 
     #[test]

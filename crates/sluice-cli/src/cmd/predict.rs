@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::plots::{Annotation, annotate, save_rgb};
 use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sluice_train::predict::{PredictOptions, Prediction, Predictor, coco_results, list_sources, next_run_dir};
 
@@ -69,6 +70,9 @@ pub(crate) struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Threads that read and decode the images ahead of the model (0: one on the CPU, up to 8 beside a GPU).
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
 }
 
 #[derive(Serialize)]
@@ -85,6 +89,7 @@ struct ImageJson<'a> {
     file: &'a Path,
     width: u32,
     height: u32,
+    /// Milliseconds since the previous image came out of the stream (the first: since the stream started).
     ms: f64,
     detections: Vec<DetJson<'a>>,
 }
@@ -185,10 +190,24 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let mut preds = Vec::with_capacity(sources.len());
     let mut times = Vec::with_capacity(sources.len());
     let mut used = std::collections::HashSet::new();
-    for (i, path) in sources.iter().enumerate() {
-        let ti = Instant::now();
-        let (pred, mut image) = predictor.predict_file(path)?;
-        let ms = ti.elapsed().as_secs_f64() * 1e3;
+    // Files are read and decoded ahead on other threads while the model runs: one on the CPU (whose cores the
+    // model uses), several beside a GPU.
+    let threads = match a.workers {
+        0 if device.is_cuda() => std::thread::available_parallelism().map_or(4, |n| n.get()).min(8),
+        0 => 1,
+        n => n,
+    };
+    // A progress bar with images/s on a terminal (hidden otherwise, and with --json).
+    let bar = if a.json { ProgressBar::hidden() } else { ProgressBar::new(sources.len() as u64) };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:25} {pos}/{len} images, {per_sec} [{elapsed}<{eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut last = Instant::now();
+    predictor.predict_stream(&sources, threads, |i, r| -> Result<()> {
+        let path = &sources[i];
+        let (pred, mut image) = r?;
+        let ms = last.elapsed().as_secs_f64() * 1e3;
         if let Some(dir) = &save_dir {
             let boxes: Vec<Annotation> = pred.detections.iter().map(Annotation::from).collect();
             annotate(&mut image, &boxes, &names).with_context(|| format!("drawing {}", path.display()))?;
@@ -197,19 +216,25 @@ pub(crate) fn run(a: Args) -> Result<()> {
             save_rgb(&packed, image.width(), image.height(), &out)?;
         }
         if !a.json {
-            println!(
-                "image {}/{} {}: {}x{} {}, {ms:.1}ms",
-                i + 1,
-                sources.len(),
-                path.display(),
-                pred.letterbox.canvas.1,
-                pred.letterbox.canvas.0,
-                summary(&pred, &names)
-            );
+            bar.suspend(|| {
+                println!(
+                    "image {}/{} {}: {}x{} {}, {ms:.1}ms",
+                    i + 1,
+                    sources.len(),
+                    path.display(),
+                    pred.letterbox.canvas.1,
+                    pred.letterbox.canvas.0,
+                    summary(&pred, &names)
+                )
+            });
         }
+        bar.inc(1);
         preds.push(pred);
         times.push(ms);
-    }
+        last = Instant::now();
+        Ok(())
+    })?;
+    bar.finish_and_clear();
     let predict_s = t1.elapsed().as_secs_f64();
     if let Some(out) = &a.coco_json {
         if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
