@@ -52,12 +52,43 @@ extern "C" __global__ void masknms_fill(u64* keys, long long n) {
     if (t < n) keys[t] = NO_CANDIDATE;
 }
 
-// Step 2: one compare-exchange pass (j, k) of an ascending bitonic sort of every image's segment of P keys (P a
-// power of two). The keys are distinct, so the result is the host's sort.
-extern "C" __global__ void masknms_bitonic_step(u64* keys, long long P, int B, long long j, long long k) {
+// Step 2a: the candidates of each image's P slots gathered into its C-key segment of `compact` (C a power of two,
+// filled with NO_CANDIDATE before), in any order (the sort orders them; keys are distinct), and their number in
+// found[b] (0 before). An image with more than C candidates keeps its full segment for the sort (overflow[b] = 1).
+extern "C" __global__ void masknms_compact(const u64* keys, u64* compact, unsigned int* found, unsigned int* overflow,
+                                           long long P, long long C, int B) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)B * P) return;
+    long long b = t / P;
+    u64 key = keys[t];
+    if (key == NO_CANDIDATE) return;
+    unsigned int pos = atomicAdd(found + b, 1u);
+    if ((long long)pos < C) {
+        compact[b * C + pos] = key;
+    } else {
+        overflow[b] = 1u;
+    }
+}
+
+// After the sorts: an image that overflowed takes the first C keys of its sorted full segment (its candidates in
+// order; the count keeps at most max_nms <= C of them).
+extern "C" __global__ void masknms_take_full(const u64* keys, u64* compact, const unsigned int* overflow, long long P,
+                                             long long C, int B) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)B * C) return;
+    long long b = t / C, i = t % C;
+    if (overflow[b]) compact[t] = keys[b * P + i];
+}
+
+// Step 2b: one compare-exchange pass (j, k) of an ascending bitonic sort of every image's segment of P keys (P a
+// power of two), of the images whose select[b] is `want` (all of them when select is null). The keys are distinct,
+// so the result is the host's sort.
+extern "C" __global__ void masknms_bitonic_step(u64* keys, long long P, int B, long long j, long long k,
+                                                const unsigned int* select, unsigned int want) {
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)B * P) return;
     long long b = t / P, i = t % P, l = i ^ j;
+    if (select && select[b] != want) return;
     if (l <= i) return;
     u64* s = keys + b * P;
     u64 x = s[i], y = s[l];
@@ -68,16 +99,12 @@ extern "C" __global__ void masknms_bitonic_step(u64* keys, long long P, int B, l
     }
 }
 
-// The number of candidates at the front of each sorted segment, at most max_nms (count[b] must start at 0).
-extern "C" __global__ void masknms_count(const u64* keys, unsigned int* count, long long P, int B, long long max_nms) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (long long)B * P) return;
-    long long b = t / P, i = t % P;
-    const u64* s = keys + b * P;
-    if (s[i] != NO_CANDIDATE && (i + 1 == P || s[i + 1] == NO_CANDIDATE)) {
-        long long n = i + 1;
-        count[b] = (unsigned int)(n < max_nms ? n : max_nms);
-    }
+// The candidates NMS takes per image: all it found, at most max_nms.
+extern "C" __global__ void masknms_count(const unsigned int* found, unsigned int* count, int B, long long max_nms) {
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= B) return;
+    long long n = found[b];
+    count[b] = (unsigned int)(n < max_nms ? n : max_nms);
 }
 
 // Step 3: for candidate i < count[b] of image b: the detection box, the suppression box and area (shifted by

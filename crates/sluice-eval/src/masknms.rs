@@ -6,7 +6,9 @@
 //!    candidate (score `> conf`; single-label: the anchor's first best class only) and `u64::MAX` otherwise. The
 //!    keys are distinct, so any correct sort gives one order: descending score, ties by `anchor * nc + class`,
 //!    which is exactly the stable order [`Nms`](crate::Nms) and Ultralytics use.
-//! 2. Sort the keys ascending (a bitonic sort on the device) and keep the first `min(candidates, max_nms)`.
+//! 2. Gather the candidates' keys (on the device into a segment of `max_nms` rounded up to a power of two; an image
+//!    with more candidates sorts all its slots instead), sort them ascending (a bitonic sort on the device) and keep
+//!    the first `min(candidates, max_nms)`.
 //! 3. [`suppression_boxes`]: each kept candidate's xyxy box (Ultralytics' `xywh2xyxy` in float32), the box that
 //!    suppression compares (shifted by `class * max_wh` in the class-offset mode), its area and its group (its
 //!    class in the exact per-class mode, one group otherwise).
@@ -218,8 +220,9 @@ impl MaskNms {
         if !candidate_keys(pred, p.conf_thres as f32, multi, &mut s.keys) {
             return Err(first_non_finite(pred, image));
         }
+        s.keys.retain(|&k| k != NO_CANDIDATE);
         s.keys.sort_unstable();
-        let n = candidate_count(&s.keys, p.max_nms);
+        let n = s.keys.len().min(p.max_nms);
         suppression_boxes(pred, &s.keys[..n], p, &mut s.boxes, &mut s.sup, &mut s.groups);
         if p.mode == NmsMode::None {
             s.keep.clear();

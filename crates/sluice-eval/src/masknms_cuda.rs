@@ -19,6 +19,8 @@ use crate::nms::{NmsMode, NmsParams};
 struct Kernels {
     keys: CudaFunction,
     fill: CudaFunction,
+    compact: CudaFunction,
+    take_full: CudaFunction,
     bitonic: CudaFunction,
     count: CudaFunction,
     boxes: CudaFunction,
@@ -44,6 +46,8 @@ fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
     let k = Arc::new(Kernels {
         keys: f("masknms_candidate_keys")?,
         fill: f("masknms_fill")?,
+        compact: f("masknms_compact")?,
+        take_full: f("masknms_take_full")?,
         bitonic: f("masknms_bitonic_step")?,
         count: f("masknms_count")?,
         boxes: f("masknms_boxes")?,
@@ -90,6 +94,10 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
     };
     let slots = na * nc;
     let seg = slots.next_power_of_two().max(2);
+    // The candidates are gathered into segments of `cap` keys and sorted there; only an image with more than
+    // `cap` candidates sorts its whole segment of slots (each pass of that sort is launched for every batch and
+    // returns at once for the others: no host read decides it).
+    let cap = p.max_nms.max(WORD).next_power_of_two().min(seg);
     let n_max = slots.min(p.max_nms).max(1);
     let w = words(n_max);
     let max_det = p.max_det;
@@ -101,11 +109,16 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
     let per_class = !p.agnostic && p.mode == NmsMode::Exact;
     let (nci, bi, wi, mdi) = (i32_of(nc)?, i32_of(b)?, i32_of(w)?, i32_of(max_det)?);
     let (nai, rsi, csi, segi, ni) = (i64_of(na)?, i64_of(rs)?, i64_of(cs)?, i64_of(seg)?, i64_of(n_max)?);
+    let capi = i64_of(cap)?;
     let alloc = |what: &'static str, n: usize| stream.alloc_zeros::<u32>(n).map_err(drv(what));
     // SAFETY: `masknms_fill` writes every key before anything reads them.
     let mut keys = unsafe { stream.alloc::<u64>(b * seg) }.map_err(drv("allocating the keys"))?;
     let mut bad = alloc("allocating the flags", b)?;
     let mut count = alloc("allocating the counts", b)?;
+    let mut found = alloc("allocating the candidate counts", b)?;
+    let mut overflow = alloc("allocating the overflow flags", b)?;
+    // SAFETY: `masknms_fill` writes every key before anything reads them.
+    let mut compact = unsafe { stream.alloc::<u64>(b * cap) }.map_err(drv("allocating the candidates"))?;
     let mut kept = alloc("allocating the kept counts", b)?;
     let mut keep = alloc("allocating the kept positions", b * max_det)?;
     let mut anchors = alloc("allocating the anchors", b * max_det)?;
@@ -126,26 +139,45 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
     l.arg(&pred).arg(&mut keys).arg(&mut bad).arg(&nci).arg(&nai).arg(&rsi).arg(&csi).arg(&segi).arg(&bi);
     l.arg(&conf).arg(&multi_i);
     unsafe { l.launch(flat(b * na)?) }.map_err(drv("candidate keys"))?;
-    let mut size = 2usize;
-    while size <= seg {
-        let mut j = size / 2;
-        while j > 0 {
-            let (ji, si) = (i64_of(j)?, i64_of(size)?);
-            let mut l = stream.launch_builder(&k.bitonic);
-            l.arg(&mut keys).arg(&segi).arg(&bi).arg(&ji).arg(&si);
-            unsafe { l.launch(flat(b * seg)?) }.map_err(drv("sort"))?;
-            j /= 2;
+    let total_c = i64_of(b * cap)?;
+    let mut l = stream.launch_builder(&k.fill);
+    l.arg(&mut compact).arg(&total_c);
+    unsafe { l.launch(flat(b * cap)?) }.map_err(drv("fill"))?;
+    let mut l = stream.launch_builder(&k.compact);
+    l.arg(&keys).arg(&mut compact).arg(&mut found).arg(&mut overflow).arg(&segi).arg(&capi).arg(&bi);
+    unsafe { l.launch(flat(b * seg)?) }.map_err(drv("compact"))?;
+    // Every image's candidates (all that matters unless it overflowed), then the full segments of those that did.
+    let none: Option<&CudaSlice<u32>> = None;
+    for (buf, len, len_i, select) in [(&mut compact, cap, capi, none), (&mut keys, seg, segi, Some(&overflow))] {
+        let mut size = 2usize;
+        while size <= len {
+            let mut j = size / 2;
+            while j > 0 {
+                let (ji, si, want) = (i64_of(j)?, i64_of(size)?, 1u32);
+                let mut l = stream.launch_builder(&k.bitonic);
+                l.arg(&mut *buf).arg(&len_i).arg(&bi).arg(&ji).arg(&si);
+                match select {
+                    Some(flags) => l.arg(flags),
+                    None => l.arg(&0u64),
+                };
+                l.arg(&want);
+                unsafe { l.launch(flat(b * len)?) }.map_err(drv("sort"))?;
+                j /= 2;
+            }
+            size *= 2;
         }
-        size *= 2;
     }
+    let mut l = stream.launch_builder(&k.take_full);
+    l.arg(&keys).arg(&mut compact).arg(&overflow).arg(&segi).arg(&capi).arg(&bi);
+    unsafe { l.launch(flat(b * cap)?) }.map_err(drv("overflow"))?;
     let max_nms = i64_of(p.max_nms)?;
     let mut l = stream.launch_builder(&k.count);
-    l.arg(&keys).arg(&mut count).arg(&segi).arg(&bi).arg(&max_nms);
-    unsafe { l.launch(flat(b * seg)?) }.map_err(drv("count"))?;
+    l.arg(&found).arg(&mut count).arg(&bi).arg(&max_nms);
+    unsafe { l.launch(flat(b)?) }.map_err(drv("count"))?;
     let (max_wh, off_i, pc_i) = (offset.unwrap_or(0.0), i32::from(offset.is_some()), i32::from(per_class));
     let mut l = stream.launch_builder(&k.boxes);
-    l.arg(&pred).arg(&keys).arg(&count).arg(&mut boxes).arg(&mut sup).arg(&mut groups).arg(&nci).arg(&nai);
-    l.arg(&rsi).arg(&csi).arg(&segi).arg(&ni).arg(&bi).arg(&max_wh).arg(&off_i).arg(&pc_i);
+    l.arg(&pred).arg(&compact).arg(&count).arg(&mut boxes).arg(&mut sup).arg(&mut groups).arg(&nci).arg(&nai);
+    l.arg(&rsi).arg(&csi).arg(&capi).arg(&ni).arg(&bi).arg(&max_wh).arg(&off_i).arg(&pc_i);
     unsafe { l.launch(flat(b * n_max)?) }.map_err(drv("boxes"))?;
     let suppress = i32::from(p.mode != NmsMode::None);
     let blocks = u32::try_from(w).map_err(drv("too many candidates"))?;
@@ -165,8 +197,8 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
         unsafe { l.launch(cfg) }.map_err(drv("greedy keep"))?;
     }
     let mut l = stream.launch_builder(&k.gather);
-    l.arg(&pred).arg(&keys).arg(&boxes).arg(&keep).arg(&kept).arg(&mut rows).arg(&mut anchors).arg(&nci).arg(&nai);
-    l.arg(&rsi).arg(&csi).arg(&segi).arg(&ni).arg(&bi).arg(&mdi);
+    l.arg(&pred).arg(&compact).arg(&boxes).arg(&keep).arg(&kept).arg(&mut rows).arg(&mut anchors).arg(&nci).arg(&nai);
+    l.arg(&rsi).arg(&csi).arg(&capi).arg(&ni).arg(&bi).arg(&mdi);
     unsafe { l.launch(flat(b * max_det)?) }.map_err(drv("gather"))?;
     Ok(KeptRows {
         rows: wrap(rows, &dev, &[b, max_det, 6]),
