@@ -12,12 +12,14 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod gpu_timer;
 pub mod pool;
 pub mod readback;
 pub mod ring;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaTransfer, CudaTransferStats};
+pub use gpu_timer::GpuTimer;
 pub use pool::{PoolGrowth, device_pool_reserved, retain_device_pool};
 pub use readback::Readback;
 

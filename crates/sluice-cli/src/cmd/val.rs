@@ -130,7 +130,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         seconds: v.seconds,
         telemetry: ValTelemetry {
             nms: v.nms,
-            ..ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats)
+            ..ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats).with_gpu(v.gpu_s)
         },
         classes,
     };

@@ -275,7 +275,7 @@ impl Trainer {
         let opts = ValOptions::default().for_device(self.model.device());
         let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, opts)?;
         tel.val_s = v.seconds;
-        let mut vt = ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats);
+        let mut vt = ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats).with_gpu(v.gpu_s);
         vt.nms = v.nms;
         vt.blocking_syncs = SyncTelemetry::since(&syncs0, v.batches);
         tel.val = Some(vt);

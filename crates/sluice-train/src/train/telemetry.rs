@@ -31,6 +31,9 @@ pub struct ValTelemetry {
     pub data_wait_fraction: f64,
     /// Busy share of the inference loop (transfer, eval forward, validation loss, shrink and copy to the host).
     pub inference_busy_fraction: f64,
+    /// Share of the pass the GPU spent on inference, from CUDA events on its compute stream (`None` on the CPU;
+    /// [`ValTelemetry::with_gpu`]).
+    pub gpu_busy_fraction: Option<f64>,
     /// Whether the post-process ran NMS (false: an end-to-end head's top-k output, matched as it is).
     pub nms: bool,
     /// Post-process (NMS + matching) worker threads.
@@ -122,6 +125,7 @@ impl ValTelemetry {
             images_per_s: images as f64 / wall,
             data_wait_fraction,
             inference_busy_fraction: inference_s / wall,
+            gpu_busy_fraction: None,
             nms: true,
             post_process_workers: stats.workers,
             post_process_busy_s: busy,
@@ -134,15 +138,21 @@ impl ValTelemetry {
         }
     }
 
+    /// These figures with the device seconds of inference (`ValResult::gpu_s`), as the GPU's busy share.
+    pub fn with_gpu(self, gpu_s: Option<f64>) -> Self {
+        Self { gpu_busy_fraction: gpu_s.map(|g| g / self.seconds.max(1e-9)), ..self }
+    }
+
     /// One line for the console.
     pub fn line(&self) -> String {
         format!(
-            "  val: {:.1} img/s · {:.1} s · data wait {:.0}% · inference {:.0}% · post-process{} {:.0}%/{}w, \
+            "  val: {:.1} img/s · {:.1} s · data wait {:.0}% · inference {:.0}%{} · post-process{} {:.0}%/{}w, \
              queue wait {:.2} s, drain {:.2} s · bound: {}{}",
             self.images_per_s,
             self.seconds,
             self.data_wait_fraction * 100.0,
             self.inference_busy_fraction * 100.0,
+            self.gpu_busy_fraction.map_or(String::new(), |g| format!(" (GPU busy {:.0}%)", g * 100.0)),
             if self.nms { "" } else { " (no NMS: end-to-end top-k)" },
             self.post_process_busy_fraction * 100.0,
             self.post_process_workers,
@@ -329,6 +339,12 @@ mod tests {
             ..StreamStats::default()
         };
         // Waited 0.5 s of 2 s on the post-process queue: post-process-bound.
+        let v = ValTelemetry::new(10, 2.0, 0.0, 1.0, &stats(20, 2));
+        assert_eq!(v.gpu_busy_fraction, None);
+        assert!(!v.line().contains("GPU"));
+        let g = v.with_gpu(Some(1.5));
+        assert_eq!(g.gpu_busy_fraction, Some(0.75));
+        assert!(g.line().contains("inference 50% (GPU busy 75%)"), "{}", g.line());
         assert_eq!(ValTelemetry::new(10, 2.0, 0.0, 1.0, &stats(500, 2)).bound, "post-process");
         // Waited 0.6 s on the loader, 0.02 s on post-processing: data-bound.
         assert_eq!(ValTelemetry::new(10, 2.0, 0.6, 1.0, &stats(20, 2)).bound, "data");

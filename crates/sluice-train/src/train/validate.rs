@@ -79,6 +79,10 @@ pub struct ValResult {
     pub data_wait_s: f64,
     /// Seconds in transfer, the eval forward, the validation loss and the shrink step with its copy to the host.
     pub model_s: f64,
+    /// Seconds of device time in the eval forward, the loss and the shrink or NMS, measured with CUDA events on
+    /// the compute stream (`sluice_transfer::GpuTimer`); `None` on the CPU. Over [`ValResult::seconds`] it is the
+    /// share of the pass the GPU was busy with inference.
+    pub gpu_s: Option<f64>,
     /// Post-process (NMS + matching) figures: worker busy time, time inference waited for it, which one bound.
     pub stats: StreamStats,
     /// Whether the pass ran NMS (false for an end-to-end head validated on its top-k output).
@@ -218,6 +222,7 @@ pub fn validate(
     // validation has no blocking read at any image size.
     let shrink_params = ShrinkParams { fit: transfer.device().is_cpu(), ..ShrinkParams::default() };
     let mut in_flight = InFlight::default();
+    let mut gpu = sluice_transfer::GpuTimer::new(transfer.device()).context("validation GPU timer")?;
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
     let skipped_before = loader.skips().skipped;
@@ -232,6 +237,7 @@ pub fn validate(
         let t = Instant::now();
         let x = transfer.transfer(&batch).context("validation transfer")?;
         // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
+        gpu.start()?;
         let (l, out) = on_compute_pool(model.device(), || -> Result<_> {
             let mut out = model.forward(&x.images)?;
             // An end-to-end head's validation loss is Ultralytics' E2ELoss, whose items come from the one-to-one
@@ -250,6 +256,7 @@ pub fn validate(
             };
             Ok((l, out))
         })?;
+        gpu.stop()?;
         model_s += t.elapsed().as_secs_f64();
         if dense {
             let (packed, dims) = match &out {
@@ -286,6 +293,7 @@ pub fn validate(
     while readback.wait(&mut in_flight.host)?.is_some() {
         in_flight.submit_oldest(&mut validator)?;
     }
+    let gpu_s = gpu.finish()?;
     if let Some(t) = device_sum {
         let v = Items::Device(t).read()?;
         loss_sum.iter_mut().zip(v).for_each(|(s, v)| *s += v);
@@ -317,6 +325,7 @@ pub fn validate(
         seconds: start.elapsed().as_secs_f64(),
         data_wait_s,
         model_s,
+        gpu_s,
         stats: report.stats,
         first_batch,
         skipped,
