@@ -7,7 +7,8 @@
 //! The CUDA path ([`CudaTransfer`], feature `cuda`) stages batches through a [`ring::Ring`] of pinned host and
 //! device buffers, copies them on a dedicated copy stream, and converts on the device; [`DeviceTransfer`] picks
 //! the path for a device. [`pool`] keeps the device's stream-ordered memory pool from handing memory back to the
-//! driver at every synchronisation, and counts the steps in which it still had to grow.
+//! driver at every synchronisation, and counts the steps in which it still had to grow. [`GpuTimer`] measures the
+//! device time of work on the compute stream with CUDA events.
 #![warn(missing_docs)]
 
 #[cfg(feature = "cuda")]
