@@ -11,17 +11,19 @@
 #   amp_torch.json   PyTorch's bf16 autocast on the smoke's autocast check (Ultralytics' YOLOv8n), its reference
 #   convs.json       `sluice gpu convs`: Sluice's cuDNN convolutions vs candle's stock conv2d on YOLOv8n's layers
 #   convs_torch.json the same layers with PyTorch (cuDNN heuristics, then cudnn.benchmark), ratios to Sluice's
-#   train/           `sluice train` yolov8n, 640, batch 32 on the carried coco128 slice: telemetry.jsonl holds
+#   train/           `sluice train` yolov8n, 640, batch 32, 3 epochs on the slice 16 times over (1024 images, built on
+#                    the device; the steps below that name no set use the 64-image slice): telemetry.jsonl holds
 #                    images/s, step time, data wait and blocking device reads per batch (training and validation)
 #   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports, then its `val`
-#                    (batch 32, warm) and `predict` (stream over the slice) of its own best.pt, timed
-#   val_*_nms.out    `sluice val --device cuda:0 --json` of the trained weights, NMS on the device and on the host
-#   predict_device.* `sluice predict --device cuda:0 --json` over the slice's images, its wall time (`time -v`)
+#                    (batch 32, warm) and `predict` (stream over the 1024 images) of its own best.pt, timed
+#   val_*_nms.out    `sluice val --device cuda:0 --json` of the trained weights on the 1024 images, NMS on the
+#                    device and on the host
+#   predict_device.* `sluice predict --device cuda:0 --json` over the 1024 images, its wall time (`time -v`)
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
-#   train_amp/       one epoch of the same training with `--amp` (bf16 convolutions), for the f32 / bf16 ratio
-#   train_yolo11n/, train_yolo26n/   one epoch of the same training with YOLO11n and YOLO26n
+#   train_amp/       one epoch on the 64-image slice with `--amp` (bf16 convolutions), for the f32 / bf16 ratio
+#   train_yolo11n/, train_yolo26n/   one epoch on the 64-image slice with YOLO11n and YOLO26n
 #   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
 # GPU_CHECK_ONLY="smoke convs ..." runs only the steps named (info always runs).
 set -u
@@ -38,7 +40,24 @@ done
 chmod +x "$HERE/sluice" "$HERE/conformance" 2>/dev/null
 S="$HERE/sluice"
 DATA="$HERE/data/data.yaml"
-EPOCHS="${GPU_CHECK_EPOCHS:-6}"
+# A 1024-image set, the slice's 64 images 16 times over under other names, built here rather than carried: an epoch
+# of 32 steps at batch 32 and a validation pass of 1024 images, so that steady-state figures are not start-up.
+BIG="$HERE/data1024"
+if [ ! -f "$BIG/data.yaml" ]; then
+  mkdir -p "$BIG/images/train2017" "$BIG/labels/train2017"
+  for r in $(seq 0 15); do
+    for f in "$HERE"/data/images/train2017/*.jpg; do
+      b=$(basename "$f" .jpg)
+      cp "$f" "$BIG/images/train2017/${b}_r$r.jpg"
+      if [ -f "$HERE/data/labels/train2017/$b.txt" ]; then
+        cp "$HERE/data/labels/train2017/$b.txt" "$BIG/labels/train2017/${b}_r$r.txt"
+      fi
+    done
+  done
+  grep -v '^#' "$HERE/data/data.yaml" >"$BIG/data.yaml"
+fi
+DATA_BIG="$BIG/data.yaml"
+EPOCHS="${GPU_CHECK_EPOCHS:-3}"
 BUDGET="${GPU_CHECK_BUDGET:-500}"
 START=$(date +%s)
 
@@ -140,7 +159,7 @@ if [ -f "$RES/convs.json" ]; then
   step convs_torch 90 python3 "$HERE/convs_torch.py" "$RES/convs.json" "$RES/convs_torch.json"
   cat "$RES/convs_torch.out" 2>/dev/null
 fi
-step train 140 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
+step train 140 "$S" train --data "$DATA_BIG" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
   --device cuda:0 --cache ram --workers 12 --project "$RES" --name train --exist-ok --json
 tail -n 3 "$RES/train.out" 2>/dev/null
 
@@ -148,7 +167,7 @@ tail -n 3 "$RES/train.out" 2>/dev/null
 # NumPy, OpenCV and friends are used as they are; an import failure is recorded, not fatal).
 if [ -n "$WHEELS" ]; then
   PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step ultralytics 130 \
-    python3 "$HERE/ul_train.py" "$DATA" "$EPOCHS" "$RES/ultralytics.json"
+    python3 "$HERE/ul_train.py" "$DATA_BIG" "$EPOCHS" "$RES/ultralytics.json"
   tail -n 2 "$RES/ultralytics.out" 2>/dev/null
 else
   log "no Ultralytics wheel carried: side-by-side skipped"
@@ -156,12 +175,12 @@ fi
 # Validation of the trained weights on the device, NMS batched there (the default) and on the host workers: the
 # same mAP, and the pass's images/s, inference and post-process shares and blocking reads for each.
 if [ -f "$RES/train/weights/best.safetensors" ]; then
-  step val_device_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA" --batch 32 \
+  step val_device_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA_BIG" --batch 32 \
     --device cuda:0 --json
-  step val_host_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA" --batch 32 \
+  step val_host_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA_BIG" --batch 32 \
     --device cuda:0 --host-nms --json
   step predict_device 30 /usr/bin/time -v "$S" predict --weights "$RES/train/weights/best.safetensors" \
-    --source "$HERE/data/images/train2017" --device cuda:0 --json
+    --source "$BIG/images/train2017" --device cuda:0 --json
 fi
 step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
