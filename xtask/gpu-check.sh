@@ -18,7 +18,7 @@
 #                    (batch 32, warm) and `predict` (stream over the 1024 images) of its own best.pt, timed
 #   val_*_nms.out    `sluice val --device cuda:0 --json` of the trained weights on the 1024 images, NMS on the
 #                    device and on the host
-#   predict_device.* `sluice predict --device cuda:0 --json` over the 1024 images, its wall time (`time -v`)
+#   predict_device.* `sluice predict --device cuda:0 --batch 32 --json` over the 1024 images, its wall time
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
@@ -180,7 +180,7 @@ if [ -f "$RES/train/weights/best.safetensors" ]; then
   step val_host_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA_BIG" --batch 32 \
     --device cuda:0 --host-nms --json
   step predict_device 30 /usr/bin/time -v "$S" predict --weights "$RES/train/weights/best.safetensors" \
-    --source "$BIG/images/train2017" --device cuda:0 --json
+    --source "$BIG/images/train2017" --device cuda:0 --batch 32 --json
 fi
 step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then

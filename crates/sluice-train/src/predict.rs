@@ -377,19 +377,43 @@ impl Predictor {
 
     /// Detections of a decoded image (`name` only names it in errors), boxes in its pixels.
     pub fn predict_image(&mut self, image: &ImageRgb8, name: &Path) -> Result<(Vec<Detection>, Letterbox)> {
-        let (w, h) = (image.width(), image.height());
-        if w == 0 || h == 0 {
-            return Err(PredictError::Decode { path: name.to_path_buf(), reason: format!("empty {w}x{h} image") });
+        let mut out = self.predict_images(&[(image, name)])?;
+        out.pop().ok_or_else(|| PredictError::Invalid { what: "predict batch", reason: "no output".into() })
+    }
+
+    /// Detections of a batch of decoded images in one forward (`name`s only name them in errors), boxes in each
+    /// image's pixels. As Ultralytics' predictor: images of one size share the minimal stride-padded canvas
+    /// ([`Predictor::letterbox_for`]), a batch of mixed sizes is letterboxed to the square `imgsz`.
+    pub fn predict_images(&mut self, images: &[(&ImageRgb8, &Path)]) -> Result<Vec<(Vec<Detection>, Letterbox)>> {
+        let Some(&(first, first_name)) = images.first() else { return Ok(Vec::new()) };
+        for (image, name) in images {
+            let (w, h) = (image.width(), image.height());
+            if w == 0 || h == 0 {
+                return Err(PredictError::Decode { path: name.to_path_buf(), reason: format!("empty {w}x{h} image") });
+            }
         }
-        let lb = self.letterbox_for(w, h);
-        let (cw, ch) = (lb.canvas.0 as usize, lb.canvas.1 as usize);
-        let mut chw = vec![0u8; 3 * cw * ch];
-        letterbox_into(image, &lb, &mut chw);
+        let same = images.iter().all(|(i, _)| (i.width(), i.height()) == (first.width(), first.height()));
+        let opts = LetterboxOpts { auto: same, stride: MAX_STRIDE, ..LetterboxOpts::default() };
+        let lbs: Vec<Letterbox> = images
+            .iter()
+            .map(|(i, _)| Letterbox::new(i.width(), i.height(), self.opts.imgsz, self.opts.imgsz, opts))
+            .collect();
+        let (cw, ch) = (lbs[0].canvas.0 as usize, lbs[0].canvas.1 as usize);
+        let plane = 3 * cw * ch;
+        let mut chw = vec![0u8; plane * images.len()];
+        for ((image, _), (lb, dst)) in images.iter().zip(lbs.iter().zip(chw.chunks_exact_mut(plane))) {
+            letterbox_into(image, lb, dst);
+        }
         let x: Vec<f32> = chw.iter().map(|&v| f32::from(v) / 255.0).collect();
-        let model_err = |source| PredictError::Model { context: name.display().to_string(), source: Box::new(source) };
+        let context = if images.len() == 1 {
+            first_name.display().to_string()
+        } else {
+            format!("{} and {} more", first_name.display(), images.len() - 1)
+        };
+        let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
         let candle = |e: sluice_model::candle_core::Error| model_err(ModelError::from(e));
         let model = &self.model;
-        let input = Tensor::from_vec(x, (1, 3, ch, cw), model.device()).map_err(candle)?;
+        let input = Tensor::from_vec(x, (images.len(), 3, ch, cw), model.device()).map_err(candle)?;
         let max_det = self.opts.max_det;
         let y = if self.nms.params.mode == NmsMode::None {
             // The one-to-one head's top-k rows in the eval output's layout; the pass below only thresholds them.
@@ -398,28 +422,46 @@ impl Predictor {
         } else {
             sluice_kernels::threads::on_compute_pool(model.device(), || model.forward(&input)).map_err(model_err)?.y
         };
-        let nms_err = |source| PredictError::Nms { path: name.to_path_buf(), source };
-        let mut dets = Vec::new();
+        let nms_err = |i: usize| {
+            let path = images[i].1.to_path_buf();
+            move |source| PredictError::Nms { path, source }
+        };
         let on_device = self.opts.device_nms.unwrap_or_else(|| model.device().is_cuda());
-        let mut finite = true;
-        if on_device {
-            // Only the kept rows cross to the host.
-            let kept = nms_tensor(&y, Layout::ChannelsFirst, &self.nms.params).map_err(nms_err)?;
-            let (mut all, flags) = kept.read().map_err(nms_err)?;
-            dets = all.pop().unwrap_or_default();
-            finite = flags.first().copied().unwrap_or(true);
+        let (mut all, on_host) = if on_device {
+            // Only the kept rows cross to the host, in one read; an image with a non-finite value goes to the host.
+            let kept = nms_tensor(&y, Layout::ChannelsFirst, &self.nms.params).map_err(nms_err(0))?;
+            let (dets, finite) = kept.read().map_err(nms_err(0))?;
+            (dets, finite.into_iter().map(|ok| !ok).collect())
+        } else {
+            (vec![Vec::new(); images.len()], vec![true; images.len()])
+        };
+        let (anchors, mut data) = (y.dim(2).map_err(candle)?, None);
+        for (i, dets) in all.iter_mut().enumerate().filter(|(i, _)| on_host[*i]) {
+            // On the host NMS also names the anchor and row of a non-finite value.
+            if data.is_none() {
+                data = Some(y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?);
+            }
+            let per = (4 + self.nc) * anchors;
+            let d = data.as_deref().unwrap_or_default();
+            let view = PredView::new(
+                d.get(i * per..(i + 1) * per).unwrap_or_default(),
+                self.nc,
+                anchors,
+                Layout::ChannelsFirst,
+            )
+            .map_err(nms_err(i))?;
+            self.nms.run(&view, 0, &mut self.scratch, dets, None).map_err(nms_err(i))?;
         }
-        if !on_device || !finite {
-            // On the host, which also names the anchor and row of a non-finite value.
-            let anchors = y.dim(2).map_err(candle)?;
-            let data = y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?;
-            let view = PredView::new(&data, self.nc, anchors, Layout::ChannelsFirst).map_err(nms_err)?;
-            self.nms.run(&view, 0, &mut self.scratch, &mut dets, None).map_err(nms_err)?;
-        }
-        for d in &mut dets {
-            d.bbox = lb.unmap_box(&d.bbox).clip(w as f32, h as f32);
-        }
-        Ok((dets, lb))
+        Ok(all
+            .into_iter()
+            .zip(images.iter().zip(lbs))
+            .map(|(mut dets, ((image, _), lb))| {
+                for d in &mut dets {
+                    d.bbox = lb.unmap_box(&d.bbox).clip(image.width() as f32, image.height() as f32);
+                }
+                (dets, lb)
+            })
+            .collect())
     }
 
     /// Reads, decodes and predicts one image file. Returns the prediction and the decoded image (for drawing).
@@ -442,18 +484,21 @@ impl Predictor {
         Ok((pred, d.image))
     }
 
-    /// Predicts `paths` in order, reading and decoding ahead on `threads` threads (at least one) while this thread
-    /// runs the model: each thread takes every `threads`-th file and keeps at most [`DECODE_AHEAD`] decoded images
-    /// waiting, so memory stays bounded and the model never waits on a decode that could have run earlier.
-    /// `each(i, result)` sees file `i`'s prediction (or its error) in order; an error it returns stops the stream
-    /// (the decode threads stop at their next hand-off) and is returned.
+    /// Predicts `paths` in order, `batch` images per forward (as [`Predictor::predict_images`]), reading and decoding
+    /// ahead on `threads` threads (at least one) while this thread runs the model: each thread takes every
+    /// `threads`-th file and keeps at most [`DECODE_AHEAD`] decoded images waiting, so memory stays bounded and the
+    /// model never waits on a decode that could have run earlier. `each(i, result)` sees file `i`'s prediction (or
+    /// its error: a file that does not decode leaves its batch one image short) in order; an error it returns stops
+    /// the stream (the decode threads stop at their next hand-off) and is returned.
     pub fn predict_stream<E: From<PredictError>>(
         &mut self,
         paths: &[PathBuf],
         threads: usize,
+        batch: usize,
         mut each: impl FnMut(usize, Result<(Prediction, ImageRgb8)>) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         let k = threads.clamp(1, paths.len().max(1));
+        let batch = batch.max(1);
         std::thread::scope(|scope| {
             let mut rxs = Vec::with_capacity(k);
             for w in 0..k {
@@ -469,12 +514,51 @@ impl Predictor {
                     }
                 });
             }
-            for (i, path) in paths.iter().enumerate() {
-                let decoded = rxs[i % k].recv().map_err(|_| PredictError::Decode {
-                    path: path.clone(),
-                    reason: "the decode thread stopped".into(),
-                })?;
-                each(i, decoded.and_then(|d| self.predict_decoded(d)))?;
+            let mut window: Vec<Result<DecodedFile>> = Vec::with_capacity(batch);
+            for start in (0..paths.len()).step_by(batch) {
+                window.clear();
+                for (i, path) in paths.iter().enumerate().skip(start).take(batch) {
+                    window.push(rxs[i % k].recv().unwrap_or_else(|_| {
+                        Err(PredictError::Decode { path: path.clone(), reason: "the decode thread stopped".into() })
+                    }));
+                }
+                let ok: Vec<(&ImageRgb8, &Path)> =
+                    window.iter().filter_map(|r| r.as_ref().ok()).map(|d| (&d.image, d.path.as_path())).collect();
+                // A batch that fails is run image by image, so that each image gets its own result or error.
+                let outs: Vec<Result<(Vec<Detection>, Letterbox)>> = match self.predict_images(&ok) {
+                    Ok(p) => p.into_iter().map(Ok).collect(),
+                    Err(e) if ok.len() == 1 => vec![Err(e)],
+                    Err(_) => ok
+                        .iter()
+                        .map(|one| {
+                            self.predict_images(std::slice::from_ref(one)).and_then(|mut v| {
+                                v.pop().ok_or_else(|| PredictError::Invalid {
+                                    what: "predict batch",
+                                    reason: "no output".into(),
+                                })
+                            })
+                        })
+                        .collect(),
+                };
+                let mut preds = outs.into_iter();
+                for (j, r) in window.drain(..).enumerate() {
+                    let out = r.and_then(|d| {
+                        let (detections, letterbox) = preds.next().ok_or_else(|| PredictError::Invalid {
+                            what: "predict batch",
+                            reason: "fewer outputs than images".into(),
+                        })??;
+                        let pred = Prediction {
+                            width: d.image.width(),
+                            height: d.image.height(),
+                            path: d.path,
+                            format: d.format,
+                            detections,
+                            letterbox,
+                        };
+                        Ok((pred, d.image))
+                    });
+                    each(start + j, out)?;
+                }
             }
             Ok(())
         })
@@ -580,25 +664,68 @@ mod tests {
         let want: Vec<Option<Vec<Detection>>> =
             files.iter().map(|f| one.predict_file(f).ok().map(|(p, _)| p.detections)).collect();
         assert!(want.iter().flatten().any(|d| !d.is_empty()));
-        for threads in [1, 3, 16] {
+        // One at a time in a stream (any thread count): the same detections, bit for bit. In batches of 4 or 3 (one
+        // forward for several images of one size, so the same canvas): the same within float reassociation.
+        for (threads, batch) in [(1, 1), (3, 1), (16, 1), (2, 4), (3, 3)] {
             let mut got = Vec::new();
-            let r: std::result::Result<(), PredictError> = one.predict_stream(&files, threads, |i, r| {
+            let r: std::result::Result<(), PredictError> = one.predict_stream(&files, threads, batch, |i, r| {
                 got.push((i, r.ok().map(|(p, _)| p.detections)));
                 Ok(())
             });
             r.expect("stream");
             let order: Vec<usize> = got.iter().map(|g| g.0).collect();
             assert_eq!(order, (0..files.len()).collect::<Vec<_>>());
-            assert_eq!(got.into_iter().map(|g| g.1).collect::<Vec<_>>(), want, "{threads} threads");
+            let got: Vec<Option<Vec<Detection>>> = got.into_iter().map(|g| g.1).collect();
+            if batch == 1 {
+                assert_eq!(got, want, "{threads} threads");
+                continue;
+            }
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.is_some(), w.is_some());
+                let (Some(g), Some(w)) = (g, w) else { continue };
+                assert_eq!(g.len(), w.len(), "batch {batch}");
+                for (a, b) in g.iter().zip(w) {
+                    assert_eq!(a.class, b.class);
+                    assert!((a.score - b.score).abs() <= 1e-4, "{a:?} {b:?}");
+                    assert!(
+                        (a.bbox.x1 - b.bbox.x1).abs() <= 1e-2 && (a.bbox.y2 - b.bbox.y2).abs() <= 1e-2,
+                        "{a:?} {b:?}"
+                    );
+                }
+            }
         }
         // An error from the callback stops the stream and comes back.
         let mut seen = 0;
-        let r = one.predict_stream(&files, 2, |i, _| {
+        let r = one.predict_stream(&files, 2, 1, |i, _| {
             seen += 1;
             if i == 1 { Err(PredictError::Invalid { what: "test", reason: "stop".into() }) } else { Ok(()) }
         });
         assert!(r.is_err());
         assert_eq!(seen, 2);
+    }
+
+    #[test]
+    fn a_batch_of_mixed_sizes_is_letterboxed_to_the_square_size_as_ultralytics() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = saved_model(dir.path(), 2);
+        let o = PredictOptions { imgsz: 160, ..PredictOptions::default() };
+        let mut p = Predictor::load(&w, Arch::v8(Scale::N), None, o).expect("load");
+        let img =
+            |w: u32, h: u32| ImageRgb8::from_raw(w, h, 3 * w as usize, vec![90; (3 * w * h) as usize]).expect("img");
+        let (a, b) = (img(200, 150), img(100, 120));
+        let name = Path::new("x.png");
+        let mixed = p.predict_images(&[(&a, name), (&b, name)]).expect("mixed");
+        assert!(
+            mixed.iter().all(|(_, lb)| lb.canvas == (160, 160)),
+            "{:?}",
+            mixed.iter().map(|m| m.1.canvas).collect::<Vec<_>>()
+        );
+        // One size: the minimal stride-padded canvas, as one image alone gets.
+        let same = p.predict_images(&[(&a, name), (&a, name)]).expect("same");
+        let alone = p.letterbox_for(200, 150).canvas;
+        assert_eq!(alone, (160, 128));
+        assert!(same.iter().all(|(_, lb)| lb.canvas == alone));
+        assert!(p.predict_images(&[]).expect("empty").is_empty());
     }
 
     #[test]

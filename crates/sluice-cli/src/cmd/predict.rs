@@ -73,6 +73,10 @@ pub(crate) struct Args {
     /// Threads that read and decode the images ahead of the model (0: one on the CPU, up to 8 beside a GPU).
     #[arg(long, default_value_t = 0)]
     workers: usize,
+    /// Images per forward, as Ultralytics' `batch`: a batch of one size shares its minimal canvas, a batch of
+    /// mixed sizes is letterboxed to the square `--imgsz`.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 #[derive(Serialize)]
@@ -204,7 +208,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut last = Instant::now();
-    predictor.predict_stream(&sources, threads, |i, r| -> Result<()> {
+    predictor.predict_stream(&sources, threads, a.batch, |i, r| -> Result<()> {
         let path = &sources[i];
         let (pred, mut image) = r?;
         let ms = last.elapsed().as_secs_f64() * 1e3;
