@@ -1,13 +1,13 @@
 //! NMS per image on the reference prediction (`tests/data/nms_pred_img0.npy`, 8400 anchors x 80 classes):
-//! single- and multi-label, exact per-class and Ultralytics' class-offset mode. Results beside Ultralytics' own
-//! time per image: `docs/bench-results.md`.
+//! single- and multi-label, exact per-class and Ultralytics' class-offset mode, and the device NMS's host twin
+//! (`masknms`). Results beside Ultralytics' own time per image: `docs/bench-results.md`.
 //!
 //! In-run baseline (`baseline_torchvision_kernel`): the same candidates through a direct port of torchvision's
 //! CPU `nms` kernel (class-offset boxes, every kept box suppresses every later box, no early exit), i.e. what
 //! Ultralytics runs after its tensor filtering; the ratio of the two is printed by criterion side by side.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use sluice_eval::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredView};
+use sluice_eval::{Layout, MaskNms, MaskScratch, Nms, NmsMode, NmsParams, NmsScratch, PredView};
 
 /// Reads a little-endian float32 `.npy` file (format 1.0).
 fn read_npy_f32(path: &str) -> Vec<f32> {
@@ -87,6 +87,20 @@ fn bench(c: &mut Criterion) {
         g.bench_function(format!("cpu/{name}"), |b| {
             b.iter(|| {
                 nms.run(&view, 0, &mut scratch, &mut out, None).expect("nms");
+                out.len()
+            })
+        });
+    }
+    // The device algorithm's host twin (`masknms`: keys, sort, overlap masks, greedy keep) on the same input, the
+    // Ultralytics validation setting: what the CUDA kernels compute, timed on the host.
+    for (name, multi_label) in [("single_offset", false), ("multi_offset", true)] {
+        let params = NmsParams { multi_label, mode: NmsMode::ClassOffset { max_wh: 7680.0 }, ..NmsParams::default() };
+        let nms = MaskNms::new(params);
+        let mut scratch = MaskScratch::default();
+        let mut out = Vec::new();
+        g.bench_function(format!("cpu/masknms_twin_{name}"), |b| {
+            b.iter(|| {
+                nms.run(&view, 0, &mut scratch, &mut out, None).expect("masknms");
                 out.len()
             })
         });
