@@ -26,7 +26,7 @@
 use sluice_core::{BoxXyxy, Detection};
 
 use crate::error::{Error, Result};
-use crate::nms::{NmsMode, NmsParams, PredView, check_boxes, desc_key, first_non_finite};
+use crate::nms::{NmsMode, NmsParams, PredView, begin_image, check_boxes, desc_key, first_non_finite};
 
 /// The key of a slot that is no candidate; it sorts after every candidate's key.
 pub const NO_CANDIDATE: u64 = u64::MAX;
@@ -76,11 +76,6 @@ pub fn candidate_keys(pred: &PredView<'_>, conf: f32, multi: bool, keys: &mut Ve
         }
     }
     finite
-}
-
-/// The number of candidates at the front of sorted `keys`, at most `max_nms`.
-pub fn candidate_count(sorted: &[u64], max_nms: usize) -> usize {
-    sorted.partition_point(|&k| k != NO_CANDIDATE).min(max_nms)
 }
 
 /// The offset per class of the class-offset mode, if suppression uses it.
@@ -202,14 +197,8 @@ impl MaskNms {
         out: &mut Vec<Detection>,
         mut anchors: Option<&mut Vec<usize>>,
     ) -> Result<()> {
-        out.clear();
-        if let Some(a) = anchors.as_deref_mut() {
-            a.clear();
-        }
+        begin_image(&self.params, out, anchors.as_deref_mut())?;
         let p = &self.params;
-        if !(p.iou_thres.is_finite() && p.conf_thres.is_finite()) {
-            return Err(Error::Invalid { what: "NMS thresholds", reason: format!("{p:?}") });
-        }
         let nc = pred.num_classes();
         if (pred.num_anchors() as u64).saturating_mul(nc as u64) > u64::from(u32::MAX) {
             return Err(Error::Invalid { what: "prediction", reason: "more than 2^32 (anchor, class) slots".into() });
@@ -516,7 +505,7 @@ mod tests {
         let mut keys = Vec::new();
         assert!(candidate_keys(&view, 0.2, true, &mut keys));
         keys.sort_unstable();
-        let n = candidate_count(&keys, usize::MAX);
+        let n = keys.partition_point(|&k| k != NO_CANDIDATE);
         let order: Vec<(f32, u64)> = keys[..n]
             .iter()
             .map(|k| {

@@ -217,14 +217,8 @@ impl Nms {
         out: &mut Vec<Detection>,
         mut anchors: Option<&mut Vec<usize>>,
     ) -> Result<()> {
-        out.clear();
-        if let Some(a) = anchors.as_deref_mut() {
-            a.clear();
-        }
+        begin_image(&self.params, out, anchors.as_deref_mut())?;
         let p = &self.params;
-        if !(p.iou_thres.is_finite() && p.conf_thres.is_finite()) {
-            return Err(Error::Invalid { what: "NMS thresholds", reason: format!("{p:?}") });
-        }
         let nc = pred.num_classes;
         let extent = check_boxes(pred, image)?;
         let multi = p.multi_label && nc > 1;
@@ -322,6 +316,19 @@ impl Nms {
         }
         Ok(())
     }
+}
+
+/// The start of one image's NMS (shared by [`Nms`] and [`crate::MaskNms`]): empties the outputs and checks that the
+/// thresholds are finite.
+pub(crate) fn begin_image(p: &NmsParams, out: &mut Vec<Detection>, anchors: Option<&mut Vec<usize>>) -> Result<()> {
+    out.clear();
+    if let Some(a) = anchors {
+        a.clear();
+    }
+    if !(p.iou_thres.is_finite() && p.conf_thres.is_finite()) {
+        return Err(Error::Invalid { what: "NMS thresholds", reason: format!("{p:?}") });
+    }
+    Ok(())
 }
 
 /// Checks that every box value is finite and returns the extent of all boxes (as xyxy).

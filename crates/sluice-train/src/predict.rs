@@ -243,6 +243,21 @@ pub struct DecodedFile {
     pub image: ImageRgb8,
 }
 
+impl DecodedFile {
+    /// The file's prediction from its detections and letterbox, and its image (for drawing).
+    fn into_prediction(self, detections: Vec<Detection>, letterbox: Letterbox) -> (Prediction, ImageRgb8) {
+        let pred = Prediction {
+            width: self.image.width(),
+            height: self.image.height(),
+            path: self.path,
+            format: self.format,
+            detections,
+            letterbox,
+        };
+        (pred, self.image)
+    }
+}
+
 /// Reads and decodes one image file with `decoder`: no model work, so it runs on any thread.
 pub fn decode_file(decoder: &dyn Decoder, path: &Path) -> Result<DecodedFile> {
     let bytes = std::fs::read(path).map_err(|source| PredictError::Io { path: path.to_path_buf(), source })?;
@@ -473,15 +488,7 @@ impl Predictor {
     /// Predicts a decoded file. Returns the prediction and the image (for drawing).
     pub fn predict_decoded(&mut self, d: DecodedFile) -> Result<(Prediction, ImageRgb8)> {
         let (detections, letterbox) = self.predict_image(&d.image, &d.path)?;
-        let pred = Prediction {
-            width: d.image.width(),
-            height: d.image.height(),
-            path: d.path,
-            format: d.format,
-            detections,
-            letterbox,
-        };
-        Ok((pred, d.image))
+        Ok(d.into_prediction(detections, letterbox))
     }
 
     /// Predicts `paths` in order, `batch` images per forward (as [`Predictor::predict_images`]), reading and decoding
@@ -547,15 +554,7 @@ impl Predictor {
                             what: "predict batch",
                             reason: "fewer outputs than images".into(),
                         })??;
-                        let pred = Prediction {
-                            width: d.image.width(),
-                            height: d.image.height(),
-                            path: d.path,
-                            format: d.format,
-                            detections,
-                            letterbox,
-                        };
-                        Ok((pred, d.image))
+                        Ok(d.into_prediction(detections, letterbox))
                     });
                     each(start + j, out)?;
                 }
