@@ -1,0 +1,1 @@
+//! The CPU collective engine: MPI through the `mpi` crate.
