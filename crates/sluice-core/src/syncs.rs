@@ -27,19 +27,22 @@ pub enum Site {
     ShrinkFit,
     /// Validation: the shrunk predictions copied to the host.
     ShrinkCopy,
+    /// Data-parallel training: device gradients copied to the host for the CPU engine's all-reduce.
+    GradReduce,
     /// Any other explicit synchronize.
     Other,
 }
 
 impl Site {
     /// Every site, in report order.
-    pub const ALL: [Site; 7] = [
+    pub const ALL: [Site; 8] = [
         Site::Assigner,
         Site::LossItems,
         Site::NonFiniteCheck,
         Site::TransferSlot,
         Site::ShrinkFit,
         Site::ShrinkCopy,
+        Site::GradReduce,
         Site::Other,
     ];
 
@@ -52,6 +55,7 @@ impl Site {
             Site::TransferSlot => "transfer_slot",
             Site::ShrinkFit => "shrink_fit",
             Site::ShrinkCopy => "shrink_copy",
+            Site::GradReduce => "grad_reduce",
             Site::Other => "other",
         }
     }

@@ -5,8 +5,10 @@
 use crate::error::Result;
 
 /// A communicator of `world()` ranks. Every rank calls the same operations in the same order with buffers of the
-/// same length; the engines check what they cheaply can and name the rank that disagrees.
-pub trait Collective {
+/// same length; the engines check what they cheaply can and name the rank that disagrees. `Send + Sync`: the
+/// trainer's optimizer step runs on a worker of its compute pool, so the engine is called from there; engines
+/// serialize their own calls.
+pub trait Collective: Send + Sync {
     /// The engine's name (`solo`, `mpi`, `nccl`).
     fn name(&self) -> &'static str;
 

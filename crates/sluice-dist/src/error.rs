@@ -18,7 +18,8 @@ pub enum DistError {
     /// The rendezvous did not complete: a rank that did not answer, or a handshake that did not match.
     #[error("rendezvous at {addr}: rank {rank}: {reason}")]
     Rendezvous {
-        /// The rank that did not answer (or, for a rank that could not reach rank 0, itself).
+        /// The rank at fault: one that did not connect or answer (rank 0, for a rank that could not reach it), or
+        /// whose handshake did not match.
         rank: usize,
         /// The address of the rendezvous (rank 0's listener).
         addr: String,
@@ -70,6 +71,14 @@ pub enum DistError {
         feature: &'static str,
         /// How to get it.
         hint: &'static str,
+    },
+    /// A setting that cannot work (a rank outside the world, a heartbeat slower than its timeout, no workers).
+    #[error("{what}: {reason}")]
+    Invalid {
+        /// What the setting belongs to.
+        what: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// An I/O error with what was being done.
     #[error("{what}: {source}")]

@@ -8,9 +8,18 @@ pub mod error;
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi_engine;
+pub mod mpirun;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+pub mod rendezvous;
+pub mod spawn;
 
 pub use collective::{Collective, Solo, contiguous_share};
 pub use error::{DistError, Result};
 pub use launch::{DEFAULT_PORT, Launch, Launcher};
 #[cfg(feature = "mpi")]
 pub use mpi_engine::Mpi;
+#[cfg(feature = "nccl")]
+pub use nccl::Nccl;
+pub use rendezvous::{Rendezvous, RendezvousConfig};
+pub use spawn::{LocalLaunch, free_port, run_local};

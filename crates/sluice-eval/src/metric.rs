@@ -103,6 +103,21 @@ impl UltralyticsMetric {
     }
 }
 
+impl UltralyticsMetric {
+    /// The images added so far as bytes (JSON, floats round-trip exactly), for another process to merge.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(&(self.num_classes, &self.acc))
+            .map_err(|e| Error::Invalid { what: "metric state", reason: e.to_string() })
+    }
+
+    /// A metric holding the images that [`UltralyticsMetric::to_bytes`] wrote; `what` names the source in errors.
+    pub fn from_bytes(bytes: &[u8], what: &str) -> Result<Self> {
+        let (num_classes, acc): (u32, ApAccumulator) = serde_json::from_slice(bytes)
+            .map_err(|e| Error::Invalid { what: "metric state", reason: format!("{what}: {e}") })?;
+        Ok(Self { acc, num_classes, gts: Vec::new(), dets: Vec::new() })
+    }
+}
+
 impl MergeMetric for UltralyticsMetric {
     fn merge(&mut self, other: UltralyticsMetric) -> sluice_core::Result<()> {
         Ok(self.acc.merge(other.acc)?)

@@ -529,7 +529,13 @@ where
     }
 
     /// Waits for the workers to finish every submitted batch, joins them, merges their metrics and finalizes.
-    pub fn finish(mut self) -> Result<StreamReport<M::Report>> {
+    pub fn finish(self) -> Result<StreamReport<M::Report>> {
+        self.finish_with(Ok)
+    }
+
+    /// [`StreamingValidator::finish`] with `combine` applied to the merged metric before it is finalized: a
+    /// data-parallel pass gathers every rank's part there, so the report covers the whole split.
+    pub fn finish_with(mut self, combine: impl FnOnce(M) -> Result<M>) -> Result<StreamReport<M::Report>> {
         self.check_failed()?;
         let wait = Instant::now();
         // Closing the queue lets the workers drain it and exit.
@@ -569,7 +575,8 @@ where
             stats.truncated_images += p.stats.truncated_images;
             stats.worker_busy += p.stats.worker_busy;
         }
-        let mut metric = metric.ok_or_else(|| Error::Stream("no worker returned its metric".into()))?;
+        let metric = metric.ok_or_else(|| Error::Stream("no worker returned its metric".into()))?;
+        let mut metric = combine(metric)?;
         let metrics = metric.finalize().map_err(Error::from_stage)?;
         stats.wall = self.started.elapsed();
         kept.sort_unstable_by_key(|k: &KeptBatch| k.batch);

@@ -68,7 +68,7 @@ pub fn match_image(gts: &[GtObj], dets: &[DetObj], thresholds: &[f32]) -> Vec<u3
     tp
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 struct Rec {
     conf: f64,
     image: i64,
@@ -77,8 +77,9 @@ struct Rec {
     tp: u32,
 }
 
-/// Streaming `ap_per_class` inputs: per detection (confidence, class, tp bits), per class the GT count.
-#[derive(Debug, Clone)]
+/// Streaming `ap_per_class` inputs: per detection (confidence, class, tp bits), per class the GT count. It
+/// serializes (serde) so that the parts built by the ranks of a data-parallel run can be gathered and merged.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ApAccumulator {
     thresholds: Vec<f32>,
     recs: Vec<Rec>,

@@ -121,6 +121,13 @@ fn metric_stage_on_several_workers_matches_the_direct_computation() {
             dets.iter().map(|d| Detection { bbox: bx(&d.0.1), score: d.0.2 as f32, class: d.0.0 }).collect();
         workers[n % 3].update(*id as u64, &dets, &truth).unwrap();
     }
+    // The parts as another process receives them (bytes) merge to the same report.
+    let mut through_bytes = UltralyticsMetric::from_bytes(&workers[0].to_bytes().unwrap(), "part 0").unwrap();
+    for w in &workers[1..] {
+        through_bytes.merge(UltralyticsMetric::from_bytes(&w.to_bytes().unwrap(), "part").unwrap()).unwrap();
+    }
+    assert_eq!(through_bytes.finalize().unwrap(), direct.finalize());
+    assert!(UltralyticsMetric::from_bytes(b"{not json", "rank 1").unwrap_err().to_string().contains("rank 1"));
     let mut m = workers.pop().unwrap();
     for w in workers {
         m.merge(w).unwrap();

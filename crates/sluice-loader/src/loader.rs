@@ -392,6 +392,8 @@ pub struct ValLoader {
     core: Core<ValRecipe>,
     plan: Arc<RectPlan>,
     left_out: SkipReport,
+    /// The plan's batches this loader's passes visit (all of them, or a rank's share).
+    batches: std::ops::Range<usize>,
 }
 
 impl std::fmt::Debug for ValLoader {
@@ -410,7 +412,8 @@ impl ValLoader {
         let plan = Arc::new(RectPlan::new(&sizes, cfg.batch, cfg.imgsz, Self::STRIDE, 0.5));
         let max_side = plan.shapes.iter().map(|&(w, h)| w.max(h)).max().unwrap_or(cfg.imgsz) as usize;
         let canvas = BatchShape::rgb(cfg.batch, max_side, max_side);
-        Self { core: Core::new(source, cfg, canvas), plan, left_out: SkipReport::default() }
+        let batches = 0..plan.len();
+        Self { core: Core::new(source, cfg, canvas), plan, left_out: SkipReport::default(), batches }
     }
 
     /// Records the split's images that indexing already left out ([`crate::split::LoadedSplit::left_out`]), so
@@ -425,6 +428,15 @@ impl ValLoader {
         &self.left_out
     }
 
+    /// Visits only the plan's batches `range` (clamped to the plan): a data-parallel rank's share of the split.
+    /// The batches keep the images and canvases they have in the whole plan, so every image is letterboxed and
+    /// batched exactly as in a single-process pass.
+    pub fn with_batches(mut self, range: std::ops::Range<usize>) -> Self {
+        let n = self.plan.len();
+        self.batches = range.start.min(n)..range.end.min(n);
+        self
+    }
+
     /// The rect plan (visiting order and canvas per batch).
     pub fn plan(&self) -> &RectPlan {
         &self.plan
@@ -432,12 +444,17 @@ impl ValLoader {
 
     /// Batches per pass.
     pub fn len(&self) -> usize {
-        self.plan.len()
+        self.batches.len()
     }
 
     /// Whether there is nothing to validate.
     pub fn is_empty(&self) -> bool {
-        self.plan.is_empty()
+        self.batches.is_empty()
+    }
+
+    /// Images per pass (the images of [`ValLoader::with_batches`]'s share).
+    pub fn images(&self) -> usize {
+        self.batches.clone().map(|k| self.plan.batch(k).len()).sum()
     }
 
     /// The decoded-image source (cache statistics).
@@ -454,7 +471,7 @@ impl ValLoader {
     pub fn pass(&self) -> PipelineIter<Pooled<Batch>> {
         let (plan, cfg) = (Arc::clone(&self.plan), self.core.cfg);
         self.core.run(
-            0..self.plan.len(),
+            self.batches.clone(),
             ValLetterbox,
             |r, ids| ids.push(r.id),
             move |k, job| {

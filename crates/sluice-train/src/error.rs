@@ -51,6 +51,9 @@ pub enum Error {
     /// A JSON document could not be written or read.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    /// The ranks of a data-parallel run could not meet or lost one another.
+    #[error(transparent)]
+    Dist(#[from] sluice_dist::DistError),
     /// A YAML document could not be written or read.
     #[error(transparent)]
     Yaml(#[from] serde_yaml_ng::Error),

@@ -4,6 +4,7 @@
 //! callbacks and returns [`Error`]s; the `sluice` binary (sluice-cli) draws, prints and parses arguments.
 #![warn(missing_docs)]
 
+pub mod dist;
 pub mod error;
 pub mod optim;
 pub mod predict;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use sluice_train::dist::Dist;
 use sluice_train::train::checkpoint_config;
 use sluice_train::train::{
     BatchEvent, CacheMode, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary,
@@ -49,9 +50,13 @@ pub(crate) struct Args {
     /// `.sluice` shard beside its label cache, then read from it).
     #[arg(long)]
     source: Option<ReadFrom>,
-    /// cpu or cuda:N.
+    /// cpu, cuda:N, or several GPUs for data-parallel training (0,1,2,3: one worker process each, NCCL).
     #[arg(long)]
     device: Option<String>,
+    /// Data-parallel ranks on the CPU: this many worker processes (started under mpirun; `batch` is split
+    /// between them).
+    #[arg(long)]
+    nproc: Option<usize>,
     #[arg(long)]
     seed: Option<u64>,
     #[arg(long)]
@@ -267,16 +272,57 @@ pub(crate) fn print_summary(s: &TrainSummary) {
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
-    let mut trainer = match &args.resume {
+    let launch = sluice_dist::Launch::from_env()?;
+    // The checkpoint to resume and the configuration the run will have.
+    let (resume, cfg) = match &args.resume {
         Some(p) => {
             let project = args.resolve()?.project;
             let given = (!p.as_os_str().is_empty()).then_some(p.as_path());
             let ck = find_resume(given, &project)?;
             let cfg = checkpoint_config(&ck)?;
-            eprintln!("resuming {} ({} epochs, model {})", ck.display(), cfg.epochs, cfg.model);
-            Trainer::resume(&ck)?
+            (Some(ck), cfg)
         }
-        None => Trainer::new(args.resolve()?)?,
+        None => (None, args.resolve()?),
+    };
+    if !launch.is_distributed() {
+        let devices = sluice_train::train::device_list(&cfg.device)?;
+        let nproc = args.nproc.unwrap_or(1);
+        if devices.len() > 1 {
+            anyhow::ensure!(
+                nproc == 1 || nproc == devices.len(),
+                "--nproc {nproc} with {} devices: one process runs per device",
+                devices.len()
+            );
+            return launch_local(devices.len());
+        }
+        if nproc > 1 {
+            anyhow::ensure!(cfg.device == "cpu", "--nproc is for CPU ranks; for GPUs list them: --device 0,1");
+            return launch_mpi(nproc);
+        }
+    }
+    let dist = if launch.is_distributed() {
+        let device = sluice_train::train::rank_device(&cfg.device, launch.local_rank)?;
+        let device = sluice_train::train::device_of(&device)?;
+        let dist = Dist::from_env(&device).with_context(|| format!("rank {} of {}", launch.rank, launch.world))?;
+        // A rank blocked in a collective cannot return: the heartbeat's thread ends the process.
+        let rank = launch.rank;
+        dist.on_lost(Box::new(move |e| {
+            eprintln!("error: rank {rank}: {e}; ending this rank");
+            std::process::exit(1);
+        }));
+        dist
+    } else {
+        Dist::single()
+    };
+    let main = dist.is_main();
+    let mut trainer = match &resume {
+        Some(ck) => {
+            if main {
+                eprintln!("resuming {} ({} epochs, model {})", ck.display(), cfg.epochs, cfg.model);
+            }
+            Trainer::resume_with(ck, dist)?
+        }
+        None => Trainer::new_with(cfg, dist)?,
     };
     let stop = trainer.stop_flag();
     ctrlc::set_handler(move || {
@@ -286,6 +332,11 @@ pub(crate) fn run(args: Args) -> Result<()> {
         eprintln!("\ninterrupt: saving last.safetensors after this batch (Ctrl-C again to quit now)");
     })
     .context("installing the Ctrl-C handler")?;
+    if !main {
+        // The other ranks train silently; rank 0 prints, plots and writes the run's files.
+        trainer.run(&mut sluice_train::train::Quiet)?;
+        return finish_dist(trainer);
+    }
     let cfg = trainer.config();
     let (n_train, n_val) = trainer.sizes();
     let sizes = if cfg.multi_scale > 0.0 {
@@ -305,6 +356,16 @@ pub(crate) fn run(args: Args) -> Result<()> {
         cfg.batch,
         cfg.device
     );
+    if trainer.dist().is_distributed() {
+        let d = trainer.dist();
+        eprintln!(
+            "data-parallel: {} ranks ({}, {}), {} images per rank per batch",
+            d.world(),
+            d.comm().name(),
+            d.launch().launcher.name(),
+            cfg.batch / d.world()
+        );
+    }
     eprintln!("run folder: {}", trainer.paths().dir.display());
     let one_bin = cfg.arch().is_ok_and(|a| a.family.reg_max() == 1);
     let mut console =
@@ -317,5 +378,51 @@ pub(crate) fn run(args: Args) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     }
+    finish_dist(trainer)
+}
+
+/// Ends a rank's connections in order, so the other ranks do not report it as lost.
+fn finish_dist(trainer: Trainer) -> Result<()> {
+    trainer.into_dist().finish()?;
+    Ok(())
+}
+
+/// This command again with `--nproc` left out, for the worker processes.
+fn worker_args() -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut args = std::env::args_os().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--nproc" {
+            args.next();
+        } else if !a.to_string_lossy().starts_with("--nproc=") {
+            out.push(a);
+        }
+    }
+    out
+}
+
+/// Starts `n` CPU ranks of this command under mpirun and waits for them.
+fn launch_mpi(n: usize) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the sluice binary")?;
+    let mut cmd = sluice_dist::mpirun::mpirun_command(n, &exe, &worker_args())?;
+    // Ctrl-C reaches mpirun and the ranks directly (one process group); the launcher waits for them to save.
+    ctrlc::set_handler(|| {}).context("installing the Ctrl-C handler")?;
+    eprintln!("starting {n} CPU ranks under mpirun");
+    let status = cmd.status().context("running mpirun")?;
+    anyhow::ensure!(status.success(), "the ranks failed ({status}); the first error is printed above");
+    Ok(())
+}
+
+/// Starts one worker process per listed GPU (torchrun's variables, NCCL) and waits for them.
+fn launch_local(n: usize) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the sluice binary")?;
+    let mut launch = sluice_dist::LocalLaunch::new(exe, n);
+    launch.args = worker_args();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&stop);
+    ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    eprintln!("starting {n} GPU ranks");
+    sluice_dist::run_local(&launch, &stop)?;
     Ok(())
 }

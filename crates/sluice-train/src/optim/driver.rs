@@ -17,6 +17,14 @@ use super::optimizer::{
 use super::schedule::{Schedule, warmup_accumulate};
 use super::settings::{OptimSettings, Resolved, Rule, RunShape, resolve};
 
+/// Combines the gradients that every data-parallel rank accumulated since the last optimizer step, in place, before
+/// clipping and the step (so the norm, the non-finite skip and the update are the same on every rank). `grads`
+/// is in [`ParamGroups::params`] order; `None` is a parameter without a gradient.
+pub trait GradReduce: Send {
+    /// Replaces `grads` with their combination over the ranks.
+    fn reduce(&mut self, grads: &mut [Option<Tensor>], params: &[super::groups::Param]) -> Result<()>;
+}
+
 /// What one call of [`Optimization::batch`] did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchOutcome {
@@ -75,6 +83,14 @@ pub struct Optimization {
     pub(crate) device_checks: bool,
     /// Device-side skips not yet read: a scalar float32 count.
     pub(crate) device_skips: Option<Tensor>,
+    /// The data-parallel gradient combination ([`Optimization::set_grad_reduce`]).
+    pub(crate) grad_reduce: Option<Box<dyn GradReduce>>,
+}
+
+impl std::fmt::Debug for dyn GradReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GradReduce")
+    }
 }
 
 impl Optimization {
@@ -108,6 +124,7 @@ impl Optimization {
             skipped: 0,
             device_checks: false,
             device_skips: None,
+            grad_reduce: None,
         };
         // LambdaLR's construction sets every group to initial_lr · lf(0).
         s.lr = (0..n_groups).map(|i| s.initial_lr(i) * s.schedule.lf(0)).collect();
@@ -281,6 +298,9 @@ impl Optimization {
             return Ok(BatchOutcome { stepped: false, skipped_nonfinite: false, grad_norm: None, accumulate });
         }
 
+        if let Some(r) = self.grad_reduce.as_mut() {
+            r.reduce(&mut self.pending, self.optimizer.groups().params())?;
+        }
         if self.device_checks {
             return self.device_step(model, ni, accumulate);
         }
@@ -306,6 +326,13 @@ impl Optimization {
     /// [`BatchOutcome::grad_norm`] is `None`.
     pub fn set_device_checks(&mut self, on: bool) {
         self.device_checks = on;
+    }
+
+    /// Data-parallel training: `reduce` combines the ranks' accumulated gradients at every optimizer step. Once per
+    /// step, not per batch: the sum is linear, so reducing the accumulated window equals reducing each batch (as
+    /// PyTorch's DDP does) up to float reassociation, with a fraction of the traffic.
+    pub fn set_grad_reduce(&mut self, reduce: Box<dyn GradReduce>) {
+        self.grad_reduce = Some(reduce);
     }
 
     /// The device-side skips since the last call (one read; 0 without device checks), added to

@@ -250,8 +250,10 @@ impl TrainConfig {
         if !(self.val_fraction > 0.0 && self.val_fraction <= 1.0) {
             crate::bail!("val_fraction {} must be in (0, 1]", self.val_fraction);
         }
-        if self.device != "cpu" && !self.device.starts_with("cuda") {
-            crate::bail!("device '{}': expected cpu or cuda:N", self.device);
+        if self.device.contains(',') {
+            super::setup::device_list(&self.device)?;
+        } else if self.device != "cpu" && !self.device.starts_with("cuda") {
+            crate::bail!("device '{}': expected cpu, cuda:N or a list of GPUs (0,1,2,3)", self.device);
         }
         self.hyp.validate().context("augmentation settings")?;
         Ok(())

@@ -17,7 +17,7 @@ use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::run::Trainer;
 use super::state::Metrics;
 use super::telemetry::{EpochTelemetry, LoopTimes, PoolTelemetry, SyncTelemetry, ValTelemetry};
-use super::validate::{ValOptions, validate};
+use super::validate::{ValOptions, validate_on};
 use crate::error::{Context, Result};
 
 /// What [`Trainer::train_epoch`] hands to [`Trainer::end_epoch`].
@@ -119,7 +119,8 @@ impl Trainer {
                 data_wait_fraction: pass.times.data_wait_s / wall,
                 skipped: stepped.skipped,
             });
-            if self.stop.load(Ordering::Relaxed) && pass.done < batches {
+            // The ranks of a data-parallel run stop at the same batch, or their collectives would no longer pair.
+            if self.dist.any(self.stop.load(Ordering::Relaxed))? && pass.done < batches {
                 pass.interrupted = true;
                 break;
             }
@@ -160,7 +161,7 @@ impl Trainer {
         // queues them for an asynchronous read, shows the latest that has landed, and leaves the non-finite check
         // to the gradient norm at the optimizer step (a non-finite batch then drops its accumulation window), so
         // no read waits on the device.
-        let (items, finite) = match &out.items {
+        let (items, mut finite) = match &out.items {
             Items::Host(v) => (*v, v.iter().all(|v| v.is_finite())),
             Items::Device(t) => {
                 if self.readback.submit(ni as u64, t, &mut self.readback_buf)?.is_some() {
@@ -170,6 +171,9 @@ impl Trainer {
                 (self.last_items, true)
             }
         };
+        // Ranks must take the same path through the optimizer (their gradient sums pair up): a non-finite loss
+        // on one rank makes the summed gradient norm non-finite on all, and every rank skips that step there.
+        finite |= self.dist.is_distributed();
         let (opt, model) = (&mut self.opt, &self.model);
         let step = on_compute_pool(model.device(), || opt.batch_known_finite(model, &out.total, finite, ni, ep))?;
         pass.times.model_s += t.elapsed().as_secs_f64();
@@ -209,7 +213,7 @@ impl Trainer {
         &mut self,
         pass: EpochPass,
         start: Instant,
-        (results, telemetry): (&ResultsCsv, &JsonLines),
+        (results, telemetry): (Option<&ResultsCsv>, Option<&JsonLines>),
         totals: &mut RunTotals,
         observer: &mut dyn Observer,
     ) -> Result<()> {
@@ -237,8 +241,12 @@ impl Trainer {
             lr: self.opt.lrs(),
             val_skipped: m.skipped,
         };
-        results.append(&row)?;
-        telemetry.append(&tel)?;
+        if let Some(results) = results {
+            results.append(&row)?;
+        }
+        if let Some(telemetry) = telemetry {
+            telemetry.append(&tel)?;
+        }
         totals.train_s += pass.times.wall_s;
         totals.images += pass.times.images;
         totals.wait_s += pass.times.data_wait_s;
@@ -273,7 +281,10 @@ impl Trainer {
     fn validate_epoch(&mut self, epoch: u32, tel: &mut EpochTelemetry, observer: &mut dyn Observer) -> Result<bool> {
         let syncs0 = sluice_core::syncs::snapshot();
         let opts = ValOptions::default().for_device(self.model.device());
-        let v = validate(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, opts)?;
+        // Rank 0's EMA is the model that is saved; its BatchNorm statistics are its own, so the other ranks take
+        // it before validating their shares.
+        self.dist.broadcast_vars(&crate::dist::all_vars(self.opt.ema_model())).context("sending rank 0's EMA")?;
+        let v = validate_on(self.opt.ema_model(), &self.val, &self.loss, &self.transfer, opts, &self.dist)?;
         tel.val_s = v.seconds;
         let mut vt = ValTelemetry::new(v.images, v.seconds, v.data_wait_s, v.model_s, &v.stats).with_gpu(v.gpu_s);
         vt.nms = v.nms;

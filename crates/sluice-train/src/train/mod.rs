@@ -17,5 +17,5 @@ pub mod validate;
 pub use config::{CacheMode, ReadFrom, TrainConfig, parse_multi_scale};
 pub use events::{BatchEvent, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, Quiet};
 pub use run::Trainer;
-pub use setup::{ValRequest, ValSettings, device_of, load_model, validate_weights};
+pub use setup::{ValRequest, ValSettings, device_list, device_of, load_model, rank_device, validate_weights};
 pub use state::{Metrics, Progress, RunPaths, TrainSummary, checkpoint_config, find_resume};

@@ -21,9 +21,10 @@ use super::epoch::RunTotals;
 use super::events::{FinalEvalEvent, Observer};
 use super::loss_path::dense_on;
 use super::results::{JsonLines, ResultsCsv};
-use super::setup::{amp_dtype, device_of, load_model, source, subset};
+use super::setup::{amp_dtype, device_of, load_model, rank_device, source, subset};
 use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
-use super::validate::{ValOptions, validate};
+use super::validate::{ValOptions, validate_on};
+use crate::dist::Dist;
 use crate::error::{Context, Result};
 use crate::optim::{Optimization, RunShape};
 
@@ -64,6 +65,8 @@ pub struct Trainer {
     /// What the set-up has to say (the AutoBatch choice, a setting that does not apply here), given to the
     /// observer when the run starts.
     pub(super) notes: Vec<Note>,
+    /// The ranks of a data-parallel run (one rank otherwise).
+    pub(super) dist: Dist,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -75,21 +78,39 @@ impl std::fmt::Debug for Trainer {
 impl Trainer {
     /// Prepares a new run: indexes the data, builds loaders, model and optimizer, creates the run folder.
     pub fn new(cfg: TrainConfig) -> Result<Self> {
+        Self::new_with(cfg, Dist::single())
+    }
+
+    /// [`Trainer::new`] as one rank of a data-parallel run: every rank calls it with the same configuration;
+    /// rank 0 names and creates the run folder.
+    pub fn new_with(cfg: TrainConfig, dist: Dist) -> Result<Self> {
         cfg.validate()?;
-        let paths = RunPaths::fresh(&cfg);
-        let t = Self::build(cfg, paths, None)?;
-        t.paths.create()?;
-        std::fs::write(t.paths.dir.join("args.yaml"), t.cfg.to_yaml()?)?;
+        let mut dir = RunPaths::fresh(&cfg).dir.into_os_string().into_encoded_bytes();
+        dist.comm().broadcast_bytes(&mut dir, 0).context("sending the run folder's name from rank 0")?;
+        // SAFETY: the bytes come from `OsString::into_encoded_bytes` on rank 0, a process of this same build.
+        let dir = unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(dir) };
+        let t = Self::build(cfg, RunPaths::new(dir.into()), None, dist)?;
+        if t.dist.is_main() {
+            t.paths.create()?;
+            std::fs::write(t.paths.dir.join("args.yaml"), t.cfg.to_yaml()?)?;
+        }
         Ok(t)
     }
 
     /// Continues the run whose checkpoint is `path` (see [`find_resume`]).
     pub fn resume(path: &Path) -> Result<Self> {
+        Self::resume_with(path, Dist::single())
+    }
+
+    /// [`Trainer::resume`] as one rank of a data-parallel run (every rank reads the same checkpoint).
+    pub fn resume_with(path: &Path, dist: Dist) -> Result<Self> {
         let meta = read_meta(path)?;
         let cfg = TrainConfig::from_yaml_str(&meta.config)?;
         cfg.validate()?;
-        let mut t = Self::build(cfg, RunPaths::new(meta.run_dir.clone()), Some(path))?;
-        t.paths.create()?;
+        let mut t = Self::build(cfg, RunPaths::new(meta.run_dir.clone()), Some(path), dist)?;
+        if t.dist.is_main() {
+            t.paths.create()?;
+        }
         t.opt.load_state(&mut t.model, path).with_context(|| format!("restoring {}", path.display()))?;
         t.progress = meta.progress;
         if t.progress.epoch >= t.cfg.epochs {
@@ -100,7 +121,7 @@ impl Trainer {
 
     /// A run from `cfg`: a new one (initial weights from `cfg.weights`), or, with `resume_from`, the model shaped
     /// for that checkpoint (its weights are loaded by the caller).
-    fn build(cfg: TrainConfig, paths: RunPaths, resume_from: Option<&Path>) -> Result<Self> {
+    fn build(cfg: TrainConfig, paths: RunPaths, resume_from: Option<&Path>, dist: Dist) -> Result<Self> {
         let opts = IndexOptions { cache: true, find_orphans: false };
         let split = |s: Split| -> Result<LoadedSplit> {
             let loaded = load_split(&cfg.data, s, &opts, s == Split::Train)
@@ -124,25 +145,44 @@ impl Trainer {
         let val_index = std::mem::take(&mut val_split.indexed.index);
         let data = &train_split.config;
         let nc = data.nc();
-        let device = device_of(&cfg.device)?;
+        let device = match dist.device() {
+            Some(d) => d.clone(),
+            None => device_of(&rank_device(&cfg.device, dist.launch().local_rank)?)?,
+        };
         let mut cfg = cfg;
+        let (rank, world) = (dist.rank(), dist.world());
         if cfg.batch == super::config::AUTO_BATCH {
+            crate::ensure!(
+                world == 1,
+                "batch=-1 (AutoBatch) is for single-device training; give the global batch for {world} ranks, e.g. \
+                 batch={}",
+                world * 8
+            );
             let (batch, line) = super::autobatch::auto_batch(&cfg, nc, &device)?;
             cfg.batch = batch;
             notes.push(Note::Info(line));
         }
+        // As Ultralytics: `batch` is the global batch, each rank loads its share of it.
+        crate::ensure!(
+            cfg.batch >= world,
+            "batch={} is smaller than the {world} ranks; use a multiple of the rank count, e.g. batch={}",
+            cfg.batch,
+            world * 8
+        );
+        let local_batch = cfg.batch / world;
         let workers = if cfg.workers == 0 { default_workers() } else { cfg.workers };
         let lcfg = LoaderConfig {
             workers,
             strict: cfg.strict,
             multi_scale: cfg.multi_scale,
-            ..LoaderConfig::new(cfg.imgsz, cfg.batch, cfg.seed)
+            ..LoaderConfig::new(cfg.imgsz, local_batch, cfg.seed)
         };
         // Ultralytics' guard: a final batch of one image at a side under two strides gives BatchNorm one value per
         // channel.
         let (min_side, _) = lcfg.train_sides();
-        let last_batch = match train_index.len() % cfg.batch {
-            0 => cfg.batch,
+        let per_rank = train_index.len().div_ceil(world);
+        let last_batch = match per_rank % local_batch {
+            0 => local_batch,
             r => r,
         };
         if min_side < 2 * STRIDE && last_batch == 1 {
@@ -153,12 +193,18 @@ impl Trainer {
             );
         }
         let train =
-            TrainLoader::new(source(&train_split.source, train_index, cfg.imgsz, true, cfg.cache)?, lcfg, cfg.hyp)?;
+            TrainLoader::new(source(&train_split.source, train_index, cfg.imgsz, true, cfg.cache)?, lcfg, cfg.hyp)?
+                .shard(rank, world)?;
         let val_index = subset(&val_index, cfg.val_fraction, cfg.seed);
-        // Ultralytics validates with twice the training batch, at `imgsz` (multi-scale is for training only).
-        let vcfg = LoaderConfig { batch: cfg.batch * 2, multi_scale: 0.0, ..lcfg };
+        // Ultralytics validates with twice the (per-rank) training batch, at `imgsz` (multi-scale is for training
+        // only). Each rank validates a contiguous share of the rect plan's batches.
+        let vcfg = LoaderConfig { batch: local_batch * 2, multi_scale: 0.0, ..lcfg };
         let val = ValLoader::new(source(&val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg)
             .with_left_out(val_left_out);
+        let val = {
+            let share = sluice_dist::contiguous_share(val.len(), rank, world);
+            val.with_batches(share)
+        };
         let base = cfg.arch()?.config(nc);
         // The class branch's width follows the weights it is built for (Ultralytics' load keeps a fine-tuning
         // source's width; a checkpoint holds its own).
@@ -181,6 +227,9 @@ impl Trainer {
             }
             notes.push(Note::Info(line));
         }
+        // Every rank starts from rank 0's weights (a seeded start is the same everywhere; fine-tuning weights or a
+        // file that differs between nodes are not).
+        dist.broadcast_vars(&crate::dist::all_vars(&model)).context("starting from rank 0's weights")?;
         if let Some(half) = amp_dtype(&cfg, &device) {
             model.set_autocast(Some(half))?;
         } else if cfg.amp {
@@ -195,6 +244,9 @@ impl Trainer {
         let mut opt = Optimization::new(&model, &cfg.optim, shape)?;
         // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step).
         opt.set_device_checks(dense_on(&device));
+        if dist.is_distributed() {
+            opt.set_grad_reduce(dist.grad_reduce());
+        }
         let mut loss = DetectionLoss::new(nc);
         loss.gains = cfg.loss_gains();
         Ok(Self {
@@ -216,7 +268,18 @@ impl Trainer {
             stop: Arc::new(AtomicBool::new(false)),
             consecutive_nonfinite: 0,
             notes,
+            dist,
         })
+    }
+
+    /// The ranks of the run.
+    pub fn dist(&self) -> &Dist {
+        &self.dist
+    }
+
+    /// The ranks of the run, the trainer done with (to end their connections in order).
+    pub fn into_dist(self) -> Dist {
+        self.dist
     }
 
     /// The resolved configuration.
@@ -244,7 +307,11 @@ impl Trainer {
         Arc::clone(&self.stop)
     }
 
+    /// Writes a checkpoint (rank 0 only: the ranks hold the same weights).
     pub(super) fn save(&self, path: &Path) -> Result<()> {
+        if !self.dist.is_main() {
+            return Ok(());
+        }
         let meta = CheckpointMeta {
             config: self.cfg.to_yaml()?,
             run_dir: self.paths.dir.clone(),
@@ -260,7 +327,9 @@ impl Trainer {
     /// do when no validation ever wrote `best`.
     fn final_eval(&self, observer: &mut dyn Observer) -> Result<()> {
         let best = &self.paths.best;
-        if !best.exists() {
+        // Rank 0 wrote `best` at the end of an epoch; the others read it once it is complete.
+        self.dist.barrier().context("waiting for rank 0's checkpoint")?;
+        if !self.dist.any(best.exists())? {
             return Ok(());
         }
         let model = load_model(best, None, self.loss.nc, self.model.device())?;
@@ -270,7 +339,7 @@ impl Trainer {
             ..ValOptions::default()
         }
         .for_device(self.model.device());
-        let v = validate(&model, &self.val, &self.loss, &self.transfer, opts)?;
+        let v = validate_on(&model, &self.val, &self.loss, &self.transfer, opts, &self.dist)?;
         observer.final_eval(&FinalEvalEvent {
             weights: best,
             epoch: self.progress.best_epoch,
@@ -292,8 +361,13 @@ impl Trainer {
         }
         let start = Instant::now();
         let l1 = self.model.config().family.reg_max() == 1;
-        let results = ResultsCsv::open_named(&self.paths.results, self.progress.epoch, l1, self.opt.lrs().len())?;
-        let telemetry = JsonLines::new(&self.paths.telemetry);
+        let main = self.dist.is_main();
+        let results = if main {
+            Some(ResultsCsv::open_named(&self.paths.results, self.progress.epoch, l1, self.opt.lrs().len())?)
+        } else {
+            None
+        };
+        let telemetry = main.then(|| JsonLines::new(&self.paths.telemetry));
         let mut totals = RunTotals::default();
         let mut interrupted = false;
         while self.progress.epoch < self.cfg.epochs {
@@ -304,8 +378,8 @@ impl Trainer {
                 interrupted = true;
                 break;
             }
-            self.end_epoch(pass, start, (&results, &telemetry), &mut totals, observer)?;
-            if self.stop.load(Ordering::Relaxed) && self.progress.epoch < self.cfg.epochs {
+            self.end_epoch(pass, start, (results.as_ref(), telemetry.as_ref()), &mut totals, observer)?;
+            if self.dist.any(self.stop.load(Ordering::Relaxed))? && self.progress.epoch < self.cfg.epochs {
                 interrupted = true;
                 break;
             }
@@ -314,7 +388,9 @@ impl Trainer {
             self.final_eval(observer)?;
         }
         let summary = self.summary(start, &totals, interrupted);
-        std::fs::write(&self.paths.summary, serde_json::to_string_pretty(&summary)?)?;
+        if main {
+            std::fs::write(&self.paths.summary, serde_json::to_string_pretty(&summary)?)?;
+        }
         observer.finished(&summary);
         Ok(summary)
     }

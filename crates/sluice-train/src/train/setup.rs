@@ -23,6 +23,33 @@ pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
     (cfg.amp && device.is_cuda()).then_some(DType::BF16)
 }
 
+/// The devices a `device` setting names: `cpu`, `cuda:N`, or a list of GPUs for data-parallel training (`0,1,2,3`
+/// or `cuda:0,cuda:1`), each as `cuda:N`.
+pub fn device_list(name: &str) -> Result<Vec<String>> {
+    if !name.contains(',') {
+        return Ok(vec![name.trim().to_string()]);
+    }
+    name.split(',')
+        .map(|d| {
+            let d = d.trim();
+            let ordinal = d.strip_prefix("cuda").map(|s| s.trim_start_matches(':')).unwrap_or(d);
+            let n: usize = ordinal.parse().with_context(|| format!("device list {name:?}: {d:?} is not a GPU"))?;
+            Ok(format!("cuda:{n}"))
+        })
+        .collect()
+}
+
+/// The device of the rank with `local_rank` on its node: its entry of a device list, or the one device named.
+pub fn rank_device(name: &str, local_rank: usize) -> Result<String> {
+    let list = device_list(name)?;
+    if list.len() == 1 {
+        return Ok(list.into_iter().next().unwrap_or_default());
+    }
+    list.get(local_rank)
+        .cloned()
+        .with_context(|| format!("device {name:?} lists {} devices; local rank {local_rank} has none", list.len()))
+}
+
 /// The device a name asks for: `cpu`, `cuda`, `cuda:N` or `N`. A CUDA device in a build without the `cuda` feature
 /// is an error that says how to get one.
 pub fn device_of(name: &str) -> Result<Device> {

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::error::{Context, Result};
-use sluice_core::{Batch, Detection, SampleId, Target, Transfer};
+use sluice_core::{Batch, Detection, MergeMetric, SampleId, Target, Transfer};
 use sluice_eval::masknms::{KeptDims, nms_tensor};
 use sluice_eval::{
     ApReport, Layout, Nms, NmsMode, NmsParams, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator,
@@ -26,6 +26,7 @@ use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::loss_path::{Items, dense_on, step_loss};
+use crate::dist::Dist;
 
 use sluice_loader::{SkipReport, ValLoader};
 
@@ -172,6 +173,25 @@ impl InFlight {
     }
 }
 
+/// Every rank's metric state merged (in rank order; the merge does not depend on it), or `mine` alone.
+fn gather_metric(mine: UltralyticsMetric, dist: &Dist) -> sluice_eval::Result<UltralyticsMetric> {
+    if !dist.is_distributed() {
+        return Ok(mine);
+    }
+    let fail = |what: &str, e: &dyn std::fmt::Display| sluice_eval::Error::Stream(format!("{what}: {e}"));
+    let bytes = mine.to_bytes()?;
+    let parts = dist.gather_bytes(&bytes).map_err(|e| fail("gathering the ranks' metric states", &e))?;
+    let mut merged: Option<UltralyticsMetric> = None;
+    for (rank, part) in parts.iter().enumerate() {
+        let m = UltralyticsMetric::from_bytes(part, &format!("rank {rank}'s metric state"))?;
+        match merged.as_mut() {
+            None => merged = Some(m),
+            Some(all) => all.merge(m).map_err(|e| fail(&format!("merging rank {rank}'s metric state"), &e))?,
+        }
+    }
+    merged.ok_or_else(|| sluice_eval::Error::Stream("no rank sent its metric state".into()))
+}
+
 /// What crosses to the host for one batch.
 enum Out {
     Shrunk(sluice_eval::Shrunk),
@@ -186,6 +206,21 @@ pub fn validate(
     loss: &DetectionLoss,
     transfer: &DeviceTransfer,
     opts: ValOptions,
+) -> Result<ValResult> {
+    validate_on(model, loader, loss, transfer, opts, &Dist::single())
+}
+
+/// [`validate`] as one rank of a data-parallel run: each rank passes its share of the batches
+/// ([`ValLoader::with_batches`]), then the ranks' metric states are gathered and merged (the report covers the
+/// whole split, identical to one process validating it with the same batches), and the losses and counts summed.
+/// Timings and the post-process figures stay this rank's.
+pub fn validate_on(
+    model: &YoloV8,
+    loader: &ValLoader,
+    loss: &DetectionLoss,
+    transfer: &DeviceTransfer,
+    opts: ValOptions,
+    dist: &Dist,
 ) -> Result<ValResult> {
     let start = Instant::now();
     // The weights are fixed for the pass, so each Conv's BatchNorm is folded once here, not in every batch's
@@ -298,7 +333,13 @@ pub fn validate(
         let v = Items::Device(t).read()?;
         loss_sum.iter_mut().zip(v).for_each(|(s, v)| *s += v);
     }
-    let report = validator.finish()?;
+    let report = validator.finish_with(|mine| gather_metric(mine, dist))?;
+    let skips = loader.skips();
+    let skipped = skips.skipped - skipped_before;
+    let mut sums = [loss_sum[0], loss_sum[1], loss_sum[2], batches as f64, images as f64, skipped as f64];
+    dist.sum_f64(&mut sums).context("validation: summing the ranks' losses and counts")?;
+    let (loss_sum, batches, images, skipped) =
+        ([sums[0], sums[1], sums[2]], sums[3] as u64, sums[4] as u64, sums[5] as u64);
     let first_batch = match (first, report.kept.into_iter().next()) {
         (Some(batch), Some(kept)) => {
             crate::ensure!(
@@ -312,8 +353,6 @@ pub fn validate(
         _ => None,
     };
     let n = batches.max(1) as f64;
-    let skips = loader.skips();
-    let skipped = skips.skipped - skipped_before;
     let skipped =
         loader.left_out().merged(&SkipReport { skipped, first: if skipped > 0 { skips.first } else { Vec::new() } });
     Ok(ValResult {

@@ -1,0 +1,49 @@
+//! Starting ranks under Open MPI's `mpirun`: the CPU engine's ranks can only meet through an MPI launcher, so
+//! `sluice train --nproc N` (and the MPI tests) start themselves through it.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::error::{DistError, Result};
+
+/// Finds `mpirun` (the `MPIRUN` variable, else the `PATH`).
+pub fn find_mpirun() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MPIRUN").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|d| d.join("mpirun")).find(|p| p.is_file()).ok_or_else(|| DistError::NotBuilt {
+        what: "starting CPU ranks (mpirun is not on PATH)".into(),
+        feature: "mpi",
+        hint: "and an MPI launcher: Debian's openmpi-bin, or set MPIRUN",
+    })
+}
+
+/// `mpirun -np N program args…`, with the flags a single machine needs: more ranks than cores are allowed
+/// (`--oversubscribe`), ranks are not pinned to cores (they run their own thread pools), shared-memory transport
+/// without the kernel's cross-memory attach (refused inside most containers), and `--allow-run-as-root` when the
+/// caller is root (CI).
+pub fn mpirun_command(np: usize, program: impl AsRef<OsStr>, args: &[impl AsRef<OsStr>]) -> Result<Command> {
+    let mut cmd = Command::new(find_mpirun()?);
+    cmd.arg("-np").arg(np.to_string()).args(["--oversubscribe", "--bind-to", "none"]);
+    cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
+    if is_root() {
+        cmd.arg("--allow-run-as-root");
+    }
+    cmd.arg(program).args(args);
+    Ok(cmd)
+}
+
+fn is_root() -> bool {
+    // `id -u` without a libc dependency: the owner of /proc/self is the effective user.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    }
+    #[cfg(not(unix))]
+    {
+        false
+    }
+}

@@ -1,0 +1,967 @@
+//! The TCP rendezvous of the ranks and the heartbeat that follows it. The ranks form a star around rank 0: every
+//! other rank connects to rank 0's listener, announces itself, and gets back rank 0's payload (for instance the NCCL
+//! unique id) with the list of peers. The connections then stay open and carry pings both ways, so that a rank that
+//! dies or stalls is noticed by every other rank instead of leaving them blocked in a collective forever.
+//!
+//! Messages are framed as one tag byte, a `u32` little-endian length and that many bytes.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::error::{DistError, Result};
+
+/// The first bytes of a Hello: a connection that does not start with them is not a Sluice rank and is dropped.
+const MAGIC: &[u8; 8] = b"SLUICE\x00\x01";
+/// The largest message accepted; anything longer is a protocol error (the payload is a few hundred bytes).
+const MAX_FRAME: usize = 16 << 20;
+
+const HELLO: u8 = 1;
+const WELCOME: u8 = 2;
+const REJECT: u8 = 3;
+const PING: u8 = 4;
+const BYE: u8 = 5;
+const LOST: u8 = 6;
+
+/// What [`Rendezvous::on_lost`] runs.
+pub type LossCallback = Box<dyn FnOnce(&DistError) + Send>;
+
+/// The other ranks' connections by rank.
+type Links = Vec<(usize, TcpStream)>;
+
+const CLOSED: &str = "connection closed: the process exited or was killed";
+
+/// Where rank 0 listens and how patient the ranks are with each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RendezvousConfig {
+    /// Rank 0's listener, `host:port`.
+    pub addr: String,
+    /// This process's rank.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world: usize,
+    /// How long the ranks wait for each other at the start.
+    pub connect_timeout: Duration,
+    /// The interval between pings.
+    pub heartbeat: Duration,
+    /// The silence after which a peer counts as stalled.
+    pub lost_after: Duration,
+}
+
+impl RendezvousConfig {
+    /// The defaults: 60 s to meet, a ping every second, a peer lost after 10 s of silence.
+    pub fn new(addr: impl Into<String>, rank: usize, world: usize) -> Self {
+        Self {
+            addr: addr.into(),
+            rank,
+            world,
+            connect_timeout: Duration::from_secs(60),
+            heartbeat: Duration::from_secs(1),
+            lost_after: Duration::from_secs(10),
+        }
+    }
+
+    /// Applies `SLUICE_DIST_TIMEOUT_S` (the connect timeout), `SLUICE_HEARTBEAT_S` and `SLUICE_LOST_AFTER_S`, in
+    /// seconds (fractions allowed), from the process environment.
+    pub fn with_env_overrides(self) -> Result<Self> {
+        self.with_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Like [`with_env_overrides`](Self::with_env_overrides), reading the variables through `get` (tests pass a
+    /// map). An empty value counts as unset.
+    pub fn with_vars(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let secs = |var: &str| -> Result<Option<Duration>> {
+            let Some(v) = get(var).filter(|v| !v.trim().is_empty()) else { return Ok(None) };
+            let bad =
+                || DistError::Env { var: var.into(), reason: format!("{v:?} is not a positive number of seconds") };
+            let s: f64 = v.trim().parse().map_err(|_| bad())?;
+            if s.is_nan() || s <= 0.0 {
+                return Err(bad());
+            }
+            Duration::try_from_secs_f64(s).map(Some).map_err(|_| bad())
+        };
+        if let Some(d) = secs("SLUICE_DIST_TIMEOUT_S")? {
+            self.connect_timeout = d;
+        }
+        if let Some(d) = secs("SLUICE_HEARTBEAT_S")? {
+            self.heartbeat = d;
+        }
+        if let Some(d) = secs("SLUICE_LOST_AFTER_S")? {
+            self.lost_after = d;
+        }
+        Ok(self)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let invalid = |reason: String| Err(DistError::Invalid { what: "rendezvous".into(), reason });
+        if self.world == 0 || self.rank >= self.world {
+            return invalid(format!("rank {} is not in 0..{}", self.rank, self.world));
+        }
+        if self.heartbeat.is_zero() || self.lost_after <= self.heartbeat {
+            return invalid(format!(
+                "the heartbeat interval ({}) must be positive and shorter than the loss timeout ({})",
+                secs(self.heartbeat),
+                secs(self.lost_after)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The ranks' connections after the rendezvous, watched by a heartbeat.
+///
+/// Dropping it without [`finish`](Self::finish) closes the connections without saying goodbye, so the other ranks
+/// report this one as lost: that is what an error path wants, since they would otherwise wait for it in the next
+/// collective.
+pub struct Rendezvous {
+    shared: Arc<Shared>,
+    world: usize,
+    heartbeat: Option<JoinHandle<()>>,
+    watchers: Vec<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Rendezvous {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rendezvous")
+            .field("rank", &self.shared.rank)
+            .field("world", &self.world)
+            .field("addr", &self.shared.addr)
+            .field("peers", &self.shared.peers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rendezvous {
+    /// Binds rank 0's listener ahead of [`join`](Self::join), so that its address (port 0 picks any free port) can
+    /// reach the other ranks by another channel, such as an MPI broadcast.
+    pub fn bind(host_port: &str) -> Result<TcpListener> {
+        TcpListener::bind(host_port)
+            .map_err(|source| DistError::Io { what: format!("binding the rendezvous listener on {host_port}"), source })
+    }
+
+    /// Meets the other ranks and returns rank 0's `payload` on every rank (other ranks' `payload` is ignored).
+    ///
+    /// Rank 0 listens on `cfg.addr`, or on `listener` when given (errors still name `cfg.addr`), and waits up to
+    /// `cfg.connect_timeout` for the other `world - 1` ranks. Every other rank retries connecting to `cfg.addr`
+    /// until its own `connect_timeout`, then waits up to as long again for rank 0 to welcome it, since rank 0
+    /// answers only once every rank is in.
+    pub fn join(cfg: &RendezvousConfig, listener: Option<TcpListener>, payload: &[u8]) -> Result<(Self, Vec<u8>)> {
+        cfg.validate()?;
+        let me = describe_self();
+        let (conns, peers, payload) = if cfg.rank == 0 {
+            let listener = match listener {
+                Some(l) => l,
+                None => Self::bind(&cfg.addr)?,
+            };
+            let (conns, peers) = host(cfg, &listener, &me, payload)?;
+            (conns, peers, payload.to_vec())
+        } else {
+            let (stream, peers, payload) = connect(cfg, &me)?;
+            (vec![(0, stream)], peers, payload)
+        };
+        let rdv = Self::start(cfg, conns, peers)?;
+        Ok((rdv, payload))
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Every rank's description (host and process id) as it announced itself, indexed by rank.
+    pub fn peers(&self) -> &[String] {
+        &self.shared.peers
+    }
+
+    /// `Ok` while every peer is alive; after a loss, the first one as [`DistError::PeerLost`] on every call. Cheap
+    /// enough for every training step.
+    pub fn check(&self) -> Result<()> {
+        if !self.shared.lost_flag.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match &self.shared.state().loss {
+            Some(loss) => Err(self.shared.error(loss)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` once, on the heartbeat thread that notices the first loss, with the error (or right away, here, if
+    /// a peer is already lost). A later call replaces a callback that has not run yet.
+    ///
+    /// A rank blocked inside a collective never calls [`check`](Self::check) again, so the trainer uses this to
+    /// report the loss and end the process.
+    pub fn on_lost(&self, f: LossCallback) {
+        let mut state = self.shared.state();
+        match &state.loss {
+            Some(loss) => {
+                let err = self.shared.error(loss);
+                drop(state);
+                f(&err);
+            }
+            None => state.callback = Some(f),
+        }
+    }
+
+    /// Ends the run in order: tells the peers goodbye, so that closing the connections is not a loss, closes them
+    /// and stops the heartbeat threads. Returns the loss if one happened before the end.
+    pub fn finish(mut self) -> Result<()> {
+        self.stop(true)?;
+        self.check()
+    }
+
+    fn start(cfg: &RendezvousConfig, conns: Vec<(usize, TcpStream)>, peers: Vec<String>) -> Result<Self> {
+        // Reads wake up this often to notice silence; shutting the socket down wakes them at once.
+        let tick = (cfg.lost_after / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+        let mut readers = Vec::with_capacity(conns.len());
+        let mut writers = Vec::with_capacity(conns.len());
+        for (rank, stream) in conns {
+            let io_err = |source| DistError::Io { what: format!("configuring the connection to rank {rank}"), source };
+            stream.set_nodelay(true).map_err(io_err)?;
+            stream.set_read_timeout(Some(tick)).map_err(io_err)?;
+            stream.set_write_timeout(Some(cfg.lost_after)).map_err(io_err)?;
+            readers.push((rank, stream.try_clone().map_err(io_err)?));
+            writers.push(Conn { rank, stream, write: Mutex::new(()) });
+        }
+        let shared = Arc::new(Shared {
+            rank: cfg.rank,
+            addr: cfg.addr.clone(),
+            peers,
+            lost_after: cfg.lost_after,
+            shutdown: AtomicBool::new(false),
+            lost_flag: AtomicBool::new(false),
+            state: Mutex::new(LossState { loss: None, callback: None }),
+            conns: writers,
+        });
+        // Built before the threads so that a failed spawn stops those already running (through Drop).
+        let mut rdv = Self { shared: shared.clone(), world: cfg.world, heartbeat: None, watchers: Vec::new() };
+        if shared.conns.is_empty() {
+            return Ok(rdv);
+        }
+        let spawn_err = |source| DistError::Io { what: "starting a heartbeat thread".into(), source };
+        for (rank, stream) in readers {
+            let shared = shared.clone();
+            let handle = thread::Builder::new()
+                .name(format!("sluice-watch-{rank}"))
+                .spawn(move || watch(&shared, rank, stream))
+                .map_err(spawn_err)?;
+            rdv.watchers.push(handle);
+        }
+        let interval = cfg.heartbeat;
+        let handle = thread::Builder::new()
+            .name("sluice-ping".into())
+            .spawn(move || ping(&shared, interval))
+            .map_err(spawn_err)?;
+        rdv.heartbeat = Some(handle);
+        Ok(rdv)
+    }
+
+    /// Stops the threads and closes the connections, saying goodbye first when `bye`.
+    fn stop(&mut self, bye: bool) -> Result<()> {
+        self.shared.shutdown.store(true, Ordering::Release);
+        for conn in &self.shared.conns {
+            if bye {
+                // Best effort: a peer that is already gone cannot be told.
+                let _ = conn.send(BYE, &[]);
+            }
+            // Wakes this rank's reader of the connection and sends the peer an end of stream.
+            let _ = conn.stream.shutdown(Shutdown::Both);
+        }
+        let mut panicked = false;
+        let me = thread::current().id();
+        let handles = self.heartbeat.take().into_iter().chain(self.watchers.drain(..));
+        for handle in handles {
+            handle.thread().unpark();
+            // A loss callback that drops the rendezvous runs on a watcher thread, which cannot join itself.
+            if handle.thread().id() != me {
+                panicked |= handle.join().is_err();
+            }
+        }
+        if panicked {
+            return Err(DistError::Rendezvous {
+                rank: self.shared.rank,
+                addr: self.shared.addr.clone(),
+                reason: "a heartbeat thread panicked".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        if !self.shared.shutdown.load(Ordering::Acquire) {
+            let _ = self.stop(false);
+        }
+    }
+}
+
+/// What the heartbeat threads share with the handle.
+struct Shared {
+    rank: usize,
+    addr: String,
+    peers: Vec<String>,
+    lost_after: Duration,
+    /// Set by `stop`: from then on, closed connections are this rank's own doing, not losses.
+    shutdown: AtomicBool,
+    /// Set once `state.loss` is, so that `check` takes no lock while all is well.
+    lost_flag: AtomicBool,
+    state: Mutex<LossState>,
+    conns: Vec<Conn>,
+}
+
+struct LossState {
+    loss: Option<Loss>,
+    callback: Option<LossCallback>,
+}
+
+struct Loss {
+    rank: usize,
+    reason: String,
+}
+
+/// The writing side of a connection; the lock keeps the frames of different threads from interleaving.
+struct Conn {
+    rank: usize,
+    stream: TcpStream,
+    write: Mutex<()>,
+}
+
+impl Conn {
+    fn send(&self, tag: u8, body: &[u8]) -> io::Result<()> {
+        let frame = frame(tag, body);
+        let _guard = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        (&self.stream).write_all(&frame)
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, LossState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn error(&self, loss: &Loss) -> DistError {
+        DistError::PeerLost {
+            rank: loss.rank,
+            peer: self.peers.get(loss.rank).cloned().unwrap_or_else(|| "unknown".into()),
+            reason: loss.reason.clone(),
+        }
+    }
+
+    /// Records the first loss, tells the other ranks when this is the hub, and runs the callback.
+    fn lose(&self, rank: usize, reason: String) {
+        if self.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        let mut state = self.state();
+        if state.loss.is_some() {
+            return;
+        }
+        let loss = Loss { rank, reason };
+        let err = self.error(&loss);
+        let mut body = Vec::new();
+        put_u64(&mut body, rank as u64);
+        put_bytes(&mut body, loss.reason.as_bytes());
+        state.loss = Some(loss);
+        self.lost_flag.store(true, Ordering::Release);
+        let callback = state.callback.take();
+        drop(state);
+        if self.rank == 0 {
+            // The other ranks see only rank 0, which stays alive: they learn of the loss from it.
+            for conn in self.conns.iter().filter(|c| c.rank != rank) {
+                let _ = conn.send(LOST, &body);
+            }
+        }
+        if let Some(f) = callback {
+            f(&err);
+        }
+    }
+}
+
+/// The ping thread: one ping per connection every `interval`, until shutdown.
+fn ping(shared: &Shared, interval: Duration) {
+    let mut next = Instant::now();
+    while !shared.shutdown.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if now >= next {
+            for conn in &shared.conns {
+                // A failed write means the peer is gone, which its reader reports.
+                let _ = conn.send(PING, &[]);
+            }
+            next = now + interval;
+        }
+        thread::park_timeout(next.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// The reader of one connection: notes pings, goodbyes and (from rank 0) other ranks' losses, and reports the peer
+/// lost when the connection closes without a goodbye or stays silent for `lost_after`.
+fn watch(shared: &Shared, peer: usize, mut stream: TcpStream) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    let mut last = Instant::now();
+    let mut said_bye = false;
+    loop {
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                last = Instant::now();
+                buf.extend_from_slice(&chunk[..n]);
+                loop {
+                    match take_frame(&mut buf) {
+                        Ok(Some((BYE, _))) => said_bye = true,
+                        Ok(Some((LOST, body))) if peer == 0 => {
+                            let mut r = Cursor(&body);
+                            if let (Some(rank), Some(reason)) = (r.u64(), r.string()) {
+                                shared.lose(usize::try_from(rank).unwrap_or(usize::MAX), reason);
+                            }
+                        }
+                        // Pings only prove the peer alive; unknown tags are ignored so that newer peers can add some.
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        Err(reason) => {
+                            if !said_bye {
+                                shared.lose(peer, reason);
+                            }
+                            return;
+                        }
+                    }
+                }
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                if !said_bye && last.elapsed() >= shared.lost_after {
+                    let reason = format!(
+                        "no heartbeat for {:.1} s: the process or its host stalled",
+                        shared.lost_after.as_secs_f64()
+                    );
+                    shared.lose(peer, reason);
+                    return;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A reset is a close too: the peer's kernel answers for a process that died.
+            Err(_) => break,
+        }
+    }
+    if !said_bye {
+        shared.lose(peer, CLOSED.into());
+    }
+}
+
+/// Rank 0's side of the handshake: the other ranks' connections by rank, and every rank's description.
+fn host(cfg: &RendezvousConfig, listener: &TcpListener, me: &str, payload: &[u8]) -> Result<(Links, Vec<String>)> {
+    let io_err = |source| DistError::Io { what: format!("accepting ranks on {}", cfg.addr), source };
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let mut slots: Vec<Option<(TcpStream, String)>> = (0..cfg.world).map(|_| None).collect();
+    let mut missing = cfg.world - 1;
+    let fail = |slots: &[Option<(TcpStream, String)>], extra: Option<&TcpStream>, rank: usize, reason: String| {
+        // Tells every rank already in why the rendezvous failed, so that their errors say the same.
+        let mut body = Vec::new();
+        put_u64(&mut body, rank as u64);
+        put_bytes(&mut body, reason.as_bytes());
+        for stream in slots.iter().flatten().map(|(s, _)| s).chain(extra) {
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = (&*stream).write_all(&frame(REJECT, &body));
+        }
+        DistError::Rendezvous { rank, addr: cfg.addr.clone(), reason }
+    };
+    listener.set_nonblocking(true).map_err(io_err)?;
+    while missing > 0 {
+        let now = Instant::now();
+        if now >= deadline {
+            let rank = slots.iter().skip(1).position(Option::is_none).map_or(1, |i| i + 1);
+            let reason = format!("did not connect within {}", secs(cfg.connect_timeout));
+            return Err(fail(&slots, None, rank, reason));
+        }
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(20).min(deadline - now));
+                continue;
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => continue,
+            Err(e) => return Err(io_err(e)),
+        };
+        // A connection that does not greet like a Sluice rank in time is a stray one: it is dropped.
+        let hello_wait = (deadline - now).clamp(Duration::from_millis(1), Duration::from_secs(10));
+        if stream.set_nonblocking(false).is_err() || stream.set_read_timeout(Some(hello_wait)).is_err() {
+            continue;
+        }
+        let Ok((HELLO, body)) = read_frame(&mut &stream) else { continue };
+        let Some((rank, world, desc)) = parse_hello(&body) else { continue };
+        if world != cfg.world as u64 {
+            let reason = format!("announced a world of {world} ranks, but rank 0 has {}", cfg.world);
+            return Err(fail(&slots, Some(&stream), usize::try_from(rank).unwrap_or(usize::MAX), reason));
+        }
+        let rank = match usize::try_from(rank) {
+            Ok(r) if (1..cfg.world).contains(&r) => r,
+            _ => {
+                let reason = format!("is outside 1..{} (announced by {desc})", cfg.world);
+                return Err(fail(&slots, Some(&stream), usize::try_from(rank).unwrap_or(usize::MAX), reason));
+            }
+        };
+        if let Some((_, first)) = &slots[rank] {
+            let reason = format!("connected twice (as {first} and as {desc})");
+            return Err(fail(&slots, Some(&stream), rank, reason));
+        }
+        slots[rank] = Some((stream, desc));
+        missing -= 1;
+    }
+    let mut peers = vec![me.to_string()];
+    let mut conns = Vec::with_capacity(cfg.world - 1);
+    for (rank, (stream, desc)) in slots.into_iter().enumerate().filter_map(|(r, s)| Some((r, s?))) {
+        peers.push(desc);
+        conns.push((rank, stream));
+    }
+    let mut body = Vec::new();
+    put_u64(&mut body, cfg.world as u64);
+    put_bytes(&mut body, payload);
+    for desc in &peers {
+        put_bytes(&mut body, desc.as_bytes());
+    }
+    let welcome = frame(WELCOME, &body);
+    for (rank, stream) in &conns {
+        (&*stream)
+            .write_all(&welcome)
+            .map_err(|source| DistError::Io { what: format!("welcoming rank {rank}"), source })?;
+    }
+    Ok((conns, peers))
+}
+
+/// Another rank's side of the handshake: the connection to rank 0, every rank's description and the payload.
+fn connect(cfg: &RendezvousConfig, me: &str) -> Result<(TcpStream, Vec<String>, Vec<u8>)> {
+    let rank0 = |reason: String| DistError::Rendezvous { rank: 0, addr: cfg.addr.clone(), reason };
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let stream = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let last = match connect_once(&cfg.addr, left.clamp(Duration::from_millis(1), Duration::from_secs(2))) {
+            Ok(stream) => break stream,
+            Err(e) => e,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(rank0(format!("did not answer within {}: {}", secs(cfg.connect_timeout), short(&last))));
+        }
+        thread::sleep(left.min(Duration::from_millis(75)));
+    };
+    let mut body = MAGIC.to_vec();
+    put_u64(&mut body, cfg.rank as u64);
+    put_u64(&mut body, cfg.world as u64);
+    put_bytes(&mut body, me.as_bytes());
+    let (tag, body) = greet(&stream, &body, cfg.connect_timeout).map_err(|e| {
+        rank0(format!(
+            "accepted the connection but did not welcome this rank within {}: {}",
+            secs(cfg.connect_timeout),
+            short(&e)
+        ))
+    })?;
+    let mut r = Cursor(&body);
+    match tag {
+        WELCOME => {
+            let world = r.u64();
+            let payload = r.bytes().map(<[u8]>::to_vec);
+            let peers: Option<Vec<String>> = (0..cfg.world).map(|_| r.string()).collect();
+            match (world, payload, peers) {
+                (Some(w), Some(payload), Some(peers)) if w == cfg.world as u64 => Ok((stream, peers, payload)),
+                _ => Err(rank0("sent a malformed welcome".into())),
+            }
+        }
+        REJECT => match (r.u64(), r.string()) {
+            (Some(rank), Some(reason)) => Err(DistError::Rendezvous {
+                rank: usize::try_from(rank).unwrap_or(usize::MAX),
+                addr: cfg.addr.clone(),
+                reason: format!("{reason} (reported by rank 0 to rank {})", cfg.rank),
+            }),
+            _ => Err(rank0("sent a malformed rejection".into())),
+        },
+        other => Err(rank0(format!("answered with unexpected message {other}"))),
+    }
+}
+
+/// Sends the Hello and reads rank 0's answer, waiting up to `wait` for it.
+fn greet(stream: &TcpStream, hello: &[u8], wait: Duration) -> io::Result<(u8, Vec<u8>)> {
+    stream.set_read_timeout(Some(wait))?;
+    (&*stream).write_all(&frame(HELLO, hello))?;
+    read_frame(&mut &*stream)
+}
+
+/// One connection attempt to every address `addr` resolves to; the last error if none answers.
+fn connect_once(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
+    for sa in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&sa, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// An I/O error as a short phrase ("connection refused") where its kind says it all.
+fn short(e: &io::Error) -> String {
+    use io::ErrorKind::*;
+    match e.kind() {
+        ConnectionRefused | ConnectionReset | ConnectionAborted | TimedOut | WouldBlock | UnexpectedEof
+        | HostUnreachable | NetworkUnreachable | AddrNotAvailable => e.kind().to_string(),
+        _ => e.to_string(),
+    }
+}
+
+/// A duration in seconds for messages: "60 s", "0.3 s".
+fn secs(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
+
+/// This process as the other ranks see it: "host pid N".
+fn describe_self() -> String {
+    format!("{} pid {}", host_name(), std::process::id())
+}
+
+#[cfg(unix)]
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the pointer and length describe `buf`, which outlives the call.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if rc == 0 && end > 0 { String::from_utf8_lossy(&buf[..end]).into_owned() } else { "unknown-host".into() }
+}
+
+#[cfg(not(unix))]
+fn host_name() -> String {
+    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "unknown-host".into())
+}
+
+fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + body.len());
+    out.push(tag);
+    // Bodies are built here and stay far below 4 GiB.
+    out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Reads one whole frame (handshake only: the read timeout bounds it).
+fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    r.read_exact(&mut head)?;
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a message of {len} bytes")));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok((head[0], body))
+}
+
+/// Takes the first complete frame off `buf`, if there is one; an error for a length beyond the limit.
+fn take_frame(buf: &mut Vec<u8>) -> std::result::Result<Option<(u8, Vec<u8>)>, String> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(format!("sent a malformed message (a frame of {len} bytes)"));
+    }
+    if buf.len() < 5 + len {
+        return Ok(None);
+    }
+    let tag = buf[0];
+    let body = buf[5..5 + len].to_vec();
+    buf.drain(..5 + len);
+    Ok(Some((tag, body)))
+}
+
+fn parse_hello(body: &[u8]) -> Option<(u64, u64, String)> {
+    let rest = body.strip_prefix(MAGIC.as_slice())?;
+    let mut r = Cursor(rest);
+    Some((r.u64()?, r.u64()?, r.string()?))
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&u32::try_from(b.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Reads the fields `put_u64` and `put_bytes` wrote; `None` past the end.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?);
+        self.take(len as usize)
+    }
+
+    fn string(&mut self) -> Option<String> {
+        Some(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    type Joined = thread::JoinHandle<Result<(Rendezvous, Vec<u8>)>>;
+
+    fn fast(addr: &str, rank: usize, world: usize) -> RendezvousConfig {
+        RendezvousConfig {
+            connect_timeout: Duration::from_secs(3),
+            heartbeat: Duration::from_millis(50),
+            lost_after: Duration::from_millis(400),
+            ..RendezvousConfig::new(addr, rank, world)
+        }
+    }
+
+    /// Starts ranks `ranks` of `world` on threads around a fresh listener; returns its address and the handles.
+    fn start(world: usize, ranks: std::ops::Range<usize>, payload: &[u8]) -> (String, Vec<Joined>) {
+        let listener = Rendezvous::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut listener = Some(listener);
+        let handles = ranks
+            .map(|rank| {
+                let cfg = fast(&addr, rank, world);
+                let l = if rank == 0 { listener.take() } else { None };
+                let payload = payload.to_vec();
+                thread::spawn(move || Rendezvous::join(&cfg, l, &payload))
+            })
+            .collect();
+        (addr, handles)
+    }
+
+    fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !done() {
+            assert!(t.elapsed() < limit, "{what} did not happen within {limit:?}");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn three_ranks_share_the_payload_and_finish_cleanly() {
+        let payload: Vec<u8> = (0..128).collect();
+        let (_, handles) = start(3, 0..3, &payload);
+        let joined: Vec<(Rendezvous, Vec<u8>)> = handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+        for (rank, (rdv, got)) in joined.iter().enumerate() {
+            assert_eq!(got, &payload);
+            assert_eq!((rdv.rank(), rdv.world()), (rank, 3));
+            assert_eq!(rdv.peers().len(), 3);
+            assert!(
+                rdv.peers().iter().all(|p| p.contains(&format!("pid {}", std::process::id()))),
+                "{:?}",
+                rdv.peers()
+            );
+            rdv.check().unwrap();
+        }
+        // A few heartbeats pass without a loss.
+        thread::sleep(Duration::from_millis(200));
+        let mut fired = Vec::new();
+        for (rdv, _) in &joined {
+            rdv.check().unwrap();
+            let flag = Arc::new(AtomicBool::new(false));
+            let f = flag.clone();
+            rdv.on_lost(Box::new(move |_| f.store(true, Ordering::SeqCst)));
+            fired.push(flag);
+        }
+        // Ranks finish at different times: goodbyes are not losses.
+        let mut joined = joined;
+        let (r1, _) = joined.remove(1);
+        r1.finish().unwrap();
+        thread::sleep(Duration::from_millis(100));
+        for (rdv, _) in joined.into_iter().rev() {
+            rdv.finish().unwrap();
+        }
+        assert!(fired.iter().all(|f| !f.load(Ordering::SeqCst)));
+    }
+
+    #[test]
+    fn one_rank_needs_nobody() {
+        let cfg = fast("127.0.0.1:0", 0, 1);
+        let (rdv, got) = Rendezvous::join(&cfg, None, b"id").unwrap();
+        assert_eq!((got.as_slice(), rdv.peers().len()), (b"id".as_slice(), 1));
+        rdv.finish().unwrap();
+    }
+
+    #[test]
+    fn a_world_size_mismatch_names_the_rank() {
+        let (addr, mut handles) = start(3, 0..2, b"");
+        // Gives rank 1 time to be in before rank 2 spoils the rendezvous.
+        thread::sleep(Duration::from_millis(300));
+        let cfg = fast(&addr, 2, 4);
+        let e = Rendezvous::join(&cfg, None, b"").unwrap_err().to_string();
+        assert!(e.contains("rank 2") && e.contains("world of 4"), "{e}");
+        let e0 = handles.remove(0).join().unwrap().unwrap_err().to_string();
+        assert!(e0.contains("rank 2: announced a world of 4 ranks, but rank 0 has 3"), "{e0}");
+        // Rank 1 was already in: it hears the same reason.
+        let e1 = handles.remove(0).join().unwrap().unwrap_err().to_string();
+        assert!(e1.contains("rank 2") && e1.contains("world of 4"), "{e1}");
+    }
+
+    #[test]
+    fn rank_0_names_the_first_rank_that_did_not_connect() {
+        let listener = Rendezvous::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cfg = RendezvousConfig { connect_timeout: Duration::from_millis(300), ..fast(&addr, 0, 3) };
+        let c2 = fast(&addr, 2, 3);
+        let r2 = thread::spawn(move || Rendezvous::join(&c2, None, b""));
+        let t = Instant::now();
+        let e = Rendezvous::join(&cfg, Some(listener), b"").unwrap_err().to_string();
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert!(e.contains("rank 1") && e.contains(&addr) && e.contains("did not connect within 0.3 s"), "{e}");
+        let e2 = r2.join().unwrap().unwrap_err().to_string();
+        assert!(e2.contains("rank 1") && e2.contains("did not connect"), "{e2}");
+    }
+
+    #[test]
+    fn a_rank_names_rank_0_when_nobody_listens() {
+        let closed = Rendezvous::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let cfg = RendezvousConfig { connect_timeout: Duration::from_millis(300), ..fast(&addr, 1, 2) };
+        let e = Rendezvous::join(&cfg, None, b"").unwrap_err().to_string();
+        assert!(e.contains("rank 0") && e.contains(&addr) && e.contains("did not answer within 0.3 s"), "{e}");
+        assert!(e.contains("connection refused"), "{e}");
+    }
+
+    /// Joins three ranks, registers loss counters, and kills rank `victim` without a goodbye.
+    fn kill_one(victim: usize) -> Vec<(Rendezvous, Arc<AtomicUsize>)> {
+        let (_, handles) = start(3, 0..3, b"");
+        let joined: Vec<Rendezvous> = handles.into_iter().map(|h| h.join().unwrap().unwrap().0).collect();
+        let mut survivors: Vec<_> = joined
+            .into_iter()
+            .map(|rdv| {
+                let count = Arc::new(AtomicUsize::new(0));
+                let c = count.clone();
+                rdv.on_lost(Box::new(move |e| {
+                    assert!(matches!(e, DistError::PeerLost { .. }), "{e}");
+                    c.fetch_add(1, Ordering::SeqCst);
+                }));
+                (rdv, count)
+            })
+            .collect();
+        let (dead, dead_count) = survivors.remove(victim);
+        let pid = dead.peers()[victim].clone();
+        let t = Instant::now();
+        // Dropped without `finish`: no goodbye, as if the process had died.
+        drop(dead);
+        for (rdv, count) in &survivors {
+            wait_for("the loss", Duration::from_millis(400 + 500), || rdv.check().is_err());
+            wait_for("the callback", Duration::from_millis(500), || count.load(Ordering::SeqCst) == 1);
+            let e = rdv.check().unwrap_err();
+            let DistError::PeerLost { rank, peer, reason } = &e else { panic!("{e}") };
+            assert_eq!((*rank, peer.as_str(), reason.as_str()), (victim, pid.as_str(), CLOSED), "{e}");
+            // The same error on every call.
+            assert_eq!(rdv.check().unwrap_err().to_string(), e.to_string());
+        }
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert_eq!(dead_count.load(Ordering::SeqCst), 0, "a rank does not report its own end");
+        survivors
+    }
+
+    #[test]
+    fn a_killed_rank_is_reported_by_every_other_rank() {
+        let survivors = kill_one(2);
+        thread::sleep(Duration::from_millis(100));
+        for (rdv, count) in survivors {
+            assert!(rdv.finish().is_err(), "finish reports the loss");
+            assert_eq!(count.load(Ordering::SeqCst), 1);
+        }
+    }
+
+    #[test]
+    fn a_killed_rank_0_is_reported_by_the_others() {
+        for (rdv, _) in kill_one(0) {
+            let late = Arc::new(AtomicUsize::new(0));
+            let l = late.clone();
+            // Registered after the loss: runs at once.
+            rdv.on_lost(Box::new(move |_| {
+                l.fetch_add(1, Ordering::SeqCst);
+            }));
+            assert_eq!(late.load(Ordering::SeqCst), 1);
+        }
+    }
+
+    #[test]
+    fn a_silent_rank_is_reported_as_stalled() {
+        let listener = Rendezvous::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cfg = RendezvousConfig { lost_after: Duration::from_millis(300), ..fast(&addr, 0, 2) };
+        let r0 = thread::spawn(move || Rendezvous::join(&cfg, Some(listener), b"xyz"));
+        // Rank 1 by hand: greets, reads the welcome, then says nothing (and reads nothing).
+        let mut raw = TcpStream::connect(&addr).unwrap();
+        let mut body = MAGIC.to_vec();
+        put_u64(&mut body, 1);
+        put_u64(&mut body, 2);
+        put_bytes(&mut body, b"stub pid 1");
+        raw.write_all(&frame(HELLO, &body)).unwrap();
+        let (tag, _) = read_frame(&mut raw).unwrap();
+        assert_eq!(tag, WELCOME);
+        let (rdv, payload) = r0.join().unwrap().unwrap();
+        assert_eq!(payload, b"xyz");
+        rdv.check().unwrap();
+        wait_for("the stall", Duration::from_millis(300 + 300), || rdv.check().is_err());
+        let e = rdv.check().unwrap_err().to_string();
+        assert!(e.contains("rank 1 (stub pid 1)") && e.contains("no heartbeat for 0.3 s"), "{e}");
+        drop(raw);
+    }
+
+    #[test]
+    fn stray_connections_are_ignored() {
+        let (addr, mut handles) = start(2, 0..1, b"p");
+        // Something that is not a rank connects and sends garbage first.
+        let mut stray = TcpStream::connect(&addr).unwrap();
+        stray.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        drop(stray);
+        let (r1, p) = Rendezvous::join(&fast(&addr, 1, 2), None, b"").unwrap();
+        assert_eq!(p, b"p");
+        let (r0, _) = handles.remove(0).join().unwrap().unwrap();
+        r1.finish().unwrap();
+        r0.finish().unwrap();
+    }
+
+    #[test]
+    fn settings_from_the_environment() {
+        let read = |vars: &[(&str, &str)]| {
+            let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            RendezvousConfig::new("h:1", 0, 2).with_vars(|k| map.get(k).cloned())
+        };
+        let c = read(&[("SLUICE_DIST_TIMEOUT_S", "5"), ("SLUICE_HEARTBEAT_S", "0.25"), ("SLUICE_LOST_AFTER_S", "")])
+            .unwrap();
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.heartbeat, Duration::from_millis(250));
+        assert_eq!(c.lost_after, Duration::from_secs(10));
+        for bad in ["x", "-1", "0", "NaN", "inf"] {
+            let e = read(&[("SLUICE_LOST_AFTER_S", bad)]).unwrap_err().to_string();
+            assert!(e.contains("SLUICE_LOST_AFTER_S") && e.contains(bad), "{e}");
+        }
+        let slow = RendezvousConfig { heartbeat: Duration::from_secs(20), ..RendezvousConfig::new("h:1", 0, 2) };
+        let e = Rendezvous::join(&slow, None, b"").unwrap_err().to_string();
+        assert!(e.contains("heartbeat"), "{e}");
+    }
+}
