@@ -6,17 +6,20 @@
 //!    its no-GPU paths are tested everywhere).
 //! 4. `sluice-decode`'s `turbojpeg` backend: clippy and tests, where CMake and NASM are installed
 //!    (`SLUICE_REQUIRE_TURBOJPEG=1` makes their absence an error, as `.ci/run` does).
-//! 5. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
+//! 5. Data-parallel training on CPU ranks (feature `mpi`): clippy of the crates that have it, `sluice-dist`'s tests
+//!    and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`, where Open MPI is installed
+//!    (`SLUICE_REQUIRE_MPI=1` makes its absence an error, as `.ci/run` does).
+//! 6. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
 //!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
-//! 6. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
+//! 7. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
 //!    excluded from it): its unit tests, `tests/grad_tests.rs` and its doctests, with its own `Cargo.lock`.
-//! 7. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg` (every crate that has one of
-//!    these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
+//! 8. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
+//!    one of these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
 //!    `<target>/cuda-sdk` (once per target directory), no GPU is needed ([`crate::gpu::cuda_check_cargo`]).
-//! 8. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
+//! 9. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
 //!    the same wheels' nvcc and ptxas, warnings as errors ([`crate::gpu::compile_kernels`]).
 //!
-//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2, 3, 4 and 7);
+//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2 to 5 and 8);
 //! `fuzz/` and `vendor/candle-core` are other workspaces with other profiles and lock files, so they build into
 //! `<target>/fuzz` and `<target>/vendor`.
 
@@ -85,6 +88,7 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     }
     s.cargo("test nvjpeg", root, &[&["test", "--locked"][..], &nvjpeg].concat())?;
     turbojpeg(root, checks, &mut s)?;
+    mpi(root, checks, &mut s)?;
 
     let target = crate::target_dir(root);
     let fuzz_target = target.join("fuzz").to_string_lossy().into_owned();
@@ -106,9 +110,9 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
         let t = Instant::now();
         let mut cmd = crate::gpu::cuda_check_cargo(root, &sdk)?;
         s.done.push(("CUDA 13.0 compiler wheels (pip)".into(), t.elapsed()));
-        let args = [&["clippy", "--workspace", "--features", "cuda,cudnn,nvjpeg"][..], CLIPPY_TAIL].concat();
+        let args = [&["clippy", "--workspace", "--features", "cuda,cudnn,nvjpeg,nccl"][..], CLIPPY_TAIL].concat();
         eprintln!("xtask: cargo {} (CUDA 13.0 from {}, no GPU)", args.join(" "), sdk.display());
-        s.run("clippy cuda,cudnn,nvjpeg", cmd.args(&args))?;
+        s.run("clippy cuda,cudnn,nvjpeg,nccl", cmd.args(&args))?;
         let t = Instant::now();
         let n = crate::gpu::compile_kernels(root, &sdk)?.len();
         s.done.push((format!("nvcc -cubin sm_90 of the {n} kernel sources"), t.elapsed()));
@@ -138,6 +142,31 @@ fn turbojpeg(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
             missing.join(" and ")
         );
     }
+    Ok(())
+}
+
+/// The MPI engine needs an MPI library and `mpirun` (and libclang for its bindings): checked and tested where
+/// `mpicc` and `mpirun` are, required where CI says so.
+fn mpi(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
+    let missing: Vec<&str> = ["mpicc", "mpirun"].into_iter().filter(|t| !tool_found(t)).collect();
+    if !missing.is_empty() {
+        if std::env::var_os("SLUICE_REQUIRE_MPI").is_some_and(|v| v == "1") {
+            bail!("SLUICE_REQUIRE_MPI=1 but {} not found: the MPI engine cannot be built", missing.join(" and "));
+        }
+        eprintln!(
+            "xtask: skipped the MPI engine's checks ({} not found; install Open MPI and libclang, e.g. \
+             `apt-get install libopenmpi-dev openmpi-bin libclang-dev`)",
+            missing.join(" and ")
+        );
+        return Ok(());
+    }
+    let crates = ["-p", "sluice-dist", "-p", "sluice-train", "-p", "sluice-cli", "--features", "mpi"];
+    if checks {
+        s.cargo("clippy mpi", root, &[&["clippy"][..], &crates, CLIPPY_TAIL].concat())?;
+    }
+    s.cargo("test mpi: sluice-dist", root, &["test", "--locked", "-p", "sluice-dist", "--features", "mpi"])?;
+    let two_ranks = ["test", "--locked", "-p", "sluice-train", "-p", "sluice-cli", "--features", "mpi"];
+    s.cargo("test mpi: two ranks", root, &[&two_ranks[..], &["--test", "distributed"]].concat())?;
     Ok(())
 }
 
