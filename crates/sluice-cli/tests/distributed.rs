@@ -18,7 +18,11 @@ fn repo_file(rel: &str) -> PathBuf {
 }
 
 fn data(dir: &Path) -> PathBuf {
-    let synth = SynthConfig { out: dir.join("data"), seed: 11, train: 32, val: 24, ..SynthConfig::quick(dir) };
+    data_sized(dir, 32)
+}
+
+fn data_sized(dir: &Path, train: usize) -> PathBuf {
+    let synth = SynthConfig { out: dir.join("data"), seed: 11, train, val: 24, ..SynthConfig::quick(dir) };
     generate(&synth).expect("generate").data_yaml
 }
 
@@ -159,4 +163,58 @@ fn killing_a_rank_ends_the_run_naming_it() {
     assert!(stderr.contains("rank 1"), "the error names the lost rank: {stderr}");
     assert!(ended_in < Duration::from_secs(30), "{ended_in:?}");
     eprintln!("ended {ended_in:?} after the kill:\n{stderr}");
+}
+
+/// The rows of `results.csv` without the time column.
+fn rows_without_time(run: &Path) -> Vec<String> {
+    let csv = std::fs::read_to_string(run.join("results.csv")).expect("results.csv");
+    csv.lines()
+        .map(|l| {
+            let mut cols: Vec<&str> = l.split(',').collect();
+            cols.remove(1);
+            cols.join(",")
+        })
+        .collect()
+}
+
+#[test]
+fn an_interrupted_two_rank_run_resumes_exactly() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = data_sized(dir.path(), 96);
+    let project = dir.path().join("runs");
+    let whole = sluice().args(train_args(&data, &project, "whole", "3")).output().expect("sluice train");
+    assert!(whole.status.success(), "{}", String::from_utf8_lossy(&whole.stderr));
+
+    // The same run, stopped by Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it) while it
+    // trains, then resumed.
+    let child = sluice()
+        .args(train_args(&data, &project, "cut", "3"))
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice train");
+    let csv = project.join("cut/results.csv");
+    let t = Instant::now();
+    while !csv.exists() {
+        assert!(t.elapsed() < Duration::from_secs(120), "the run did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let status = Command::new("kill").args(["-s", "INT", "--", &format!("-{}", child.id())]).status().expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let cut_rows = std::fs::read_to_string(&csv).expect("results.csv").lines().count() - 1;
+    assert!(cut_rows < 3, "the run was not interrupted ({cut_rows} epochs): {stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+
+    let resumed = sluice()
+        .args(["train", "--resume", project.join("cut").to_str().expect("utf-8"), "--nproc", "2"])
+        .output()
+        .expect("sluice train --resume");
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(rows_without_time(&project.join("cut")), rows_without_time(&project.join("whole")));
 }

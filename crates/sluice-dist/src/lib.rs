@@ -12,6 +12,7 @@ pub mod mpirun;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod rendezvous;
+pub mod signals;
 pub mod spawn;
 
 pub use collective::{Collective, Solo, contiguous_share};

@@ -20,7 +20,7 @@ pub fn find_mpirun() -> Result<PathBuf> {
     })
 }
 
-/// `mpirun -np N program args…`, with the flags a single machine needs: more ranks than cores are allowed
+/// `mpirun -np N program args…`, with the flags a single machine needs, and ten seconds between SIGTERM and SIGKILL: more ranks than cores are allowed
 /// (`--oversubscribe`), ranks are not pinned to cores (they run their own thread pools), shared-memory transport
 /// without the kernel's cross-memory attach (refused inside most containers), and `--allow-run-as-root` when the
 /// caller is root (CI).
@@ -28,6 +28,9 @@ pub fn mpirun_command(np: usize, program: impl AsRef<OsStr>, args: &[impl AsRef<
     let mut cmd = Command::new(find_mpirun()?);
     cmd.arg("-np").arg(np.to_string()).args(["--oversubscribe", "--bind-to", "none"]);
     cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
+    // When mpirun aborts the job it sends its ranks SIGTERM, then SIGKILL after this many seconds: time for them
+    // to agree to stop at the next batch and for rank 0 to save `last` (a clean stop is SIGUSR1, see `signals`).
+    cmd.args(["--mca", "odls_base_sigkill_timeout", "10"]);
     if is_root() {
         cmd.arg("--allow-run-as-root");
     }

@@ -1,22 +1,26 @@
 //! The decoded-image source shared by every loader worker: read → decode to the training size → labels scaled
 //! into the decoded frame, with a RAM cache under a byte budget (Ultralytics' `cache=ram`, one copy for all
 //! workers). A budget of 0 disables caching (`cache=none`). The bytes come from the reader the user chose
-//! ([`SourceKind`]): the image files one by one, or the records of a packed shard (slices of its mmap).
+//! ([`SourceKind`]): the image files one by one, or the records of a packed shard (slices of its mmap). With a
+//! [`NodeCache`] attached, the images come first from that file shared by every rank of the machine.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Instant;
 
 use serde::Serialize;
 use sluice_core::stage::SourceImage;
 use sluice_core::{DecodeHint, Decoder, Error, ImageLabels, ImageRgb8, ImageSource, Label, Reader, Result, SampleId};
-use sluice_dataset::SampleIndex;
+use sluice_dataset::{Sample, SampleIndex};
 use sluice_decode::{Backend, TargetDecoder, TargetOptions};
 use std::path::PathBuf;
 
 use sluice_storage::{FileReader, PackedReader};
+
+use crate::node_cache::NodeCache;
 
 /// Bytes of decoded images kept with `cache: ram` (Ultralytics' `cache=ram`).
 pub const RAM_CACHE_BYTES: usize = 8 << 30;
@@ -70,27 +74,36 @@ impl SourceKind {
 /// What the cache did so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct SourceStats {
-    /// Lookups served from the cache.
+    /// Lookups served from the cache or the node cache.
     pub hits: u64,
     /// Lookups that read and decoded.
     pub misses: u64,
-    /// Images held in the cache.
+    /// Images held in this process's cache.
     pub cached_images: usize,
-    /// Bytes held in the cache.
+    /// Bytes held in this process's cache.
     pub cached_bytes: usize,
-    /// The cache's byte budget.
+    /// This process's cache's byte budget (0 with a node cache, whose budget replaces it).
     pub budget_bytes: usize,
+    /// Images held in the node cache (shared by every rank of the machine: count them once per machine).
+    pub node_cache_images: usize,
+    /// Pixel bytes held in the node cache (shared by every rank of the machine: count them once per machine).
+    pub node_cache_bytes: usize,
     /// Seconds spent reading, summed over threads.
     pub read_s: f64,
     /// Seconds spent decoding and resizing, summed over threads.
     pub decode_s: f64,
 }
 
-/// Decoded images at the training size, cached under a byte budget.
+/// Decoded images at the training size, cached under a byte budget, or served from a [`NodeCache`].
 pub struct DecodedSource {
     index: Arc<SampleIndex>,
     reader: Arc<dyn Reader>,
     decoder: Arc<dyn Decoder>,
+    /// The training size and augmentation when [`DecodedSource::open`] built the decoder; they are part of the
+    /// node cache's key.
+    target: Option<TargetOptions>,
+    node: Option<NodeCache>,
+    node_key: OnceLock<u64>,
     budget: usize,
     used: AtomicUsize,
     map: RwLock<HashMap<SampleId, Arc<SourceImage>>>,
@@ -119,6 +132,9 @@ impl DecodedSource {
             index,
             reader,
             decoder,
+            target: None,
+            node: None,
+            node_key: OnceLock::new(),
             budget: budget_bytes,
             used: AtomicUsize::new(0),
             map: RwLock::new(HashMap::new()),
@@ -140,9 +156,57 @@ impl DecodedSource {
     pub fn open(kind: &SourceKind, index: SampleIndex, imgsz: u32, augment: bool, budget_bytes: usize) -> Result<Self> {
         let reader = kind.reader(&index)?;
         let inner = Backend::preferred_decoder()?;
-        let decoder: Arc<dyn Decoder> =
-            Arc::new(TargetDecoder::new(inner, TargetOptions { imgsz, augment, dct_scaling: true }));
-        Ok(Self::new(Arc::new(index), reader, decoder, budget_bytes))
+        let opts = TargetOptions { imgsz, augment, dct_scaling: true };
+        let decoder: Arc<dyn Decoder> = Arc::new(TargetDecoder::new(inner, opts));
+        Ok(Self { target: Some(opts), ..Self::new(Arc::new(index), reader, decoder, budget_bytes) })
+    }
+
+    /// The key of this source's node cache ([`NodeCache::key_of`] over the index, the training size, the
+    /// augmentation and the decoder's name), computed once. For a source made with [`DecodedSource::new`] the
+    /// size and augmentation are unknown and the decoder's name alone must tell its outputs apart.
+    pub fn node_cache_key(&self) -> u64 {
+        *self.node_key.get_or_init(|| {
+            let (imgsz, augment) = self.target.map_or((0, false), |t| (t.imgsz, t.augment));
+            NodeCache::key_of(&self.index, imgsz, augment, self.decoder.name())
+        })
+    }
+
+    /// Decodes this source's samples into a node cache at `path` holding up to `budget_bytes` of pixels (see
+    /// [`NodeCache::build`]). One process per machine builds it; the others [`NodeCache::open`] it with
+    /// [`DecodedSource::node_cache_key`] once it exists, and every one attaches it with
+    /// [`DecodedSource::with_node_cache`].
+    pub fn build_node_cache(&self, path: &Path, budget_bytes: usize) -> Result<NodeCache> {
+        NodeCache::build(path, self, self.node_cache_key(), budget_bytes)
+    }
+
+    /// Serves images from `cache` first. Its budget replaces this source's own: the private cache is turned off
+    /// (a second copy of what the node holds once would defeat it), so the images the node cache lacks are read
+    /// and decoded on every use, and their errors surface as without it. Fails when `cache` was built for another
+    /// key (another dataset, size, augmentation or decoder).
+    pub fn with_node_cache(mut self, cache: NodeCache) -> Result<Self> {
+        let key = self.node_cache_key();
+        if cache.key() != key || cache.samples() != self.index.len() {
+            return Err(Error::Invalid {
+                what: "node cache",
+                reason: format!(
+                    "{}: built for key {:016x} over {} samples, this source has key {key:016x} over {} samples",
+                    cache.path().display(),
+                    cache.key(),
+                    cache.samples(),
+                    self.index.len()
+                ),
+            });
+        }
+        self.budget = 0;
+        self.used = AtomicUsize::new(0);
+        self.map = RwLock::new(HashMap::new());
+        self.node = Some(cache);
+        Ok(self)
+    }
+
+    /// The node cache attached with [`DecodedSource::with_node_cache`].
+    pub fn node_cache(&self) -> Option<&NodeCache> {
+        self.node.as_ref()
     }
 
     /// The dataset index.
@@ -159,16 +223,23 @@ impl DecodedSource {
             cached_images: map.len(),
             cached_bytes: self.used.load(Ordering::Relaxed),
             budget_bytes: self.budget,
+            node_cache_images: self.node.as_ref().map_or(0, NodeCache::images),
+            node_cache_bytes: self.node.as_ref().map_or(0, NodeCache::len),
             read_s: self.read_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_s: self.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
         }
     }
 
-    fn load(&self, id: SampleId) -> Result<SourceImage> {
-        let sample = self.index.samples.get(id as usize).ok_or_else(|| Error::Invalid {
+    fn sample(&self, id: SampleId) -> Result<&Sample> {
+        self.index.samples.get(id as usize).ok_or_else(|| Error::Invalid {
             what: "sample id",
             reason: format!("{id} is not in the index ({} samples)", self.index.len()),
-        })?;
+        })
+    }
+
+    /// Reads and decodes sample `id` to the training size; also returns the original size the labels refer to.
+    pub(crate) fn decode(&self, id: SampleId) -> Result<(ImageRgb8, u32, u32)> {
+        let sample = self.sample(id)?;
         let named = |e: Error| Error::Decode { what: sample.image.display().to_string(), reason: e.to_string() };
         let mut image = ImageRgb8::default();
         let info = SCRATCH.with(|cell| {
@@ -181,19 +252,41 @@ impl DecodedSource {
             self.decode_ns.fetch_add(t1.elapsed().as_nanos() as u64, Ordering::Relaxed);
             info
         })?;
-        let (w0, h0) = (info.orig_width.max(1), info.orig_height.max(1));
-        let (sx, sy) = (image.width() as f32 / w0 as f32, image.height() as f32 / h0 as f32);
-        let labels = ImageLabels {
-            width: image.width(),
-            height: image.height(),
-            objects: sample
-                .labels
-                .objects
-                .iter()
-                .map(|l| Label { class: l.class, bbox: l.bbox.scale_shift(sx, sy, 0.0, 0.0) })
-                .collect(),
-        };
+        Ok((image, info.orig_width, info.orig_height))
+    }
+
+    fn load(&self, id: SampleId) -> Result<SourceImage> {
+        let (image, w0, h0) = self.decode(id)?;
+        let labels = scaled_labels(self.sample(id)?, &image, w0, h0);
         Ok(SourceImage { image, labels })
+    }
+
+    /// Sample `id` from the node cache, if it holds it: a copy of its pixels, so the image lives on however the
+    /// augmentation keeps it, and the labels scaled exactly as [`DecodedSource::load`] scales them.
+    fn node_image(&self, id: SampleId) -> Result<Option<SourceImage>> {
+        let Some(node) = &self.node else { return Ok(None) };
+        let Some(hit) = node.get(id) else { return Ok(None) };
+        let image = ImageRgb8::from_raw(hit.width, hit.height, hit.stride, hit.pixels.to_vec()).map_err(|e| {
+            Error::Invalid { what: "node cache", reason: format!("{}: sample {id}: {e}", node.path().display()) }
+        })?;
+        let labels = scaled_labels(self.sample(id)?, &image, hit.orig_width, hit.orig_height);
+        Ok(Some(SourceImage { image, labels }))
+    }
+}
+
+/// `sample`'s labels moved from its original `w0 x h0` frame into the decoded `image`'s frame.
+fn scaled_labels(sample: &Sample, image: &ImageRgb8, w0: u32, h0: u32) -> ImageLabels {
+    let (w0, h0) = (w0.max(1), h0.max(1));
+    let (sx, sy) = (image.width() as f32 / w0 as f32, image.height() as f32 / h0 as f32);
+    ImageLabels {
+        width: image.width(),
+        height: image.height(),
+        objects: sample
+            .labels
+            .objects
+            .iter()
+            .map(|l| Label { class: l.class, bbox: l.bbox.scale_shift(sx, sy, 0.0, 0.0) })
+            .collect(),
     }
 }
 
@@ -202,6 +295,11 @@ impl ImageSource for DecodedSource {
         if let Some(hit) = self.map.read().unwrap_or_else(PoisonError::into_inner).get(&id) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Arc::clone(hit));
+        }
+        // A node-cache hit is not kept in the private map: that would be a second copy of what the node holds.
+        if let Some(image) = self.node_image(id)? {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::new(image));
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let loaded = Arc::new(self.load(id)?);

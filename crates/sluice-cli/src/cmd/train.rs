@@ -1,6 +1,7 @@
 //! `sluice train`: train a YOLOv8 detector. Settings come from Ultralytics' defaults, then a YAML config
 //! (`--config`), then the flags given here. Ctrl-C saves `last` and exits; `--resume` continues it.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -325,11 +326,19 @@ pub(crate) fn run(args: Args) -> Result<()> {
         None => Trainer::new_with(cfg, dist)?,
     };
     let stop = trainer.stop_flag();
+    let distributed = trainer.dist().is_distributed();
+    if distributed {
+        sluice_dist::signals::stop_on_usr1(&stop)?;
+    }
     ctrlc::set_handler(move || {
-        if stop.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        let again = stop.swap(true, std::sync::atomic::Ordering::SeqCst);
+        // A rank gets the terminal's Ctrl-C and its launcher's SIGTERM: only the launcher quits at once.
+        if again && !distributed {
             std::process::exit(130);
         }
-        eprintln!("\ninterrupt: saving last.safetensors after this batch (Ctrl-C again to quit now)");
+        if !again && main {
+            eprintln!("\ninterrupt: saving last.safetensors after this batch (Ctrl-C again to quit now)");
+        }
     })
     .context("installing the Ctrl-C handler")?;
     if !main {
@@ -405,10 +414,29 @@ fn worker_args() -> Vec<std::ffi::OsString> {
 fn launch_mpi(n: usize) -> Result<()> {
     let exe = std::env::current_exe().context("finding the sluice binary")?;
     let mut cmd = sluice_dist::mpirun::mpirun_command(n, &exe, &worker_args())?;
-    // Ctrl-C reaches mpirun and the ranks directly (one process group); the launcher waits for them to save.
-    ctrlc::set_handler(|| {}).context("installing the Ctrl-C handler")?;
+    // mpirun in its own process group: Ctrl-C reaches only this launcher, which asks mpirun to forward SIGUSR1,
+    // the ranks' stop request (mpirun itself would abort the job on SIGINT); a second Ctrl-C aborts the job.
+    cmd.process_group(0);
+    let child = cmd.spawn().context("running mpirun")?;
+    let pid = child.id();
+    let presses = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let count = std::sync::Arc::clone(&presses);
+    ctrlc::set_handler(move || {
+        let first = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        if first {
+            eprintln!("\ninterrupt: the ranks save last.safetensors after this batch (Ctrl-C again to abort them)");
+        }
+        if let Err(e) = sluice_dist::signals::signal_launcher(pid, first) {
+            eprintln!("interrupt: {e}");
+        }
+    })
+    .context("installing the Ctrl-C handler")?;
     eprintln!("starting {n} CPU ranks under mpirun");
-    let status = cmd.status().context("running mpirun")?;
+    let status = child.wait_with_output().context("waiting for mpirun")?.status;
+    if presses.load(std::sync::atomic::Ordering::SeqCst) > 0 && status.success() {
+        eprintln!("interrupted: continue with `sluice train --resume` and the same --nproc");
+        return Ok(());
+    }
     anyhow::ensure!(status.success(), "the ranks failed ({status}); the first error is printed above");
     Ok(())
 }

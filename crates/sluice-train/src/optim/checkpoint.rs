@@ -63,7 +63,50 @@ impl Optimization {
     /// Writes `model` (the model being trained), the EMA, the optimizer state and `user` metadata to `path`,
     /// atomically: a kill or an error mid-save leaves the previous file intact.
     pub fn save_state(&self, model: &YoloV8, path: impl AsRef<Path>, user: &serde_json::Value) -> Result<()> {
-        let path = path.as_ref();
+        self.save_with_pending(model, path.as_ref(), user, &self.pending)
+    }
+
+    /// [`Optimization::save_state`] for a data-parallel run: every rank calls it at the same point, and only where
+    /// `write` (rank 0) is the file written. The gradients accumulated since the last step are each rank's own, so
+    /// while a window is open they are summed over the ranks (a collective) and the file holds the sum; a resumed
+    /// run gives it to rank 0 and starts the other ranks' windows empty ([`Optimization::drop_pending`]).
+    pub fn save_state_collective(
+        &mut self,
+        model: &YoloV8,
+        path: impl AsRef<Path>,
+        user: &serde_json::Value,
+        write: bool,
+    ) -> Result<()> {
+        let open = self.pending.iter().any(Option::is_some);
+        let pending = match self.grad_reduce.as_mut() {
+            Some(r) if open => {
+                let mut p = self.pending.clone();
+                r.reduce(&mut p, self.optimizer.groups().params())?;
+                p
+            }
+            _ => self.pending.clone(),
+        };
+        if write { self.save_with_pending(model, path.as_ref(), user, &pending) } else { Ok(()) }
+    }
+
+    /// Forgets the gradients accumulated since the last step (a resumed rank other than 0: the checkpoint's window
+    /// is already the sum of every rank's).
+    pub fn drop_pending(&mut self) {
+        self.pending.iter_mut().for_each(|g| *g = None);
+    }
+
+    /// Whether gradients have been accumulated since the last optimizer step (a window is open).
+    pub fn window_open(&self) -> bool {
+        self.pending.iter().any(Option::is_some)
+    }
+
+    fn save_with_pending(
+        &self,
+        model: &YoloV8,
+        path: &Path,
+        user: &serde_json::Value,
+        pending: &[Option<Tensor>],
+    ) -> Result<()> {
         let mut tensors = prefixed("model.", model.state_dict()?);
         tensors.extend(prefixed("ema.", self.ema.model().state_dict()?));
         for (p, s) in self.optimizer.groups().params().iter().zip(self.optimizer.state()) {
@@ -79,7 +122,7 @@ impl Optimization {
                 }
             }
         }
-        for (p, g) in self.optimizer.groups().params().iter().zip(&self.pending) {
+        for (p, g) in self.optimizer.groups().params().iter().zip(pending) {
             if let Some(g) = g {
                 tensors.push((format!("optim.grad.{}", p.name), g.clone()));
             }

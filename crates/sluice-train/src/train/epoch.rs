@@ -119,8 +119,10 @@ impl Trainer {
                 data_wait_fraction: pass.times.data_wait_s / wall,
                 skipped: stepped.skipped,
             });
-            // The ranks of a data-parallel run stop at the same batch, or their collectives would no longer pair.
-            if self.dist.any(self.stop.load(Ordering::Relaxed))? && pass.done < batches {
+            // The ranks of a data-parallel run stop at the same batch, or their collectives would no longer pair,
+            // and where no accumulation window is open (each rank's own gradients would not survive a resume).
+            let stop = self.dist.any(self.stop.load(Ordering::Relaxed))?;
+            if stop && pass.done < batches && !(self.dist.is_distributed() && self.opt.window_open()) {
                 pass.interrupted = true;
                 break;
             }
@@ -255,9 +257,11 @@ impl Trainer {
         self.progress.batch = 0;
         self.progress.epoch_loss_sum = [0.0; 3];
         if best {
-            self.save(&self.paths.best)?;
+            let best = self.paths.best.clone();
+            self.save(&best)?;
         }
-        self.save(&self.paths.last)?;
+        let last = self.paths.last.clone();
+        self.save(&last)?;
         observer.epoch(&EpochEvent { row, telemetry: tel, best });
         Ok(())
     }

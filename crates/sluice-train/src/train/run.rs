@@ -112,6 +112,9 @@ impl Trainer {
             t.paths.create()?;
         }
         t.opt.load_state(&mut t.model, path).with_context(|| format!("restoring {}", path.display()))?;
+        if !t.dist.is_main() {
+            t.opt.drop_pending();
+        }
         t.progress = meta.progress;
         if t.progress.epoch >= t.cfg.epochs {
             crate::bail!("{}: the run already finished its {} epochs; nothing to resume", path.display(), t.cfg.epochs);
@@ -307,18 +310,17 @@ impl Trainer {
         Arc::clone(&self.stop)
     }
 
-    /// Writes a checkpoint (rank 0 only: the ranks hold the same weights).
-    pub(super) fn save(&self, path: &Path) -> Result<()> {
-        if !self.dist.is_main() {
-            return Ok(());
-        }
+    /// Writes a checkpoint. Every rank calls it at the same point (the open accumulation window is summed over
+    /// the ranks); rank 0 writes it (the ranks hold the same weights).
+    pub(super) fn save(&mut self, path: &Path) -> Result<()> {
         let meta = CheckpointMeta {
             config: self.cfg.to_yaml()?,
             run_dir: self.paths.dir.clone(),
             progress: self.progress.clone(),
         };
+        let write = self.dist.is_main();
         self.opt
-            .save_state(&self.model, path, &serde_json::to_value(&meta)?)
+            .save_state_collective(&self.model, path, &serde_json::to_value(&meta)?, write)
             .with_context(|| format!("saving {}", path.display()))
     }
 
@@ -374,12 +376,17 @@ impl Trainer {
             let pass = self.train_epoch(observer)?;
             if pass.interrupted {
                 self.progress.elapsed_s += start.elapsed().as_secs_f64();
-                self.save(&self.paths.last)?;
+                let last = self.paths.last.clone();
+                self.save(&last)?;
                 interrupted = true;
                 break;
             }
             self.end_epoch(pass, start, (results.as_ref(), telemetry.as_ref()), &mut totals, observer)?;
-            if self.dist.any(self.stop.load(Ordering::Relaxed))? && self.progress.epoch < self.cfg.epochs {
+            // A data-parallel run goes on into the next epoch while an accumulation window is open (see
+            // `train_epoch`), so that every rank's gradients are in the step before it stops.
+            let stop = self.dist.any(self.stop.load(Ordering::Relaxed))?;
+            let window_open = self.dist.is_distributed() && self.opt.window_open();
+            if stop && self.progress.epoch < self.cfg.epochs && !window_open {
                 interrupted = true;
                 break;
             }
