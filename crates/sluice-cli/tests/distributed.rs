@@ -1,9 +1,9 @@
 //! `sluice train --nproc 2` end to end (feature `mpi`, two CPU ranks under `mpirun`), on a generated shapes set,
 //! fine-tuning `tests/data/tiny_synthetic_f16.safetensors` (the EMA of the embedded default's YOLOv8-tiny, trained
 //! on the same generator, in half precision) so that validation finds objects:
-//! - the run finishes, rank 0 alone writes the run folder, and the validation of the epoch (each rank validating
-//!   its share of the batches, the metric states gathered) equals a single-process `sluice val` of the saved
-//!   weights;
+//! - the run finishes (its decoded images in one node cache), rank 0 alone writes the run folder, and the
+//!   validation of the epoch (each rank validating its share of the batches, the metric states gathered) equals a
+//!   single-process `sluice val` of the saved weights;
 //! - killing one rank ends the run with an error naming that rank well within 30 s.
 #![cfg(feature = "mpi")]
 
@@ -70,7 +70,8 @@ fn two_ranks_train_and_validate_as_one_process() {
     let data = data(dir.path());
     let project = dir.path().join("runs");
     let mut args = train_args(&data, &project, "two", "1");
-    args.push("--json".into());
+    // The decoded images in one node cache that both ranks map.
+    args.extend(["--cache".into(), "ram".into(), "--json".into()]);
     let out = sluice().args(&args).output().expect("sluice train");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stderr}");

@@ -61,7 +61,8 @@ impl Dist {
     /// which carries NCCL's id and then the heartbeat.
     pub fn from_env(device: &Device) -> Result<Self> {
         let launch = Launch::from_env()?;
-        if !launch.is_distributed() {
+        // A launcher's single rank still goes through the engine (one NCCL rank checks the GPU path end to end).
+        if launch.launcher == sluice_dist::Launcher::Single {
             return Ok(Self::single());
         }
         let mut d = if device.is_cuda() { Self::nccl(launch, device)? } else { Self::mpi(launch)? };

@@ -285,7 +285,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         }
         None => (None, args.resolve()?),
     };
-    if !launch.is_distributed() {
+    if launch.launcher == sluice_dist::Launcher::Single {
         let devices = sluice_train::train::device_list(&cfg.device)?;
         let nproc = args.nproc.unwrap_or(1);
         if devices.len() > 1 {
@@ -301,7 +301,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
             return launch_mpi(nproc);
         }
     }
-    let dist = if launch.is_distributed() {
+    let dist = if launch.launcher != sluice_dist::Launcher::Single {
         let device = sluice_train::train::rank_device(&cfg.device, launch.local_rank)?;
         let device = sluice_train::train::device_of(&device)?;
         let dist = Dist::from_env(&device).with_context(|| format!("rank {} of {}", launch.rank, launch.world))?;
@@ -414,6 +414,12 @@ fn worker_args() -> Vec<std::ffi::OsString> {
 fn launch_mpi(n: usize) -> Result<()> {
     let exe = std::env::current_exe().context("finding the sluice binary")?;
     let mut cmd = sluice_dist::mpirun::mpirun_command(n, &exe, &worker_args())?;
+    // The ranks share the machine's cores (as torchrun sets OMP_NUM_THREADS): each one's compute pool gets its
+    // share, unless the user set it.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        cmd.env("RAYON_NUM_THREADS", (cores / n).max(1).to_string());
+    }
     // mpirun in its own process group: Ctrl-C reaches only this launcher, which asks mpirun to forward SIGUSR1,
     // the ranks' stop request (mpirun itself would abort the job on SIGINT); a second Ctrl-C aborts the job.
     cmd.process_group(0);

@@ -183,7 +183,8 @@ impl Trainer {
             pass.memory_peak = Some(pass.memory_peak.map_or(m, |p| p.max(m)));
         }
         self.pool_growth.observe(sluice_transfer::device_pool_reserved(self.transfer.device()));
-        pass.times.images += batch.len() as u64;
+        // Every rank trains a batch of this size at this step: the run's images, not this rank's.
+        pass.times.images += (batch.len() * self.dist.world()) as u64;
         pass.times.batches += 1;
         pass.done += 1;
         self.progress.iteration += 1;

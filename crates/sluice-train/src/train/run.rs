@@ -21,7 +21,7 @@ use super::epoch::RunTotals;
 use super::events::{FinalEvalEvent, Observer};
 use super::loss_path::dense_on;
 use super::results::{JsonLines, ResultsCsv};
-use super::setup::{amp_dtype, device_of, load_model, rank_device, source, subset};
+use super::setup::{amp_dtype, device_of, load_model, node_source, rank_device, subset};
 use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
 use super::validate::{ValOptions, validate_on};
 use crate::dist::Dist;
@@ -195,14 +195,17 @@ impl Trainer {
                 2 * STRIDE
             );
         }
-        let train =
-            TrainLoader::new(source(&train_split.source, train_index, cfg.imgsz, true, cfg.cache)?, lcfg, cfg.hyp)?
-                .shard(rank, world)?;
+        let train = TrainLoader::new(
+            node_source(&dist, &train_split.source, train_index, cfg.imgsz, true, cfg.cache)?,
+            lcfg,
+            cfg.hyp,
+        )?
+        .shard(rank, world)?;
         let val_index = subset(&val_index, cfg.val_fraction, cfg.seed);
         // Ultralytics validates with twice the (per-rank) training batch, at `imgsz` (multi-scale is for training
         // only). Each rank validates a contiguous share of the rect plan's batches.
         let vcfg = LoaderConfig { batch: local_batch * 2, multi_scale: 0.0, ..lcfg };
-        let val = ValLoader::new(source(&val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg)
+        let val = ValLoader::new(node_source(&dist, &val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg)
             .with_left_out(val_left_out);
         let val = {
             let share = sluice_dist::contiguous_share(val.len(), rank, world);

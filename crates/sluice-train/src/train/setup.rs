@@ -224,6 +224,45 @@ pub(crate) fn source(
     Ok(Arc::new(DecodedSource::open(kind, index, imgsz, augment, cache.budget_bytes())?))
 }
 
+/// [`source`] for a data-parallel run: with `cache=ram` the decoded images live in one node cache per machine
+/// (`sluice_loader::NodeCache`, a file in shared memory that every rank of the node maps), built by the node's
+/// local rank 0 while the others wait, its budget counted once. Once every rank has it mapped the file is
+/// unlinked, so the memory goes back to the system when the last rank ends, however it ends.
+pub(crate) fn node_source(
+    dist: &crate::dist::Dist,
+    kind: &SourceKind,
+    index: SampleIndex,
+    imgsz: u32,
+    augment: bool,
+    cache: CacheMode,
+) -> Result<Arc<DecodedSource>> {
+    if !dist.is_distributed() || cache == CacheMode::None {
+        return source(kind, index, imgsz, augment, cache);
+    }
+    let src = DecodedSource::open(kind, index, imgsz, augment, 0)?;
+    let key = src.node_cache_key();
+    let path = sluice_loader::NodeCache::default_path(key);
+    let builder = dist.launch().local_rank == 0;
+    let built = if builder {
+        Some(
+            src.build_node_cache(&path, cache.budget_bytes())
+                .with_context(|| format!("building {}", path.display()))?,
+        )
+    } else {
+        None
+    };
+    dist.barrier().context("waiting for the node cache")?;
+    let node = match built {
+        Some(c) => c,
+        None => sluice_loader::NodeCache::open(&path, key).with_context(|| format!("opening {}", path.display()))?,
+    };
+    dist.barrier().context("waiting for every rank to map the node cache")?;
+    if builder {
+        std::fs::remove_file(&path).with_context(|| format!("unlinking {}", path.display()))?;
+    }
+    Ok(Arc::new(src.with_node_cache(node)?))
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
