@@ -29,6 +29,12 @@ pub struct LocalLaunch {
     pub envs: Vec<Vec<(String, String)>>,
     /// How long the other workers have to exit after SIGTERM before they are killed.
     pub grace: Duration,
+    /// Machines in the run, each starting `nproc` workers with the same settings (1: this one alone).
+    pub nnodes: usize,
+    /// This machine's place among them: its workers are ranks `node_rank · nproc ..`.
+    pub node_rank: usize,
+    /// Rank 0's host, where the ranks meet (the loopback on one machine).
+    pub master_addr: String,
 }
 
 impl LocalLaunch {
@@ -41,6 +47,9 @@ impl LocalLaunch {
             port: None,
             envs: Vec::new(),
             grace: Duration::from_secs(10),
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
         }
     }
 }
@@ -52,8 +61,8 @@ pub fn free_port() -> Result<u16> {
     Ok(listener.local_addr().map_err(io_err)?.port())
 }
 
-/// Starts the workers of `l`, each with `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`
-/// (127.0.0.1), `MASTER_PORT` and its extra variables, stdin closed and stdout and stderr shared with this process,
+/// Starts the workers of `l`, each with `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+/// `MASTER_PORT` and its extra variables (on several machines, each machine's launcher starts its share of the ranks), stdin closed and stdout and stderr shared with this process,
 /// and waits for all of them.
 ///
 /// When a worker fails, the others get SIGTERM and, after `l.grace`, SIGKILL; the result names the first worker
@@ -73,21 +82,32 @@ pub fn run_local(l: &LocalLaunch, stop: &AtomicBool) -> Result<()> {
             reason: format!("{} sets of variables for {} workers", l.envs.len(), l.nproc),
         });
     }
+    if l.node_rank >= l.nnodes.max(1) {
+        return Err(DistError::Invalid {
+            what: "local launch".into(),
+            reason: format!("node rank {} is not in 0..{} nodes", l.node_rank, l.nnodes),
+        });
+    }
     let port = match l.port {
         Some(p) => p,
+        // Several machines must agree on the port: each gets it from the user (torchrun's default otherwise).
+        None if l.nnodes > 1 => crate::DEFAULT_PORT,
         None => free_port()?,
     };
+    let first = l.node_rank * l.nproc;
+    let world = l.nnodes.max(1) * l.nproc;
     let mut workers = Workers(Vec::with_capacity(l.nproc));
-    for rank in 0..l.nproc {
+    for local in 0..l.nproc {
+        let rank = first + local;
         let mut cmd = Command::new(&l.program);
         cmd.args(&l.args)
             .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("WORLD_SIZE", l.nproc.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("WORLD_SIZE", world.to_string())
             .env("LOCAL_WORLD_SIZE", l.nproc.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_ADDR", &l.master_addr)
             .env("MASTER_PORT", port.to_string())
-            .envs(l.envs.get(rank).into_iter().flatten().map(|(k, v)| (k, v)))
+            .envs(l.envs.get(local).into_iter().flatten().map(|(k, v)| (k, v)))
             .stdin(Stdio::null());
         detach(&mut cmd);
         let child = cmd.spawn().map_err(|source| DistError::Io {
@@ -102,7 +122,8 @@ pub fn run_local(l: &LocalLaunch, stop: &AtomicBool) -> Result<()> {
     let mut stops = 0;
     loop {
         let mut running = 0;
-        for (rank, slot) in workers.0.iter_mut().enumerate() {
+        for (local, slot) in workers.0.iter_mut().enumerate() {
+            let rank = first + local;
             let Some(child) = slot else { continue };
             let status = child
                 .try_wait()
@@ -289,6 +310,24 @@ mod tests {
             let got = std::fs::read_to_string(dir.0.join(format!("rank{rank}"))).unwrap();
             assert_eq!(got.trim_end(), format!("{rank} {rank} 3 3 127.0.0.1 29123 {extra}").trim_end());
         }
+    }
+
+    #[test]
+    fn the_second_machine_starts_the_later_ranks() {
+        let dir = TempDir::new("node1");
+        let mut l = sh(
+            r#"echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT" > "$1/rank$RANK""#,
+            2,
+            &dir.0,
+        );
+        (l.nnodes, l.node_rank, l.master_addr) = (3, 1, "node0".into());
+        run_local(&l, &AtomicBool::new(false)).unwrap();
+        for (rank, local) in [(2, 0), (3, 1)] {
+            let got = std::fs::read_to_string(dir.0.join(format!("rank{rank}"))).unwrap();
+            assert_eq!(got.trim_end(), format!("{rank} {local} 6 2 node0 29500"));
+        }
+        l.node_rank = 3;
+        assert!(run_local(&l, &AtomicBool::new(false)).unwrap_err().to_string().contains("node rank 3"));
     }
 
     #[test]

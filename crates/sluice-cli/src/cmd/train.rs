@@ -58,6 +58,18 @@ pub(crate) struct Args {
     /// between them).
     #[arg(long)]
     nproc: Option<usize>,
+    /// GPU ranks on several machines: the number of machines; each runs this same command with its --node-rank.
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// This machine's place among --nnodes (0 is where rank 0 runs).
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// Rank 0's host name or address, which every machine can reach (with --nnodes above 1).
+    #[arg(long)]
+    master_addr: Option<String>,
+    /// The port the ranks meet on at --master-addr (default 29500 across machines, a free one on one machine).
+    #[arg(long)]
+    master_port: Option<u16>,
     #[arg(long)]
     seed: Option<u64>,
     #[arg(long)]
@@ -294,7 +306,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 "--nproc {nproc} with {} devices: one process runs per device",
                 devices.len()
             );
-            return launch_local(devices.len());
+            return launch_local(&args, devices.len());
         }
         if nproc > 1 {
             anyhow::ensure!(cfg.device == "cpu", "--nproc is for CPU ranks; for GPUs list them: --device 0,1");
@@ -447,11 +459,19 @@ fn launch_mpi(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Starts one worker process per listed GPU (torchrun's variables, NCCL) and waits for them.
-fn launch_local(n: usize) -> Result<()> {
+/// Starts one worker process per listed GPU (torchrun's variables, NCCL) and waits for them; with `--nnodes`, this
+/// machine's share of the ranks.
+fn launch_local(args: &Args, n: usize) -> Result<()> {
     let exe = std::env::current_exe().context("finding the sluice binary")?;
     let mut launch = sluice_dist::LocalLaunch::new(exe, n);
     launch.args = worker_args();
+    launch.nnodes = args.nnodes.max(1);
+    launch.node_rank = args.node_rank;
+    launch.port = args.master_port;
+    match &args.master_addr {
+        Some(a) => launch.master_addr = a.clone(),
+        None => anyhow::ensure!(args.nnodes <= 1, "--nnodes {} needs --master-addr: rank 0's host", args.nnodes),
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = std::sync::Arc::clone(&stop);
     ctrlc::set_handler(move || flag.store(true, std::sync::atomic::Ordering::SeqCst))
