@@ -332,12 +332,18 @@ impl Trainer {
     /// do when no validation ever wrote `best`.
     fn final_eval(&self, observer: &mut dyn Observer) -> Result<()> {
         let best = &self.paths.best;
-        // Rank 0 wrote `best` at the end of an epoch; the others read it once it is complete.
-        self.dist.barrier().context("waiting for rank 0's checkpoint")?;
-        if !self.dist.any(best.exists())? {
+        // Rank 0 wrote `best` and reads it; the other ranks take its weights from rank 0 (their machines may not
+        // share its file system), into a copy of their EMA, which has the same layers and names.
+        let main = self.dist.is_main();
+        if !self.dist.any(main && best.exists())? {
             return Ok(());
         }
-        let model = load_model(best, None, self.loss.nc, self.model.device())?;
+        let model = if main {
+            load_model(best, None, self.loss.nc, self.model.device())?
+        } else {
+            self.opt.ema_model().try_clone()?
+        };
+        self.dist.broadcast_vars(&crate::dist::all_vars(&model)).context("sending `best` from rank 0")?;
         let opts = ValOptions {
             keep_first_batch: self.cfg.plots,
             end2end: self.cfg.nms == Some(false),
