@@ -151,10 +151,15 @@ impl Dist {
         }
     }
 
-    /// The first lost rank, as an error (checked between batches).
+    /// The first lost rank, or NCCL's asynchronous error, as an error (checked between batches; both are host
+    /// reads of a flag, no device wait).
     pub fn check(&self) -> Result<()> {
         if let Some(r) = &self.rendezvous {
             r.check()?;
+        }
+        #[cfg(feature = "nccl")]
+        if let Some(n) = &self.nccl {
+            n.check()?;
         }
         Ok(())
     }

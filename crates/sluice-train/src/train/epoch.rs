@@ -86,6 +86,7 @@ impl Trainer {
         let mut t_wait = Instant::now();
         for batch in iter.by_ref() {
             let batch = batch.with_context(|| format!("epoch {}: loading a batch", epoch + 1))?;
+            self.dist.check().with_context(|| format!("epoch {} batch {}", epoch + 1, pass.done))?;
             pass.times.data_wait_s += t_wait.elapsed().as_secs_f64();
             if self.cfg.plots && self.progress.iteration == 0 {
                 observer.first_batch(&FirstBatchEvent { batch: &batch, names: &self.names, run_dir: &self.paths.dir });
