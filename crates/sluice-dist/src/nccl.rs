@@ -167,8 +167,9 @@ impl Nccl {
         outcome.map_err(|e| self.error(format!("{op}: {e}")))
     }
 
-    /// Enqueues an in-place sum all-reduce of `buf` on the device stream and polls for asynchronous errors.
-    fn enqueue_all_reduce<T: NcclType, B: DevicePtrMut<T>>(&self, c: &Handle, buf: &mut B) -> Result<()> {
+    /// Enqueues `op` in place on `buf` (a sum all-reduce, or a broadcast from a root) on the device stream and
+    /// polls for asynchronous errors.
+    fn enqueue_in_place<T: NcclType, B: DevicePtrMut<T>>(&self, c: &Handle, buf: &mut B, op: DeviceOp) -> Result<()> {
         let count = buf.len();
         // Skipping is consistent across ranks: every rank passes the same count.
         if count == 0 {
@@ -177,49 +178,21 @@ impl Nccl {
         self.bind()?;
         let stream = &*self.stream;
         let (ptr, written) = buf.device_ptr_mut(stream);
+        let (send, recv, ty) = (ptr as *const c_void, ptr as *mut c_void, T::as_nccl_type());
+        let cu_stream = stream.cu_stream() as sys::cudaStream_t;
         // SAFETY: `ptr` addresses `count` elements of `T` that `buf` holds and that stay borrowed mutably until
         // `written` records the stream's work on them after the call; NCCL allows the send and receive buffers to
-        // be the same; `c.0` is live and belongs to this stream's device.
+        // be the same (in place); `c.0` is live and belongs to this stream's device.
         let done = unsafe {
-            nccl_result::all_reduce(
-                ptr as *const c_void,
-                ptr as *mut c_void,
-                count,
-                T::as_nccl_type(),
-                sys::ncclRedOp_t::ncclSum,
-                c.0,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
+            match op {
+                DeviceOp::AllReduceSum => {
+                    nccl_result::all_reduce(send, recv, count, ty, sys::ncclRedOp_t::ncclSum, c.0, cu_stream)
+                }
+                DeviceOp::Broadcast { root } => nccl_result::broadcast(send, recv, count, ty, root, c.0, cu_stream),
+            }
         };
         drop(written);
-        done.map_err(|e| self.nccl_error(c, &format!("all-reduce of {count} elements"), e.0))?;
-        self.check_with(c)
-    }
-
-    /// Enqueues an in-place broadcast of `buf` from `root` on the device stream and polls for asynchronous errors.
-    fn enqueue_broadcast<T: NcclType, B: DevicePtrMut<T>>(&self, c: &Handle, buf: &mut B, root: c_int) -> Result<()> {
-        let count = buf.len();
-        // Skipping is consistent across ranks: every rank passes the same count.
-        if count == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        let stream = &*self.stream;
-        let (ptr, written) = buf.device_ptr_mut(stream);
-        // SAFETY: as in `enqueue_all_reduce`; an in-place broadcast passes the same buffer twice.
-        let done = unsafe {
-            nccl_result::broadcast(
-                ptr as *const c_void,
-                ptr as *mut c_void,
-                count,
-                T::as_nccl_type(),
-                root,
-                c.0,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
-        };
-        drop(written);
-        done.map_err(|e| self.nccl_error(c, &format!("broadcast of {count} elements from rank {root}"), e.0))?;
+        done.map_err(|e| self.nccl_error(c, &format!("{op} ({count} elements)"), e.0))?;
         self.check_with(c)
     }
 
@@ -270,7 +243,7 @@ impl Nccl {
         }
         self.bind()?;
         let mut dev = self.stream.clone_htod(buf).map_err(|e| self.driver_error("copying to the device", e))?;
-        self.enqueue_all_reduce(c, &mut dev)?;
+        self.enqueue_in_place(c, &mut dev, DeviceOp::AllReduceSum)?;
         self.wait(c, "all-reduce")?;
         self.stream.memcpy_dtoh(&dev, buf).map_err(|e| self.driver_error("copying to the host", e))
     }
@@ -282,7 +255,7 @@ impl Nccl {
         }
         self.bind()?;
         let mut dev = self.stream.clone_htod(buf).map_err(|e| self.driver_error("copying to the device", e))?;
-        self.enqueue_broadcast(c, &mut dev, root)?;
+        self.enqueue_in_place(c, &mut dev, DeviceOp::Broadcast { root })?;
         self.wait(c, "broadcast")?;
         self.stream.memcpy_dtoh(&dev, buf).map_err(|e| self.driver_error("copying to the host", e))
     }
@@ -437,7 +410,7 @@ impl Collective for Nccl {
         let c = self.lock();
         self.bind()?;
         let mut one = self.stream.alloc_zeros::<u8>(1).map_err(|e| self.driver_error("allocating", e))?;
-        self.enqueue_all_reduce(&c, &mut one)?;
+        self.enqueue_in_place(&c, &mut one, DeviceOp::AllReduceSum)?;
         self.wait(&c, "barrier")
     }
 }
@@ -452,8 +425,8 @@ enum DeviceOp {
 impl std::fmt::Display for DeviceOp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::AllReduceSum => f.write_str("all-reduce of a tensor"),
-            Self::Broadcast { root } => write!(f, "broadcast of a tensor from rank {root}"),
+            Self::AllReduceSum => f.write_str("all-reduce"),
+            Self::Broadcast { root } => write!(f, "broadcast from rank {root}"),
         }
     }
 }
@@ -485,10 +458,7 @@ impl InplaceOp1 for InPlace<'_> {
         let Some(mut view) = slice.try_slice_mut(start..end) else {
             candle_core::bail!("{}: elements {start}..{end} lie outside the storage", self.op)
         };
-        let done = match self.op {
-            DeviceOp::AllReduceSum => self.nccl.enqueue_all_reduce(self.comm, &mut view),
-            DeviceOp::Broadcast { root } => self.nccl.enqueue_broadcast(self.comm, &mut view, root),
-        };
+        let done = self.nccl.enqueue_in_place(self.comm, &mut view, self.op);
         done.map_err(|e| {
             let message = e.to_string();
             self.failure.set(Some(e));
