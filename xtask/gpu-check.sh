@@ -22,7 +22,8 @@
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
-#   train_amp/       one epoch on the 64-image slice with `--amp` (bf16 convolutions), for the f32 / bf16 ratio
+#   train_amp/       one epoch on the 64-image slice with `--amp` (float16 convolutions, dynamic loss scaling)
+#   train_bf16/      the same with `--amp bf16`, for the f32 / fp16 / bf16 ratios
 #   train_yolo11n/, train_yolo26n/   one epoch on the 64-image slice with YOLO11n and YOLO26n
 #   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
 # GPU_CHECK_ONLY="smoke convs ..." runs only the steps named (info always runs).
@@ -192,8 +193,10 @@ fi
 step decode_nvjpeg 30 "$S" bench decode --data "$DATA" --backend nvjpeg --threads 1 --json
 step decode_cpu 30 "$S" bench decode --data "$DATA" --backend image --threads 16 --json
 # Mixed precision last (the least important figure): one epoch, the same settings otherwise.
-step train_amp 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp \
+step train_amp 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp fp16 \
   --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_amp --exist-ok --json
+step train_bf16 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp bf16 \
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_bf16 --exist-ok --json
 # YOLO11 and YOLO26 on the device (one epoch each; YOLO26's end-to-end loss runs on the host path, its assigner
 # read counted in the telemetry): that they run there, and their step time beside yolov8n's.
 for fam in yolo11n yolo26n; do

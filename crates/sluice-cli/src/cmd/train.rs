@@ -9,8 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sluice_train::dist::Dist;
 use sluice_train::train::checkpoint_config;
 use sluice_train::train::{
-    BatchEvent, CacheMode, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary,
-    Trainer, find_resume, parse_multi_scale,
+    Amp, BatchEvent, CacheMode, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig,
+    TrainSummary, Trainer, find_resume, parse_multi_scale,
 };
 
 use crate::plots::{plot_batch, plot_pr_curve, plot_results};
@@ -88,9 +88,10 @@ pub(crate) struct Args {
     /// Stop on the first bad sample.
     #[arg(long)]
     strict: bool,
-    /// Mixed precision on a CUDA device (bf16 convolutions, f32 weights and loss); ignored on the CPU.
-    #[arg(long)]
-    amp: bool,
+    /// Mixed precision, as Ultralytics' `amp`: `--amp` or `--amp fp16` (float16 convolutions with dynamic loss
+    /// scaling), `--amp bf16` (bfloat16), `--amp false` (f32). CUDA only: the CPU trains in f32.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "MODE")]
+    amp: Option<Amp>,
     /// Continue a run: a checkpoint, a run folder, or (no value) the latest run under --project.
     #[arg(long, num_args = 0..=1, default_missing_value = "")]
     resume: Option<PathBuf>,
@@ -134,7 +135,9 @@ impl Args {
         }
         c.exist_ok |= self.exist_ok;
         c.strict |= self.strict;
-        c.amp |= self.amp;
+        if let Some(amp) = self.amp {
+            c.amp = amp;
+        }
         Ok(c)
     }
 }

@@ -23,6 +23,7 @@ use sluice_model::{LoadMode, YoloV8};
 use super::driver::{DriverState, Optimization};
 use super::error::{OptimError, Result};
 use super::io::{load_safetensors, read_metadata, save_safetensors};
+use super::scaler::LossScaler;
 
 /// The value of the `format` metadata key of a training checkpoint.
 pub const FORMAT: &str = "sluice-train-checkpoint/1";
@@ -127,7 +128,7 @@ impl Optimization {
                 tensors.push((format!("optim.grad.{}", p.name), g.clone()));
             }
         }
-        let state = serde_json::to_string(&self.driver_state())
+        let state = serde_json::to_string(&self.driver_state()?)
             .map_err(|e| OptimError::BadInput(format!("serialising the optimizer state: {e}")))?;
         let user = serde_json::to_string(user)
             .map_err(|e| OptimError::BadInput(format!("serialising the checkpoint metadata: {e}")))?;
@@ -220,6 +221,13 @@ impl Optimization {
         self.scheduled_epoch = state.scheduled_epoch;
         self.steps = state.steps;
         self.skipped = state.skipped;
+        if let (Some(scaler), Some(saved)) = (self.scaler.as_mut(), state.scaler) {
+            let on_device = scaler.on_device();
+            *scaler = LossScaler::from_state(saved);
+            if on_device {
+                scaler.to_device(model.device())?;
+            }
+        }
         Ok(user)
     }
 }

@@ -14,6 +14,7 @@ use super::optimizer::{
     GroupHyper, MAX_GRAD_NORM, Optimizer, clip_coefficient, clip_coefficient_tensor, scale_grads, total_grad_norm,
     total_grad_norm_tensor,
 };
+use super::scaler::{LossScaler, ScalerSettings, ScalerState};
 use super::schedule::{Schedule, warmup_accumulate};
 use super::settings::{OptimSettings, Resolved, Rule, RunShape, resolve};
 
@@ -33,6 +34,9 @@ pub struct BatchOutcome {
     /// The loss or the gradient norm was not finite: the batch's gradients and every gradient accumulated since
     /// the last step were dropped, nothing was updated, and the next accumulation window starts after this batch.
     pub skipped_nonfinite: bool,
+    /// Under float16 loss scaling, the (scaled) gradients overflowed: the step was skipped and the scale backed
+    /// off, as `GradScaler` does. Not a non-finite loss: an expected event while the scale settles.
+    pub skipped_overflow: bool,
     /// The total gradient norm before clipping, when a step was due.
     pub grad_norm: Option<f64>,
     /// The accumulation factor in force for this batch.
@@ -57,6 +61,9 @@ pub(crate) struct DriverState {
     pub(crate) ema_updates: u64,
     /// Per parameter (sorted by name): name and the number of updates it received.
     pub(crate) params: Vec<(String, u64)>,
+    /// The loss scaler of a float16 mixed-precision run.
+    #[serde(default)]
+    pub(crate) scaler: Option<ScalerState>,
 }
 
 /// Optimizer, schedule, warmup, gradient accumulation and EMA of one training run, as Ultralytics' trainer.
@@ -85,6 +92,15 @@ pub struct Optimization {
     pub(crate) device_skips: Option<Tensor>,
     /// The data-parallel gradient combination ([`Optimization::set_grad_reduce`]).
     pub(crate) grad_reduce: Option<Box<dyn GradReduce>>,
+    /// Dynamic loss scaling ([`Optimization::set_loss_scaling`]).
+    pub(crate) scaler: Option<LossScaler>,
+}
+
+impl BatchOutcome {
+    /// A batch whose gradients were added to the accumulation window, with no step.
+    fn accumulated(accumulate: usize) -> Self {
+        Self { stepped: false, skipped_nonfinite: false, skipped_overflow: false, grad_norm: None, accumulate }
+    }
 }
 
 impl std::fmt::Debug for dyn GradReduce {
@@ -125,6 +141,7 @@ impl Optimization {
             device_checks: false,
             device_skips: None,
             grad_reduce: None,
+            scaler: None,
         };
         // LambdaLR's construction sets every group to initial_lr · lf(0).
         s.lr = (0..n_groups).map(|i| s.initial_lr(i) * s.schedule.lf(0)).collect();
@@ -205,6 +222,27 @@ impl Optimization {
         self.skipped
     }
 
+    /// Float16 mixed precision: dynamic loss scaling with `settings` (`None` switches it off). Call it after
+    /// [`Optimization::set_device_checks`]: with device checks on, the scale lives on the model's device.
+    pub fn set_loss_scaling(&mut self, settings: Option<ScalerSettings>, model: &YoloV8) -> Result<()> {
+        self.scaler = match settings {
+            None => None,
+            Some(s) => {
+                let mut scaler = LossScaler::new(s);
+                if self.device_checks {
+                    scaler.to_device(model.device())?;
+                }
+                Some(scaler)
+            }
+        };
+        Ok(())
+    }
+
+    /// The loss scaler's state (one device read where the scale lives there); `None` without loss scaling.
+    pub fn loss_scale(&self) -> Result<Option<ScalerState>> {
+        self.scaler.as_ref().map(LossScaler::state).transpose()
+    }
+
     /// The EMA model: what validation and checkpoints use.
     pub fn ema_model(&self) -> &YoloV8 {
         self.ema.model()
@@ -266,7 +304,7 @@ impl Optimization {
             s.pending.iter_mut().for_each(|g| *g = None);
             s.last_opt_step = ni as i64;
             s.skipped += 1;
-            Ok(BatchOutcome { stepped: false, skipped_nonfinite: true, grad_norm, accumulate })
+            Ok(BatchOutcome { stepped: false, skipped_nonfinite: true, skipped_overflow: false, grad_norm, accumulate })
         };
 
         let finite = match finite {
@@ -279,7 +317,10 @@ impl Optimization {
         if !finite {
             return skip(self, None);
         }
-        let grads = loss.backward()?;
+        let grads = match &self.scaler {
+            Some(s) => s.scale_loss(loss)?.backward()?,
+            None => loss.backward()?,
+        };
         let mut any = false;
         for (param, acc) in self.optimizer.groups().params().iter().zip(self.pending.iter_mut()) {
             if let Some(g) = grads.get(param.var.as_tensor()) {
@@ -295,17 +336,35 @@ impl Optimization {
             return Err(OptimError::BadInput("the loss does not depend on any trainable parameter".into()));
         }
         if (ni as i64) - self.last_opt_step < accumulate as i64 {
-            return Ok(BatchOutcome { stepped: false, skipped_nonfinite: false, grad_norm: None, accumulate });
+            return Ok(BatchOutcome::accumulated(accumulate));
         }
 
         if let Some(r) = self.grad_reduce.as_mut() {
             r.reduce(&mut self.pending, self.optimizer.groups().params())?;
+        }
+        if let Some(s) = &self.scaler {
+            s.unscale(&mut self.pending)?;
         }
         if self.device_checks {
             return self.device_step(model, ni, accumulate);
         }
         let norm = total_grad_norm(&self.pending)?;
         if !norm.is_finite() {
+            if let Some(s) = self.scaler.as_mut() {
+                // `GradScaler.step` skips the update and `update` backs off; the window's gradients go. Ultralytics'
+                // `optimizer_step` updates the EMA all the same (towards the unchanged model).
+                s.update(true);
+                self.pending.iter_mut().for_each(|g| *g = None);
+                self.last_opt_step = ni as i64;
+                self.ema.update(model)?;
+                return Ok(BatchOutcome {
+                    stepped: false,
+                    skipped_nonfinite: false,
+                    skipped_overflow: true,
+                    grad_norm: Some(norm),
+                    accumulate,
+                });
+            }
             return skip(self, Some(norm));
         }
         let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
@@ -315,7 +374,10 @@ impl Optimization {
         self.last_opt_step = ni as i64;
         self.steps += 1;
         self.ema.update(model)?;
-        Ok(BatchOutcome { stepped: true, skipped_nonfinite: false, grad_norm: Some(norm), accumulate })
+        if let Some(s) = self.scaler.as_mut() {
+            s.update(false);
+        }
+        Ok(BatchOutcome { stepped: true, grad_norm: Some(norm), ..BatchOutcome::accumulated(accumulate) })
     }
 
     /// Clipping and the non-finite skip on the device, with no read: for GPUs, where reading the gradient norm at
@@ -356,12 +418,19 @@ impl Optimization {
             }
             let hyper = self.hyper();
             self.optimizer.step_masked(&grads, &hyper, &ok)?;
-            self.ema.update_masked(model, &ok)?;
-            let skip = ok.to_dtype(DType::F32)?.affine(-1.0, 1.0)?;
-            self.device_skips = Some(match self.device_skips.take() {
-                None => skip,
-                Some(s) => (s + skip)?,
-            });
+            if let Some(s) = self.scaler.as_mut() {
+                // Under loss scaling a non-finite gradient is an overflow: the scaler counts it and backs off, and
+                // the EMA is updated all the same, as Ultralytics' `optimizer_step` does.
+                s.update_masked(&ok)?;
+                self.ema.update(model)?;
+            } else {
+                self.ema.update_masked(model, &ok)?;
+                let skip = ok.to_dtype(DType::F32)?.affine(-1.0, 1.0)?;
+                self.device_skips = Some(match self.device_skips.take() {
+                    None => skip,
+                    Some(s) => (s + skip)?,
+                });
+            }
         } else {
             let hyper = self.hyper();
             self.optimizer.step(&grads, &hyper)?;
@@ -369,7 +438,7 @@ impl Optimization {
         }
         self.last_opt_step = ni as i64;
         self.steps += 1;
-        Ok(BatchOutcome { stepped: true, skipped_nonfinite: false, grad_norm: None, accumulate })
+        Ok(BatchOutcome { stepped: true, ..BatchOutcome::accumulated(accumulate) })
     }
 
     /// Marks the end of an epoch and returns its learning rates (`lr/pg0..2` for `results.csv`). The next
@@ -437,8 +506,8 @@ impl Optimization {
             .collect()
     }
 
-    pub(crate) fn driver_state(&self) -> DriverState {
-        DriverState {
+    pub(crate) fn driver_state(&self) -> Result<DriverState> {
+        Ok(DriverState {
             settings: self.settings,
             shape: self.shape,
             resolved: self.resolved,
@@ -460,7 +529,8 @@ impl Optimization {
                 .zip(self.optimizer.state())
                 .map(|(p, s)| (p.name.clone(), s.step))
                 .collect(),
-        }
+            scaler: self.loss_scale()?,
+        })
     }
 }
 
@@ -586,6 +656,70 @@ mod tests {
             assert!(masked >= 1);
             assert_eq!(dev.take_device_skips().unwrap(), masked);
             assert_eq!(dev.skipped(), masked);
+        }
+    }
+
+    /// Float16 loss scaling against PyTorch's `GradScaler` driving Ultralytics' optimizer step
+    /// (`tests/data/grad_scaler`): the scale, its growth tracker, which steps were skipped, the gradient norm, and the
+    /// parameter and its EMA after every step, on the host path and on the device path's tensor arithmetic (run here on the CPU).
+    #[test]
+    fn loss_scaling_matches_torch_grad_scaler() {
+        let fixture: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/data/grad_scaler/grad_scaler.json")).unwrap();
+        let f32s = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        };
+        let init = f32s(&fixture["init"]);
+        let steps = fixture["steps"].as_array().unwrap();
+        // Batch 64: one batch per optimizer step; no warmup: lr 0.01 and momentum 0.937 from the first step.
+        let shape = RunShape { batch: 64, epochs: 5, batches_per_epoch: steps.len(), train_images: 64 * steps.len() };
+        let settings = ScalerSettings { growth_interval: 3, ..Default::default() };
+        for device_checks in [false, true] {
+            let m = model();
+            let b = m.var(BIAS).unwrap();
+            b.set(&Tensor::new(init.as_slice(), &Device::Cpu).unwrap()).unwrap();
+            let mut opt = Optimization::new(&m, &sgd(0.0), shape).unwrap();
+            opt.set_device_checks(device_checks);
+            opt.set_loss_scaling(Some(settings), &m).unwrap();
+            let mut overflows = 0;
+            for (ni, step) in steps.iter().enumerate() {
+                let c = f32s(&step["c"]);
+                let out = opt.batch_known_finite(&m, &linear_loss(&m, &c), true, ni, 0).unwrap();
+                let found_inf = step["found_inf"].as_bool().unwrap();
+                overflows += u64::from(found_inf);
+                if !device_checks {
+                    assert_eq!((out.stepped, out.skipped_overflow), (!found_inf, found_inf), "step {ni}");
+                    assert!(!out.skipped_nonfinite);
+                    if let Some(norm) = step["grad_norm"].as_f64() {
+                        assert!((out.grad_norm.unwrap() - norm).abs() <= 1e-5 * norm, "step {ni}: norm");
+                    }
+                }
+                let state = opt.loss_scale().unwrap().unwrap();
+                assert_eq!(state.scale as f64, step["scale"].as_f64().unwrap(), "step {ni}: scale");
+                assert_eq!(state.growth_tracker as u64, step["growth_tracker"].as_u64().unwrap(), "step {ni}");
+                assert_eq!(state.overflows, overflows, "step {ni}");
+                let ema = opt.ema_model().var(BIAS).unwrap();
+                for (what, t) in [("p", b.as_tensor()), ("ema", ema.as_tensor())] {
+                    let (got, want) = (read(t), f32s(&step[what]));
+                    for (g, w) in got.iter().zip(&want) {
+                        let tol = 1e-6 * w.abs().max(1.0) as f64;
+                        assert!((g - *w as f64).abs() <= tol, "step {ni} {what}: {got:?} vs {want:?}");
+                    }
+                }
+            }
+            // Overflow skips are the scaler's, not the non-finite guard's.
+            assert_eq!(opt.take_device_skips().unwrap(), 0);
+            assert_eq!(opt.skipped(), 0);
+            // The scaler's state survives a checkpoint.
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("last.safetensors");
+            opt.save_state(&m, &path, &serde_json::json!({})).unwrap();
+            let mut m2 = model();
+            let mut again = Optimization::new(&m2, &sgd(0.0), shape).unwrap();
+            again.set_device_checks(device_checks);
+            again.set_loss_scaling(Some(settings), &m2).unwrap();
+            again.load_state(&mut m2, &path).unwrap();
+            assert_eq!(again.loss_scale().unwrap(), opt.loss_scale().unwrap());
         }
     }
 

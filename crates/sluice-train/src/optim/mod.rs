@@ -42,6 +42,7 @@ mod error;
 pub mod groups;
 pub mod io;
 pub mod optimizer;
+pub mod scaler;
 pub mod schedule;
 pub mod settings;
 
@@ -51,5 +52,6 @@ pub use ema::ModelEma;
 pub use error::{OptimError, Result};
 pub use groups::{Group, ParamGroups};
 pub use optimizer::Optimizer;
+pub use scaler::{LossScaler, ScalerSettings, ScalerState};
 pub use schedule::Schedule;
 pub use settings::{OptimSettings, OptimizerKind, Resolved, Rule, RunShape};

@@ -12,6 +12,78 @@ use sluice_model::{Arch, LossGains};
 use crate::optim::OptimSettings;
 pub use sluice_loader::{CacheMode, ParseCacheModeError, ReadFrom};
 
+/// Ultralytics' `amp` setting: `true` / `fp16` (float16 with dynamic loss scaling), `bf16` (bfloat16, no
+/// scaling), `false` / `fp32` (off). On CUDA devices only: the CPU trains in f32, as Ultralytics' `check_amp` turns
+/// float16 off there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Amp {
+    /// Full float32.
+    #[default]
+    Off,
+    /// `amp: true`: float16 with loss scaling on CUDA, as `fp16`.
+    On,
+    /// `amp: fp16`.
+    Fp16,
+    /// `amp: bf16`.
+    Bf16,
+}
+
+impl Amp {
+    /// Whether mixed precision was asked for.
+    pub fn is_on(self) -> bool {
+        self != Amp::Off
+    }
+}
+
+impl std::str::FromStr for Amp {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "true" | "on" | "1" => Ok(Amp::On),
+            "false" | "off" | "0" | "fp32" => Ok(Amp::Off),
+            "fp16" | "f16" | "half" => Ok(Amp::Fp16),
+            "bf16" => Ok(Amp::Bf16),
+            other => Err(format!("amp '{other}': expected true, false, fp16, bf16 or fp32")),
+        }
+    }
+}
+
+impl std::fmt::Display for Amp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Amp::Off => "false",
+            Amp::On => "true",
+            Amp::Fp16 => "fp16",
+            Amp::Bf16 => "bf16",
+        })
+    }
+}
+
+impl Serialize for Amp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Amp::Off => s.serialize_bool(false),
+            Amp::On => s.serialize_bool(true),
+            other => s.serialize_str(&other.to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Amp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(b) => Ok(if b { Amp::On } else { Amp::Off }),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// Everything a training run needs. Missing keys take Ultralytics' defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -69,11 +141,11 @@ pub struct TrainConfig {
     /// without NMS; absent (the default) or `true`, validation runs NMS on the one-to-many output, as Ultralytics'
     /// default does.
     pub nms: Option<bool>,
-    /// Mixed precision on a CUDA device: the convolutions run in bf16, forward and backward, with f32 master
-    /// weights, BatchNorm and loss ([`sluice_model::YoloV8::set_autocast`]). Ignored on the CPU, as Ultralytics
-    /// ignores its `amp` there. Off by default (Ultralytics' default is on): the bf16 path has been checked on the
-    /// CPU against the f32 step, not yet on a GPU.
-    pub amp: bool,
+    /// Mixed precision ([`Amp`]): the convolutions in float16 with dynamic loss scaling, or in bfloat16, forward
+    /// and backward, with f32 master weights, BatchNorm and loss ([`sluice_model::YoloV8::set_autocast`]). Off by
+    /// default (Ultralytics' default is on): the half-precision step has been measured slower than f32 on the GPU
+    /// so far, because the casts around each convolution cost more than its half-precision math saves.
+    pub amp: Amp,
     /// Optimizer and schedule.
     #[serde(flatten)]
     pub optim: OptimSettings,
@@ -180,7 +252,7 @@ impl Default for TrainConfig {
             val_interval: 1,
             val_fraction: 1.0,
             strict: false,
-            amp: false,
+            amp: Amp::Off,
             max_nonfinite: 10,
             plots: true,
             nms: None,
@@ -283,6 +355,25 @@ mod tests {
         assert_eq!(CacheMode::None.budget_bytes(), 0);
         assert!(CacheMode::Ram.budget_bytes() > 0);
         assert_eq!(CacheMode::Ram.to_string(), "ram");
+    }
+
+    #[test]
+    fn amp_reads_ultralytics_values_and_round_trips() {
+        for (yaml, want) in [
+            ("amp: true\n", Amp::On),
+            ("amp: false\n", Amp::Off),
+            ("amp: fp16\n", Amp::Fp16),
+            ("amp: bf16\n", Amp::Bf16),
+            ("amp: fp32\n", Amp::Off),
+        ] {
+            let c = TrainConfig::from_yaml_str(yaml).unwrap();
+            assert_eq!(c.amp, want, "{yaml}");
+            assert_eq!(TrainConfig::from_yaml_str(&c.to_yaml().unwrap()).unwrap().amp, want);
+        }
+        // Ultralytics' args.yaml keeps a boolean for on and off.
+        assert!(TrainConfig { amp: Amp::On, ..Default::default() }.to_yaml().unwrap().contains("amp: true\n"));
+        let e = TrainConfig::from_yaml_str("amp: fp8\n").unwrap_err();
+        assert!(format!("{e:#}").contains("expected true, false, fp16, bf16 or fp32"), "{e:#}");
     }
 
     #[test]

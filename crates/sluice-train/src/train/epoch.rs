@@ -16,7 +16,7 @@ use super::loss_path::{Items, step_loss};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::run::Trainer;
 use super::state::Metrics;
-use super::telemetry::{EpochTelemetry, LoopTimes, PoolTelemetry, SyncTelemetry, ValTelemetry};
+use super::telemetry::{EpochTelemetry, LoopTimes, LossScaleTelemetry, PoolTelemetry, SyncTelemetry, ValTelemetry};
 use super::validate::{ValOptions, validate_on};
 use crate::error::{Context, Result};
 
@@ -35,6 +35,8 @@ pub(super) struct EpochPass {
     skipped_before: u64,
     /// Non-finite steps of this epoch.
     nonfinite: u64,
+    /// Float16 loss scaling: the scale at the end of the epoch and the steps it skipped in the epoch.
+    loss_scale: Option<(f32, u64)>,
     /// Batches done in this epoch (those before a resume included).
     done: usize,
     /// The most device memory in use after any step.
@@ -76,6 +78,7 @@ impl Trainer {
             source_before: self.train.source().stats(),
             skipped_before: self.train.skips().skipped,
             nonfinite: 0,
+            loss_scale: None,
             done: self.progress.batch,
             memory_peak: None,
             syncs_before: sluice_core::syncs::snapshot(),
@@ -140,6 +143,11 @@ impl Trainer {
                 "epoch {}: {device_skips} optimizer steps skipped on the device for a non-finite gradient norm",
                 epoch + 1
             ));
+        }
+        // The loss scale: one read per epoch where it lives on the device.
+        if let Some(s) = self.opt.loss_scale()? {
+            pass.loss_scale = Some((s.scale, s.overflows.saturating_sub(self.overflows_seen)));
+            self.overflows_seen = s.overflows;
         }
         pass.times.wall_s = t_epoch.elapsed().as_secs_f64();
         pass.loader = iter.report();
@@ -278,6 +286,7 @@ impl Trainer {
         let pool = self.pool_growth.take();
         tel.device_pool = (pool.steps > 0).then(|| PoolTelemetry::from(pool));
         tel.nonfinite_steps = pass.nonfinite;
+        tel.loss_scale = pass.loss_scale.map(|(scale, overflow_steps)| LossScaleTelemetry { scale, overflow_steps });
         tel.skipped_samples = self.train.skips().skipped - pass.skipped_before;
         tel
     }

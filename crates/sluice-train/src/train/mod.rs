@@ -14,7 +14,7 @@ pub mod state;
 pub mod telemetry;
 pub mod validate;
 
-pub use config::{CacheMode, ReadFrom, TrainConfig, parse_multi_scale};
+pub use config::{Amp, CacheMode, ReadFrom, TrainConfig, parse_multi_scale};
 pub use events::{BatchEvent, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, Quiet};
 pub use run::Trainer;
 pub use setup::{ValRequest, ValSettings, device_list, device_of, load_model, rank_device, validate_weights};

@@ -26,7 +26,7 @@ use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
 use super::validate::{ValOptions, validate_on};
 use crate::dist::Dist;
 use crate::error::{Context, Result};
-use crate::optim::{Optimization, RunShape};
+use crate::optim::{Optimization, RunShape, ScalerSettings};
 
 /// A message of the set-up, kept until the run has an observer.
 #[derive(Debug)]
@@ -54,6 +54,8 @@ pub struct Trainer {
     pub(super) readback_buf: Vec<f32>,
     /// The device pool's growth, step by step across epochs (taken per epoch for the telemetry).
     pub(super) pool_growth: sluice_transfer::PoolGrowth,
+    /// The loss scaler's skipped steps counted into earlier epochs' telemetry.
+    pub(super) overflows_seen: u64,
     /// The latest loss items known on the host (device path: a batch or two old).
     pub(super) last_items: [f64; 3],
     pub(super) train: TrainLoader,
@@ -115,6 +117,7 @@ impl Trainer {
         if !t.dist.is_main() {
             t.opt.drop_pending();
         }
+        t.overflows_seen = t.opt.loss_scale()?.map_or(0, |s| s.overflows);
         t.progress = meta.progress;
         if t.progress.epoch >= t.cfg.epochs {
             crate::bail!("{}: the run already finished its {} epochs; nothing to resume", path.display(), t.cfg.epochs);
@@ -236,10 +239,14 @@ impl Trainer {
         // Every rank starts from rank 0's weights (a seeded start is the same everywhere; fine-tuning weights or a
         // file that differs between nodes are not).
         dist.broadcast_vars(&crate::dist::all_vars(&model)).context("starting from rank 0's weights")?;
-        if let Some(half) = amp_dtype(&cfg, &device) {
+        let half = amp_dtype(&cfg, &device);
+        if let Some(half) = half {
             model.set_autocast(Some(half))?;
-        } else if cfg.amp {
-            notes.push(Note::Warn("amp: mixed precision is for CUDA devices; training in f32 on the CPU".into()));
+        } else if cfg.amp.is_on() {
+            notes.push(Note::Warn(format!(
+                "amp={}: mixed precision is for CUDA devices (as Ultralytics' AMP check); training in f32 on the CPU",
+                cfg.amp
+            )));
         }
         let shape = RunShape {
             batch: cfg.batch,
@@ -250,6 +257,10 @@ impl Trainer {
         let mut opt = Optimization::new(&model, &cfg.optim, shape)?;
         // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step).
         opt.set_device_checks(dense_on(&device));
+        // Float16's range needs loss scaling (`GradScaler`); bfloat16 has float32's.
+        if half == Some(DType::F16) {
+            opt.set_loss_scaling(Some(ScalerSettings::default()), &model)?;
+        }
         if dist.is_distributed() {
             opt.set_grad_reduce(dist.grad_reduce());
         }
@@ -261,6 +272,7 @@ impl Trainer {
             readback: Readback::new(&device).context("loss readback")?,
             readback_buf: Vec::new(),
             pool_growth: sluice_transfer::PoolGrowth::new(),
+            overflows_seen: 0,
             last_items: [0.0; 3],
             transfer: DeviceTransfer::new(&device, DType::F32).context("transfer to the device")?,
             cfg,

@@ -13,14 +13,21 @@ use sluice_model::candle_core::{DType, Device};
 use sluice_model::{DetectionLoss, LoadMode, YoloV8};
 use sluice_transfer::DeviceTransfer;
 
-use super::config::TrainConfig;
+use super::config::{Amp, TrainConfig};
 use super::state::read_meta;
 use super::validate::{ValOptions, ValResult, validate};
 use crate::error::{Context, Result};
 
-/// The dtype of the convolutions under `amp` (bf16 on a CUDA device), `None` for full f32.
+/// The dtype of the convolutions under `amp` on a CUDA device, `None` for full f32: float16 for `true` / `fp16`,
+/// bfloat16 for `bf16`. The CPU trains in f32 whatever `amp` says, as Ultralytics' `check_amp` does for float16
+/// (candle's CPU matmul has no bfloat16).
 pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
-    (cfg.amp && device.is_cuda()).then_some(DType::BF16)
+    match cfg.amp {
+        _ if !device.is_cuda() => None,
+        Amp::Off => None,
+        Amp::On | Amp::Fp16 => Some(DType::F16),
+        Amp::Bf16 => Some(DType::BF16),
+    }
 }
 
 /// The devices a `device` setting names: `cpu`, `cuda:N`, or a list of GPUs for data-parallel training (`0,1,2,3`

@@ -168,6 +168,15 @@ impl ValTelemetry {
     }
 }
 
+/// Dynamic loss scaling in one epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LossScaleTelemetry {
+    /// The scale at the end of the epoch.
+    pub scale: f32,
+    /// Optimizer steps skipped in the epoch because the scaled gradients overflowed (the scale backed off).
+    pub overflow_steps: u64,
+}
+
 /// The figures of one epoch: the loader-side shares ([`EpochShares`], flattened into the same JSON object) and
 /// the trainer's own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -181,6 +190,8 @@ pub struct EpochTelemetry {
     pub nonfinite_steps: u64,
     /// Samples the loader skipped for bad input (this epoch).
     pub skipped_samples: u64,
+    /// Float16 mixed precision: the loss scale and its overflow skips (`None` without loss scaling).
+    pub loss_scale: Option<LossScaleTelemetry>,
     /// The validation pass of this epoch (`None` when not validated).
     pub val: Option<ValTelemetry>,
     /// Host-blocking device reads during the training loop (all zero on the CPU, where nothing waits).
@@ -200,6 +211,7 @@ impl EpochTelemetry {
             val_s: 0.0,
             nonfinite_steps: 0,
             skipped_samples: 0,
+            loss_scale: None,
             val: None,
             blocking_syncs: SyncTelemetry::default(),
             device_memory_peak_bytes: None,
@@ -246,6 +258,9 @@ impl EpochTelemetry {
         if let Some(v) = self.val.as_ref().filter(|v| v.blocking_syncs.total > 0) {
             let b = &v.blocking_syncs;
             let _ = write!(s, "\n  blocking device reads: {:.1}/batch in validation ({})", b.per_batch, syncs(b));
+        }
+        if let Some(l) = &self.loss_scale {
+            let _ = write!(s, "\n  loss scale {} · {} steps skipped for float16 overflow", l.scale, l.overflow_steps);
         }
         if self.nonfinite_steps > 0 || self.skipped_samples > 0 {
             let _ = write!(
