@@ -19,6 +19,7 @@
 #   val_*_nms.out    `sluice val --device cuda:0 --json` of the trained weights on the 1024 images, NMS on the
 #                    device and on the host
 #   predict_device.* `sluice predict --device cuda:0 --batch 32 --json` over the 1024 images, its wall time
+#   val_half.out, predict_half.out   the same two with `--half` (the folded model in float16)
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
@@ -182,6 +183,11 @@ if [ -f "$RES/train/weights/best.safetensors" ]; then
     --device cuda:0 --host-nms --json
   step predict_device 30 /usr/bin/time -v "$S" predict --weights "$RES/train/weights/best.safetensors" \
     --source "$BIG/images/train2017" --device cuda:0 --batch 32 --json
+  # Ultralytics' `half`: the folded model in float16; mAP within half precision of the f32 pass above.
+  step val_half 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA_BIG" --batch 32 \
+    --device cuda:0 --half --json
+  step predict_half 30 "$S" predict --weights "$RES/train/weights/best.safetensors" \
+    --source "$BIG/images/train2017" --device cuda:0 --batch 32 --half --json
 fi
 step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then

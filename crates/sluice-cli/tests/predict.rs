@@ -103,9 +103,14 @@ fn predict_folder_saves_drawn_images_and_coco_json() {
         assert!((num(&c["score"]) - score).abs() < 1e-6);
     }
 
-    // A second run gets a fresh folder; the text output names it.
-    let out = sluice(&args, d);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A second run gets a fresh folder; the text output names it. `--half` is for CUDA devices (as Ultralytics):
+    // the CPU predicts in f32 and says so.
+    let mut half = args.to_vec();
+    half.push("--half");
+    let out = sluice(&half, d);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("--half runs on CUDA devices only"), "{stderr}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("image 4/4") && text.contains("runs/predict2"), "{text}");
     assert_eq!(std::fs::read_dir(d.join("runs/predict2")).expect("run 2").count(), 4);

@@ -1,7 +1,7 @@
 //! YOLO11's and YOLO26's blocks: C3k2 (C2f whose inner blocks are narrow Bottlenecks, C3k, or a Bottleneck and a
 //! PSABlock), C3k, and C2PSA with its PSABlocks and multi-head Attention, each in eval or train mode and foldable like the YOLOv8 blocks of [`crate::layers`].
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 use crate::graph::{AttentionOp, Builder, Op, ValueId};
 use crate::layers::{Bottleneck, Conv, Mode};
@@ -35,12 +35,12 @@ impl C3k {
         self.cv3.forward(&Tensor::cat(&[&y, &self.cv2.forward(x, mode)?], 1)?, mode)
     }
 
-    fn fused(&self) -> Result<Self> {
+    fn fused(&self, dtype: DType) -> Result<Self> {
         Ok(Self {
-            cv1: self.cv1.fused()?,
-            cv2: self.cv2.fused()?,
-            cv3: self.cv3.fused()?,
-            m: self.m.iter().map(Bottleneck::fused).collect::<Result<_>>()?,
+            cv1: self.cv1.fused(dtype)?,
+            cv2: self.cv2.fused(dtype)?,
+            cv3: self.cv3.fused(dtype)?,
+            m: self.m.iter().map(|b| b.fused(dtype)).collect::<Result<_>>()?,
         })
     }
 
@@ -126,19 +126,19 @@ impl C3k2 {
         self.cv2.forward(&Tensor::cat(&ys, 1)?, mode)
     }
 
-    pub(crate) fn fused(&self) -> Result<Self> {
+    pub(crate) fn fused(&self, dtype: DType) -> Result<Self> {
         Ok(Self {
             c: self.c,
-            cv1: self.cv1.fused()?,
-            cv2: self.cv2.fused()?,
+            cv1: self.cv1.fused(dtype)?,
+            cv2: self.cv2.fused(dtype)?,
             m: self
                 .m
                 .iter()
                 .map(|b| {
                     Ok(match b {
-                        Inner::Bottleneck(b) => Inner::Bottleneck(b.fused()?),
-                        Inner::C3k(b) => Inner::C3k(b.fused()?),
-                        Inner::Attn(b, a) => Inner::Attn(b.fused()?, Box::new(a.fused()?)),
+                        Inner::Bottleneck(b) => Inner::Bottleneck(b.fused(dtype)?),
+                        Inner::C3k(b) => Inner::C3k(b.fused(dtype)?),
+                        Inner::Attn(b, a) => Inner::Attn(b.fused(dtype)?, Box::new(a.fused(dtype)?)),
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -229,8 +229,13 @@ impl Attention {
         self.proj.forward(&y, mode)
     }
 
-    fn fused(&self) -> Result<Self> {
-        Ok(Self { qkv: self.qkv.fused()?, proj: self.proj.fused()?, pe: self.pe.fused()?, ..self.clone() })
+    fn fused(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            qkv: self.qkv.fused(dtype)?,
+            proj: self.proj.fused(dtype)?,
+            pe: self.pe.fused(dtype)?,
+            ..self.clone()
+        })
     }
 
     fn describe(&self, b: &mut Builder, name: &str, x: ValueId) -> crate::error::Result<ValueId> {
@@ -273,8 +278,8 @@ impl PsaBlock {
         x + f
     }
 
-    fn fused(&self) -> Result<Self> {
-        Ok(Self { attn: self.attn.fused()?, ffn0: self.ffn0.fused()?, ffn1: self.ffn1.fused()? })
+    fn fused(&self, dtype: DType) -> Result<Self> {
+        Ok(Self { attn: self.attn.fused(dtype)?, ffn0: self.ffn0.fused(dtype)?, ffn1: self.ffn1.fused(dtype)? })
     }
 
     fn describe(&self, b: &mut Builder, name: &str, x: ValueId) -> crate::error::Result<ValueId> {
@@ -323,12 +328,12 @@ impl C2psa {
         self.cv2.forward(&Tensor::cat(&[&a, &b], 1)?, mode)
     }
 
-    pub(crate) fn fused(&self) -> Result<Self> {
+    pub(crate) fn fused(&self, dtype: DType) -> Result<Self> {
         Ok(Self {
             c: self.c,
-            cv1: self.cv1.fused()?,
-            cv2: self.cv2.fused()?,
-            m: self.m.iter().map(PsaBlock::fused).collect::<Result<_>>()?,
+            cv1: self.cv1.fused(dtype)?,
+            cv2: self.cv2.fused(dtype)?,
+            m: self.m.iter().map(|b| b.fused(dtype)).collect::<Result<_>>()?,
         })
     }
 

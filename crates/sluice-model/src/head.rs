@@ -26,6 +26,11 @@ impl Conv2dBias {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         sluice_kernels::conv::conv2d_bias(x, &self.weight, &self.bias, 1, 0)
     }
+
+    /// A copy in `dtype` (detached: only fused, eval-only copies are cast).
+    fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self { weight: self.weight.detach().to_dtype(dtype)?, bias: self.bias.detach().to_dtype(dtype)? })
+    }
 }
 
 /// One branch: Conv 3×3 → Conv 3×3 → Conv2d 1×1 with bias.
@@ -49,8 +54,8 @@ impl Branch {
         self.out.forward(&self.c1.forward(&self.c0.forward(x, mode)?, mode)?)
     }
 
-    fn fused(&self) -> Result<Self> {
-        Ok(Self { c0: self.c0.fused()?, c1: self.c1.fused()?, out: self.out.clone() })
+    fn fused(&self, dtype: DType) -> Result<Self> {
+        Ok(Self { c0: self.c0.fused(dtype)?, c1: self.c1.fused(dtype)?, out: self.out.to_dtype(dtype)? })
     }
 }
 
@@ -80,13 +85,13 @@ impl DwBranch {
         self.out.forward(&self.pw1.forward(&self.dw1.forward(&y, mode)?, mode)?)
     }
 
-    fn fused(&self) -> Result<Self> {
+    fn fused(&self, dtype: DType) -> Result<Self> {
         Ok(Self {
-            dw0: self.dw0.fused()?,
-            pw0: self.pw0.fused()?,
-            dw1: self.dw1.fused()?,
-            pw1: self.pw1.fused()?,
-            out: self.out.clone(),
+            dw0: self.dw0.fused(dtype)?,
+            pw0: self.pw0.fused(dtype)?,
+            dw1: self.dw1.fused(dtype)?,
+            pw1: self.pw1.fused(dtype)?,
+            out: self.out.to_dtype(dtype)?,
         })
     }
 }
@@ -106,10 +111,10 @@ impl ClsBranch {
         }
     }
 
-    fn fused(&self) -> Result<Self> {
+    fn fused(&self, dtype: DType) -> Result<Self> {
         Ok(match self {
-            ClsBranch::Legacy(b) => ClsBranch::Legacy(b.fused()?),
-            ClsBranch::Depthwise(b) => ClsBranch::Depthwise(b.fused()?),
+            ClsBranch::Legacy(b) => ClsBranch::Legacy(b.fused(dtype)?),
+            ClsBranch::Depthwise(b) => ClsBranch::Depthwise(b.fused(dtype)?),
         })
     }
 }
@@ -125,6 +130,18 @@ pub struct RawHead {
     pub grids: [(usize, usize); 3],
     /// The one-to-one head's outputs on the same (detached) features, for an end-to-end model (YOLO26).
     pub one2one: Option<Box<RawHead>>,
+}
+
+impl RawHead {
+    /// The outputs in `dtype` (a half-precision inference copy's outputs in f32 for the loss and the metrics).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            boxes: self.boxes.to_dtype(dtype)?,
+            scores: self.scores.to_dtype(dtype)?,
+            grids: self.grids,
+            one2one: self.one2one.as_ref().map(|o| o.to_dtype(dtype).map(Box::new)).transpose()?,
+        })
+    }
 }
 
 /// The Detect head: the box branches `cv2` and the class branches `cv3` (legacy in YOLOv8, depthwise in YOLO11 and
@@ -197,11 +214,11 @@ impl Detect {
         self.run(cv2, cv3, &detached, mode).map(Some)
     }
 
-    pub(crate) fn fused(&self) -> Result<Self> {
+    pub(crate) fn fused(&self, dtype: DType) -> Result<Self> {
         let fuse = |cv2: &[Branch], cv3: &[ClsBranch]| -> Result<(Vec<Branch>, Vec<ClsBranch>)> {
             Ok((
-                cv2.iter().map(Branch::fused).collect::<Result<_>>()?,
-                cv3.iter().map(ClsBranch::fused).collect::<Result<_>>()?,
+                cv2.iter().map(|b| b.fused(dtype)).collect::<Result<_>>()?,
+                cv3.iter().map(|b| b.fused(dtype)).collect::<Result<_>>()?,
             ))
         };
         let (cv2, cv3) = fuse(&self.cv2, &self.cv3)?;

@@ -260,11 +260,14 @@ impl Conv {
     }
 
     /// The folded copy: `w' = w·γ/√(var+eps)`, `b' = β − mean·γ/√(var+eps)`.
-    pub(crate) fn fused(&self) -> Result<Self> {
-        let Some(bn) = &self.bn else { return Ok(self.clone()) };
+    pub(crate) fn fused(&self, dtype: DType) -> Result<Self> {
+        let Some(bn) = &self.bn else {
+            let fused_bias = self.fused_bias.as_ref().map(|b| b.detach().to_dtype(dtype)).transpose()?;
+            return Ok(Self { weight: self.weight.detach().to_dtype(dtype)?, fused_bias, ..self.clone() });
+        };
         let (weight, shift) = bn.fold(&self.weight)?;
-        let weight = weight.detach();
-        // The folded copy shares no state with the original (autocast included: it runs in the model's dtype).
+        let (weight, shift) = (weight.detach().to_dtype(dtype)?, shift.to_dtype(dtype)?);
+        // The folded copy shares no state with the original (autocast included: it runs in its own dtype).
         Ok(Self {
             weight,
             bn: None,
@@ -342,8 +345,8 @@ impl Bottleneck {
         if self.add { x + y } else { Ok(y) }
     }
 
-    pub(crate) fn fused(&self) -> Result<Self> {
-        Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, add: self.add })
+    pub(crate) fn fused(&self, dtype: DType) -> Result<Self> {
+        Ok(Self { cv1: self.cv1.fused(dtype)?, cv2: self.cv2.fused(dtype)?, add: self.add })
     }
 
     pub(crate) fn convs<'a>(&'a self, prefix: &str, out: &mut Vec<(String, &'a Conv)>) {
@@ -388,12 +391,12 @@ impl C2f {
         self.cv2.forward(&Tensor::cat(&ys, 1)?, mode)
     }
 
-    pub(crate) fn fused(&self) -> Result<Self> {
+    pub(crate) fn fused(&self, dtype: DType) -> Result<Self> {
         Ok(Self {
             c: self.c,
-            cv1: self.cv1.fused()?,
-            cv2: self.cv2.fused()?,
-            m: self.m.iter().map(Bottleneck::fused).collect::<Result<_>>()?,
+            cv1: self.cv1.fused(dtype)?,
+            cv2: self.cv2.fused(dtype)?,
+            m: self.m.iter().map(|b| b.fused(dtype)).collect::<Result<_>>()?,
         })
     }
 
@@ -470,8 +473,8 @@ impl Sppf {
         self.residual
     }
 
-    pub(crate) fn fused(&self) -> Result<Self> {
-        Ok(Self { cv1: self.cv1.fused()?, cv2: self.cv2.fused()?, k: self.k, residual: self.residual })
+    pub(crate) fn fused(&self, dtype: DType) -> Result<Self> {
+        Ok(Self { cv1: self.cv1.fused(dtype)?, cv2: self.cv2.fused(dtype)?, k: self.k, residual: self.residual })
     }
 
     pub(crate) fn cv1(&self) -> &Conv {

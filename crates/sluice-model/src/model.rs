@@ -300,16 +300,23 @@ impl YoloV8 {
     /// A copy with every Conv's BatchNorm folded into its convolution (Ultralytics `model.fuse()`); the head's
     /// final 1×1 convs are unchanged. The copy shares no mutable state and can only run eval forwards.
     pub fn fuse(&self) -> Result<Self> {
+        self.fuse_to(self.dtype)
+    }
+
+    /// [`YoloV8::fuse`], then every weight cast to `dtype` (Ultralytics' `model.fuse()` then `.half()`, its `half`
+    /// inference): the folding runs in the model's own precision, so only the final weights are rounded. The copy
+    /// takes inputs in `dtype` and returns its outputs in `dtype`.
+    pub fn fuse_to(&self, dtype: DType) -> Result<Self> {
         let layers = self
             .layers
             .iter()
             .map(|l| {
                 Ok(match l {
-                    Layer::Conv(m) => Layer::Conv(m.fused()?),
-                    Layer::C2f(m) => Layer::C2f(m.fused()?),
-                    Layer::C3k2(m) => Layer::C3k2(m.fused()?),
-                    Layer::C2psa(m) => Layer::C2psa(m.fused()?),
-                    Layer::Sppf(m) => Layer::Sppf(m.fused()?),
+                    Layer::Conv(m) => Layer::Conv(m.fused(dtype)?),
+                    Layer::C2f(m) => Layer::C2f(m.fused(dtype)?),
+                    Layer::C3k2(m) => Layer::C3k2(m.fused(dtype)?),
+                    Layer::C2psa(m) => Layer::C2psa(m.fused(dtype)?),
+                    Layer::Sppf(m) => Layer::Sppf(m.fused(dtype)?),
                     Layer::Upsample => Layer::Upsample,
                     Layer::Concat(j) => Layer::Concat(*j),
                 })
@@ -318,10 +325,10 @@ impl YoloV8 {
         Ok(Self {
             cfg: self.cfg,
             layers,
-            detect: self.detect.fused()?,
+            detect: self.detect.fused(dtype)?,
             varmap: VarMap::new(),
             fused: true,
-            dtype: self.dtype,
+            dtype,
             device: self.device.clone(),
             autocast: Autocast::default(),
             num_batches_tracked: BTreeMap::new(),

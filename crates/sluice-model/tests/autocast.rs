@@ -1,5 +1,6 @@
 //! Mixed precision ([`YoloV8::set_autocast`]): the half-precision train-mode step against the f32 one on the same
-//! weights and batch, on the CPU. The trainer uses bf16 on a GPU (cuDNN); candle 0.11's CPU conv2d has no bf16
+//! weights and batch, on the CPU; and the half-precision inference copy ([`YoloV8::fuse_to`], `--half`) against the
+//! f32 fused model. The trainer uses f16 (`amp: true`) or bf16 on a GPU (cuDNN); candle 0.11's CPU conv2d has no bf16
 //! matmul (it calls its f16/f32/f64-only gemm directly), so the CPU test runs the same graph with f16, which
 //! exercises the same casts, gradients and master weights. `sluice gpu smoke` checks bf16 on the device.
 #![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
@@ -100,4 +101,30 @@ fn autocast_takes_half_dtypes_on_f32_unfused_models_only() {
     let f64_model = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F64, &Device::Cpu).unwrap();
     assert!(f64_model.set_autocast(Some(DType::BF16)).is_err());
     assert!(f64_model.set_autocast(None).is_ok());
+}
+
+/// `fuse_to(F16)` (Ultralytics' `fuse()` then `half()`): every family's eval output in f16, within half precision
+/// of the f32 fused model's; `fuse_to` the model's own dtype is `fuse` exactly.
+#[test]
+fn the_half_inference_copy_tracks_the_f32_fused_model() {
+    let x = batch();
+    for name in ["yolov8n", "yolo11n", "yolo26n"] {
+        let cfg = sluice_model::parse_model(name).unwrap().config(3);
+        let m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 11).unwrap();
+        let f32_fused = m.fuse().unwrap();
+        let same = m.fuse_to(DType::F32).unwrap();
+        let half = m.fuse_to(DType::F16).unwrap();
+        assert_eq!((half.dtype(), half.is_fused()), (DType::F16, true));
+        let y32 = f32_fused.forward(&x).unwrap().y;
+        let y_same = same.forward(&x).unwrap().y;
+        let y16 = half.forward(&x.to_dtype(DType::F16).unwrap()).unwrap().y;
+        assert_eq!(y16.dtype(), DType::F16, "{name}");
+        let flat =
+            |t: &Tensor| -> Vec<f32> { t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap() };
+        assert_eq!(flat(&y_same), flat(&y32), "{name}: fuse_to(F32) is fuse");
+        let err = rel_err(&flat(&y16), &flat(&y32));
+        // Boxes in pixels up to 128 and class scores in (0, 1): f16's 11-bit mantissa through some 60 layers.
+        assert!(err < 5e-3, "{name}: f16 relative error {err:e}");
+        assert!(err > 0.0, "{name}: the half copy computed in f32");
+    }
 }

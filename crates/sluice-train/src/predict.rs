@@ -108,11 +108,24 @@ pub struct PredictOptions {
     /// copied), else on the host; `Some(true)` where the predictions are (the kernels' host twin on the CPU),
     /// `Some(false)` on the host. Both keep the same detections.
     pub device_nms: Option<bool>,
+    /// Ultralytics' `half`: the fused model cast to float16 after folding (`YoloV8::fuse_to`), its output back in
+    /// f32 for the thresholds and NMS. Honoured on any device; `sluice predict` asks for it on CUDA devices only,
+    /// as Ultralytics.
+    pub half: bool,
 }
 
 impl Default for PredictOptions {
     fn default() -> Self {
-        Self { imgsz: 640, conf: 0.25, iou: 0.7, max_det: 300, agnostic: false, end2end: false, device_nms: None }
+        Self {
+            imgsz: 640,
+            conf: 0.25,
+            iou: 0.7,
+            max_det: 300,
+            agnostic: false,
+            end2end: false,
+            device_nms: None,
+            half: false,
+        }
     }
 }
 
@@ -355,7 +368,7 @@ impl Predictor {
         } else {
             YoloV8::load(arch.config(nc), weights, DType::F32, device)
         }
-        .and_then(|m| m.fuse())
+        .and_then(|m| m.fuse_to(if opts.half { DType::F16 } else { DType::F32 }))
         .map_err(model_err)?;
         let nms = Nms::new(NmsParams {
             conf_thres: f64::from(opts.conf),
@@ -428,7 +441,9 @@ impl Predictor {
         let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
         let candle = |e: sluice_model::candle_core::Error| model_err(ModelError::from(e));
         let model = &self.model;
-        let input = Tensor::from_vec(x, (images.len(), 3, ch, cw), model.device()).map_err(candle)?;
+        let input = Tensor::from_vec(x, (images.len(), 3, ch, cw), model.device())
+            .and_then(|t| t.to_dtype(model.dtype()))
+            .map_err(candle)?;
         let max_det = self.opts.max_det;
         let y = if self.nms.params.mode == NmsMode::None {
             // The one-to-one head's top-k rows in the eval output's layout; the pass below only thresholds them.
@@ -437,6 +452,7 @@ impl Predictor {
         } else {
             sluice_kernels::threads::on_compute_pool(model.device(), || model.forward(&input)).map_err(model_err)?.y
         };
+        let y = y.to_dtype(DType::F32).map_err(candle)?;
         let nms_err = |i: usize| {
             let path = images[i].1.to_path_buf();
             move |source| PredictError::Nms { path, source }
@@ -638,6 +654,33 @@ mod tests {
         }
         assert!(!got[0].is_empty());
         assert_eq!(got[0], got[1]);
+    }
+
+    /// `half` (the fused model in float16): the detections of the f32 model, each found again with the same class,
+    /// nearly the same box and score.
+    #[test]
+    fn half_precision_finds_the_f32_detections() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = saved_model(dir.path(), 3);
+        let data: Vec<u8> = (0..200 * 150 * 3usize).map(|i| ((i * 7 + i / 600 * 13) % 256) as u8).collect();
+        let img = ImageRgb8::from_raw(200, 150, 600, data).expect("image");
+        let run = |half: bool| {
+            let o = PredictOptions { imgsz: 160, conf: 0.001, half, ..PredictOptions::default() };
+            let mut p = Predictor::load(&w, Arch::v8(Scale::N), None, o).expect("load");
+            p.predict_image(&img, Path::new("img.png")).expect("predict").0
+        };
+        let (full, half) = (run(false), run(true));
+        assert!(full.len() >= 20, "{} detections", full.len());
+        assert_ne!(full, half, "the half pass must have run in f16");
+        for d in full.iter().take(20) {
+            let best = half
+                .iter()
+                .filter(|h| h.class == d.class)
+                .max_by(|a, b| a.bbox.iou(&d.bbox).total_cmp(&b.bbox.iou(&d.bbox)))
+                .expect("a detection of that class");
+            assert!(best.bbox.iou(&d.bbox) > 0.98, "{d:?} vs {best:?}");
+            assert!((best.score - d.score).abs() < 5e-3, "{d:?} vs {best:?}");
+        }
     }
 
     #[test]

@@ -182,9 +182,10 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
         end2end: false,
         device: "cpu",
         device_nms: None,
+        half: false,
     };
     let (v, _, used) = validate_weights(&req).unwrap();
-    assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8 });
+    assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8, half: false });
     assert_eq!((v.report.map50, v.report.map50_95), (map50, map50_95));
     assert_eq!((v.images, v.skipped.skipped), (4, 0));
     // NMS where the predictions are (the device kernels' host twin here), only the kept rows handed to the
@@ -193,6 +194,16 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     assert!(v.stats.detections > 0, "the pass must have detections to compare");
     assert_eq!(d.stats.detections, v.stats.detections);
     assert_eq!((d.report, d.loss, d.images), (v.report.clone(), v.loss, v.images));
+    // Ultralytics' `half` (which `sluice val` asks for on a GPU; the library honours it anywhere): the folded model
+    // in float16, its outputs back in f32: the same pass within half precision.
+    let (h, _, used) = validate_weights(&ValRequest { half: true, ..req }).unwrap();
+    assert!(used.half);
+    assert_eq!(h.images, v.images);
+    assert_ne!(h.loss, v.loss, "the half pass must have run in f16");
+    for (a, b) in h.loss.iter().zip(&v.loss) {
+        assert!((a - b).abs() <= 2e-3 * b.abs().max(1.0), "loss {:?} vs {:?}", h.loss, v.loss);
+    }
+    assert!((h.report.map50_95 - v.report.map50_95).abs() < 0.02, "{} vs {}", h.report.map50_95, v.report.map50_95);
 
     // Val images that no longer decode are left out, counted and named: one whose header is gone (indexing leaves
     // it out) and one cut before its scan (its header reads, the pass fails to decode it); with `strict` they stop the pass.
@@ -267,6 +278,7 @@ fn new_family_trains(model: &str, family: Family) {
         end2end: false,
         device: "cpu",
         device_nms: None,
+        half: false,
     };
     let (r, _, settings) = validate_weights(&req).unwrap();
     assert_eq!(settings.imgsz, 64);

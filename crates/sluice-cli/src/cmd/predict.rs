@@ -48,6 +48,10 @@ pub(crate) struct Args {
     /// Where the model runs: `cpu`, or `cuda:N` in a build with the `cuda` feature.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Half-precision inference on a CUDA device (Ultralytics' `half`: the fused model in float16); the CPU predicts
+    /// in f32, as Ultralytics.
+    #[arg(long)]
+    half: bool,
     /// Number of classes (default: read from the weights).
     #[arg(long)]
     nc: Option<usize>,
@@ -166,7 +170,11 @@ pub(crate) fn run(a: Args) -> Result<()> {
         agnostic: a.agnostic_nms,
         end2end: a.end2end,
         device_nms: None,
+        half: a.half && a.device != "cpu",
     };
+    if a.half && a.device == "cpu" {
+        eprintln!("warning: --half runs on CUDA devices only (as Ultralytics); predicting in f32 on the CPU");
+    }
     let device = sluice_train::train::device_of(&a.device)?;
     let mut predictor = Predictor::load_on(&a.weights, arch, a.nc, opts, &device).context("loading the model")?;
     if !names.is_empty() && names.len() != predictor.num_classes() {

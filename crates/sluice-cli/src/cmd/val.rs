@@ -49,6 +49,10 @@ pub(crate) struct Args {
     /// of on the device (batched NMS kernels, only the kept rows copied).
     #[arg(long)]
     host_nms: bool,
+    /// Half-precision inference on a CUDA device (Ultralytics' `half`: the fused model in float16, the metrics
+    /// from its outputs in f32); the CPU validates in f32, as Ultralytics.
+    #[arg(long)]
+    half: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -70,6 +74,8 @@ struct ValJson {
     data: PathBuf,
     imgsz: u32,
     batch: usize,
+    /// Whether the model ran in float16.
+    half: bool,
     images: u64,
     /// Images left out because they could not be read or decoded, and the first messages naming them.
     skipped: u64,
@@ -87,6 +93,10 @@ struct ValJson {
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
+    let on_gpu = args.device != "cpu";
+    if args.half && !on_gpu {
+        eprintln!("warning: --half runs on CUDA devices only (as Ultralytics); validating in f32 on the CPU");
+    }
     let (v, names, used) = validate_weights(&ValRequest {
         weights: &args.weights,
         model: args.model.as_deref(),
@@ -99,6 +109,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         end2end: args.end2end,
         device: &args.device,
         device_nms: args.host_nms.then_some(false),
+        half: args.half && on_gpu,
     })?;
     let r = &v.report;
     let classes: Vec<ClassRow> = r
@@ -118,6 +129,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         data: used.data.clone(),
         imgsz: used.imgsz,
         batch: used.batch,
+        half: used.half,
         images: v.images,
         skipped: v.skipped.skipped,
         skipped_files: v.skipped.first.clone(),

@@ -145,6 +145,9 @@ pub struct ValRequest<'a> {
     /// Where NMS runs ([`ValOptions::device_nms`]): `None` on the device when it is a GPU, else on the
     /// post-process workers; `Some(true)` on the device (the host twin of the kernels on the CPU).
     pub device_nms: Option<bool>,
+    /// Ultralytics' `half` ([`ValOptions::half`]), on any device (`sluice val` asks for it on CUDA devices only,
+    /// as Ultralytics).
+    pub half: bool,
 }
 
 /// The settings a validation ran with, after [`ValRequest`]'s defaults.
@@ -156,6 +159,8 @@ pub struct ValSettings {
     pub imgsz: u32,
     /// Images per batch.
     pub batch: usize,
+    /// Whether the model ran in half precision.
+    pub half: bool,
 }
 
 /// Validates a weights file on a split of a dataset (`sluice val`); returns the pass, the class names and the
@@ -183,6 +188,7 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
         crate::bail!("strict: {line}");
     }
     let device = device_of(req.device)?;
+    let half = req.half;
     let nc = loaded.config.nc();
     let m = load_model(req.weights, req.model, nc, &device)?;
     let workers = if req.workers == 0 { default_workers() } else { req.workers };
@@ -196,11 +202,11 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
         &loss,
         &DeviceTransfer::new(&device, DType::F32)?,
         match req.device_nms {
-            Some(on) => ValOptions { end2end: req.end2end, device_nms: on, ..ValOptions::default() },
-            None => ValOptions { end2end: req.end2end, ..ValOptions::default() }.for_device(&device),
+            Some(on) => ValOptions { end2end: req.end2end, device_nms: on, half, ..ValOptions::default() },
+            None => ValOptions { end2end: req.end2end, half, ..ValOptions::default() }.for_device(&device),
         },
     )?;
-    Ok((v, loaded.config.names, ValSettings { data, imgsz, batch }))
+    Ok((v, loaded.config.names, ValSettings { data, imgsz, batch, half }))
 }
 
 /// Seed-determined subset of `fraction` of the samples (at least one), in their original order.

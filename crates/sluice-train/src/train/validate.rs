@@ -22,6 +22,7 @@ use sluice_eval::{
     UltralyticsMetric, ValPost, shrink,
 };
 use sluice_kernels::threads::on_compute_pool;
+use sluice_model::candle_core::DType;
 use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
@@ -43,6 +44,10 @@ pub struct ValOptions {
     /// the post-process workers. The two keep the same detections; [`ValOptions::for_device`] turns it on for a
     /// CUDA device.
     pub device_nms: bool,
+    /// Ultralytics' `half`: the fused model cast to float16 after folding ([`YoloV8::fuse_to`]), the images cast
+    /// on the device, the head's outputs back to f32 for the loss, NMS and the metrics. Honoured on any device;
+    /// `sluice val` and `sluice predict` turn it on for CUDA devices only, as Ultralytics does.
+    pub half: bool,
 }
 
 impl ValOptions {
@@ -227,12 +232,19 @@ pub fn validate_on(
     // forward (the eval-mode forward folds on the fly with the same `BatchNorm::fold`, so the outputs are the same
     // bits). Under autocast the model keeps its own half-precision path, which the folded copy does not take.
     let folded;
-    let model = if model.is_fused() || model.autocast().is_some() {
+    let model = if opts.half {
+        crate::ensure!(!model.is_fused(), "validation in half precision takes the unfused model, to fold in f32");
+        folded = model.fuse_to(DType::F16).context("validation: the half-precision copy")?;
+        &folded
+    } else if model.is_fused() || model.autocast().is_some() {
         model
     } else {
         folded = model.fuse().context("validation: folding BatchNorm into the convs")?;
         &folded
     };
+    // The images in the model's dtype (a cast on the device for a half-precision copy) and the head's outputs
+    // back in f32.
+    let input = |x: &candle_core::Tensor| -> candle_core::Result<candle_core::Tensor> { x.to_dtype(model.dtype()) };
     let nc = u32::try_from(loss.nc).context("class count")?;
     let keep_batches = usize::from(opts.keep_first_batch);
     let end2end = opts.end2end && model.config().family.end2end();
@@ -274,14 +286,17 @@ pub fn validate_on(
         // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
         gpu.start()?;
         let (l, out) = on_compute_pool(model.device(), || -> Result<_> {
-            let mut out = model.forward(&x.images)?;
+            let images = input(&x.images)?;
+            let mut out = model.forward(&images)?;
             // An end-to-end head's validation loss is Ultralytics' E2ELoss, whose items come from the one-to-one
             // branches (the metrics use the one-to-many output, as Ultralytics' default `nms` does).
             out.raw.one2one = model.forward_one2one(&out.feats, sluice_model::Mode::Eval)?.map(Box::new);
-            let l = step_loss(loss, &out.raw, &batch, &x, dense)?;
+            let raw = if opts.half { out.raw.to_dtype(DType::F32)? } else { out.raw };
+            let l = step_loss(loss, &raw, &batch, &x, dense)?;
             // An end-to-end pass takes the one-to-one head's top 300 rows (one per object), laid out as the eval
             // output, which the post-process passes through with no suppression.
-            let y = if end2end { model.forward_end2end_decoded(&x.images, 300)? } else { out.y };
+            let y = if end2end { model.forward_end2end_decoded(&images, 300)? } else { out.y };
+            let y = y.to_dtype(DType::F32)?;
             // Only the anchors above the validation conf cross to the host (the whole head output stays put), or,
             // with NMS on the device, only the rows it keeps.
             let out = if opts.device_nms {
