@@ -20,6 +20,7 @@
 #                    device and on the host
 #   predict_device.* `sluice predict --device cuda:0 --batch 32 --json` over the 1024 images, its wall time
 #   val_half.out, predict_half.out   the same two with `--half` (the folded model in float16)
+#   train_composed/  one epoch of the `train` run with the optimizer step as composed ops (SLUICE_FUSED_STEP=0)
 #   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
@@ -189,6 +190,10 @@ if [ -f "$RES/train/weights/best.safetensors" ]; then
   step predict_half 30 "$S" predict --weights "$RES/train/weights/best.safetensors" \
     --source "$BIG/images/train2017" --device cuda:0 --batch 32 --half --json
 fi
+# The optimizer step as the composed candle ops (`SLUICE_FUSED_STEP=0`), one epoch of the same run, for the fused
+# passes' share of the step time.
+SLUICE_FUSED_STEP=0 step train_composed 60 "$S" train --data "$DATA_BIG" --model yolov8n --imgsz 640 --batch 32 \
+  --epochs 1 --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_composed --exist-ok --json
 step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
   SLUICE_REQUIRE_NVJPEG=1 SLUICE_DECODE_TEST_DATA="$HERE/../../crates/sluice-decode/tests/data" \

@@ -1,8 +1,8 @@
 //! Fast CPU training kernels for the YOLO model, as candle custom ops with forward *and* backward passes:
 //! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]),
 //! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]), and the head's DFL box decode
-//! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]); and the SGD update as one parallel pass
-//! ([`optim`]).
+//! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]); the SGD update as one parallel pass
+//! ([`optim`]); and the whole optimizer step (norm, clip, update, EMA) over every tensor at once ([`multi_tensor`]).
 //!
 //! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
 //! element-wise pool tamed on small machines), [`memory`] the allocator policy (mimalloc, freed memory kept).
@@ -15,6 +15,7 @@ pub mod depthwise;
 pub mod dfl;
 pub mod loss;
 pub mod memory;
+pub mod multi_tensor;
 pub mod norm;
 pub mod optim;
 pub mod pool;

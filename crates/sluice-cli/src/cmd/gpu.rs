@@ -201,6 +201,7 @@ mod imp {
         sort_checks(&gpu, &mut rng, &logits, &mut checks)?;
         transfer_checks(&gpu, &mut rng, &mut checks)?;
         model_checks(&gpu, &mut rng, &mut checks)?;
+        optimizer_checks(&gpu, &mut rng, &mut checks)?;
         report(&checks, json)
     }
 
@@ -486,6 +487,86 @@ mod imp {
                 Ok(diffs)
             })();
             checks.push(Check::of(name, 0.0, result));
+        }
+        Ok(())
+    }
+
+    /// The fused optimizer step (`sluice_kernels::multi_tensor`: norm, clip, update and EMA as one pass each over
+    /// every tensor) on the GPU against the composed ops on the CPU: yolov8n's parameters, SGD, Adam and AdamW, with
+    /// float16 loss scaling, over three steps whose gradients are fixed random tensors (so the model's own
+    /// numerics play no part), one of them clipped, then a step with a non-finite gradient, which must change
+    /// nothing but the scale.
+    fn optimizer_checks(gpu: &Device, rng: &mut RngStream, checks: &mut Vec<Check>) -> Result<()> {
+        use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings};
+        let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
+        let names: Vec<String> = {
+            let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0)?;
+            let mut n: Vec<String> = m.trainable_vars().into_iter().map(|(k, _)| k).collect();
+            n.sort();
+            n
+        };
+        // Per parameter and step, the gradient (the coefficient of a linear loss); step 1's are large (clipped).
+        let mut coefs: Vec<Vec<Tensor>> = Vec::new();
+        for step in 0..3 {
+            let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0)?;
+            let amp = if step == 1 { 50.0 } else { 0.01 };
+            coefs.push(
+                names
+                    .iter()
+                    .map(|n| {
+                        let dims = m.var(n).context("a parameter")?.dims().to_vec();
+                        rand_tensor(rng, &dims, -amp, amp)
+                    })
+                    .collect::<Result<_>>()?,
+            );
+        }
+        for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW] {
+            checks.push(compare(&format!("fused optimizer step, {kind:?}, fp16 loss scale"), 1e-5, gpu, |d| {
+                let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
+                let shape = RunShape { batch: 64, epochs: 3, batches_per_epoch: 4, train_images: 256 };
+                let settings = OptimSettings { optimizer: kind, warmup_epochs: 0.0, ..OptimSettings::default() };
+                let mut opt = Optimization::new(&m, &settings, shape)?;
+                opt.set_device_checks(true);
+                // The GPU runs the fused passes, the CPU the composed ops (the reference).
+                if opt.set_fused_step(d.is_cuda(), &m)? != d.is_cuda() {
+                    bail!("the fused step did not turn on");
+                }
+                opt.set_loss_scaling(Some(ScalerSettings::default()), &m)?;
+                let loss_of = |step: usize, factor: f64| -> Result<Tensor> {
+                    let mut total: Option<Tensor> = None;
+                    for (n, c) in names.iter().zip(&coefs[step]) {
+                        let v = m.var(n).context("a parameter")?;
+                        let term = (v.as_tensor() * c.to_device(d)?)?.sum_all()?;
+                        total = Some(match total {
+                            None => term,
+                            Some(t) => (t + term)?,
+                        });
+                    }
+                    Ok(total.context("no parameters")?.affine(factor, 0.0)?)
+                };
+                for step in 0..3 {
+                    opt.batch_known_finite(&m, &loss_of(step, 1.0)?, true, step, 0)?;
+                }
+                let before: Vec<Tensor> = names
+                    .iter()
+                    .map(|n| Ok(m.var(n).context("a parameter")?.as_tensor().copy()?))
+                    .collect::<Result<_>>()?;
+                // A non-finite gradient: masked on the device, the scale halved.
+                opt.batch_known_finite(&m, &loss_of(0, f64::NAN)?, true, 3, 0)?;
+                let mut out = Vec::new();
+                for (n, b) in names.iter().zip(&before) {
+                    let v = m.var(n).context("a parameter")?;
+                    if (v.as_tensor() - b)?.abs()?.sum_all()?.to_scalar::<f32>()? != 0.0 {
+                        bail!("{n} changed in a step with a non-finite gradient");
+                    }
+                    out.push(v.as_tensor().flatten_all()?);
+                    let e = opt.ema_model().var(n).context("an EMA variable")?;
+                    out.push(e.as_tensor().flatten_all()?);
+                }
+                let s = opt.loss_scale()?.context("no loss scale")?;
+                let scale = Tensor::new(&[s.scale, s.growth_tracker as f32, s.overflows as f32], d)?;
+                Ok(vec![Tensor::cat(&out, 0)?, scale])
+            }));
         }
         Ok(())
     }

@@ -86,6 +86,43 @@ impl ModelEma {
         self.update_inner(model, Some(ok))
     }
 
+    /// [`ModelEma::update_masked`] (or, with no `mask`, [`ModelEma::update`]) as one pass over every variable
+    /// ([`sluice_kernels::multi_tensor`]); `mask` is the fused step's norm, whose finite flag gates the update.
+    pub(crate) fn update_fused(
+        &mut self,
+        model: &YoloV8,
+        mt: &mut sluice_kernels::multi_tensor::MultiTensor,
+        mask: Option<&Tensor>,
+    ) -> Result<()> {
+        let w = (1.0 - self.decay_at(self.updates + 1)) as f32;
+        let pairs = {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+            let src = model.varmap().data().lock().unwrap();
+            if src.len() != self.vars.len() {
+                return Err(OptimError::BadInput(format!(
+                    "EMA update from a model with {} variables, the EMA has {}",
+                    src.len(),
+                    self.vars.len()
+                )));
+            }
+            let mut pairs = Vec::with_capacity(self.vars.len());
+            for (name, e) in &self.vars {
+                let m = src.get(name).ok_or_else(|| {
+                    OptimError::BadInput(format!("EMA update from a model without the variable `{name}`"))
+                })?;
+                if e.dtype().is_float() {
+                    pairs.push((e.clone(), m.as_tensor().detach()));
+                }
+            }
+            pairs
+        };
+        let ema: Vec<&Var> = pairs.iter().map(|(e, _)| e).collect();
+        let src: Vec<&Tensor> = pairs.iter().map(|(_, m)| m).collect();
+        mt.ema(&ema, &src, w, mask)?;
+        self.updates += 1;
+        Ok(())
+    }
+
     fn update_inner(&mut self, model: &YoloV8, ok: Option<&Tensor>) -> Result<()> {
         let d = self.decay_at(self.updates + 1);
         // torch's `lerp_(model, 1 − d)` (Ultralytics' `_foreach_lerp_`), with its weight in float32 and its two

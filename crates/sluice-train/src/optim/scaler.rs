@@ -90,6 +90,11 @@ impl LossScaler {
         Ok(())
     }
 
+    /// The scale as a float32 scalar on the device, where it lives there.
+    pub(crate) fn scale_tensor(&self) -> Option<&Tensor> {
+        self.device.as_ref().map(|d| &d.scale)
+    }
+
     /// Whether the scale lives on the device.
     pub fn on_device(&self) -> bool {
         self.device.is_some()

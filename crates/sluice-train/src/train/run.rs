@@ -257,6 +257,10 @@ impl Trainer {
         let mut opt = Optimization::new(&model, &cfg.optim, shape)?;
         // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step).
         opt.set_device_checks(dense_on(&device));
+        // On a GPU the optimizer step runs as a few passes over every tensor (`SLUICE_FUSED_STEP=0`: the composed
+        // ops, for comparison).
+        let fused = device.is_cuda() && std::env::var("SLUICE_FUSED_STEP").map_or(true, |v| v != "0");
+        opt.set_fused_step(fused, &model)?;
         // Float16's range needs loss scaling (`GradScaler`); bfloat16 has float32's.
         if half == Some(DType::F16) {
             opt.set_loss_scaling(Some(ScalerSettings::default()), &model)?;
