@@ -150,3 +150,39 @@ fn other_dtypes_fall_back_to_the_composed_ops() {
     let a32 = affine_silu(&x, &g, &b).unwrap();
     assert!(rel_err(&a16, &a32) < 1e-2);
 }
+
+#[test]
+fn half_activations_with_f32_parameters_take_f32_statistics() {
+    // Mixed precision: f16 / bf16 activations, f32 γ and β. Off the CUDA kernels the f32 op runs between casts,
+    // so y is the f32 result rounded once, the statistics are the f32 op's, and the gradients of γ and β are f32.
+    let mut rng = Rng::new(7);
+    let shape = [2, 5, 6, 7];
+    let x = rng.tensor(&shape, 3.0, 2.0, DType::F32);
+    let g = Var::from_tensor(&rng.tensor(&[5], 1.0, 0.2, DType::F32)).unwrap();
+    let b = Var::from_tensor(&rng.tensor(&[5], 0.0, 0.2, DType::F32)).unwrap();
+    let w = rng.tensor(&shape, 0.0, 1.0, DType::F32);
+    for half in [DType::F16, DType::BF16] {
+        let xh = Var::from_tensor(&x.to_dtype(half).unwrap()).unwrap();
+        let x32 = xh.as_tensor().to_dtype(DType::F32).unwrap();
+        let (y, m, v) = batch_norm_silu_train(xh.as_tensor(), g.as_tensor(), b.as_tensor(), EPS).unwrap();
+        let (y32, m32, v32) = batch_norm_silu_train(&x32, g.as_tensor(), b.as_tensor(), EPS).unwrap();
+        assert_eq!((y.dtype(), m.dtype(), v.dtype()), (half, DType::F32, DType::F32));
+        assert_eq!(values(&y), values(&y32.to_dtype(half).unwrap()));
+        assert_eq!((values(&m), values(&v)), (values(&m32), values(&v32)));
+        let gr = grads(&[&xh, &g, &b], |t| {
+            batch_norm_silu_train(t[0], t[1], t[2], EPS)?.0.to_dtype(DType::F32)?.mul(&w)?.sum_all()
+        });
+        assert_eq!((gr[0].dtype(), gr[1].dtype(), gr[2].dtype()), (half, DType::F32, DType::F32));
+        let x32v = Var::from_tensor(&x32).unwrap();
+        let r = grads(&[&x32v, &g, &b], |t| batch_norm_silu_train(t[0], t[1], t[2], EPS)?.0.mul(&w)?.sum_all());
+        let tol = if half == DType::F16 { 1e-3 } else { 1e-2 };
+        for (name, a, r) in [("dx", &gr[0], &r[0]), ("dgamma", &gr[1], &r[1]), ("dbeta", &gr[2], &r[2])] {
+            let e = rel_err(a, r);
+            assert!(e < tol, "{half:?} {name}: rel err {e:e}");
+        }
+    }
+    // Half parameters with f32 activations stay an error.
+    let gh = g.as_tensor().to_dtype(DType::F16).unwrap();
+    let e = batch_norm_silu_train(&x, &gh, b.as_tensor(), EPS).unwrap_err().to_string();
+    assert!(e.contains("gamma"), "{e}");
+}

@@ -23,8 +23,12 @@ impl Conv2dBias {
         Ok(Self { weight: weight.as_tensor().clone(), bias: bias.as_tensor().clone() })
     }
 
+    /// The convolution in `x`'s dtype (half activations under mixed precision: the weight and bias are cast), the
+    /// output in the weight's, so the head's outputs, the decode and the loss stay in the model's dtype.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        sluice_kernels::conv::conv2d_bias(x, &self.weight, &self.bias, 1, 0)
+        let dt = x.dtype();
+        let (w, b) = (self.weight.to_dtype(dt)?, self.bias.to_dtype(dt)?);
+        sluice_kernels::conv::conv2d_bias(x, &w, &b, 1, 0)?.to_dtype(self.weight.dtype())
     }
 
     /// A copy in `dtype` (detached: only fused, eval-only copies are cast).

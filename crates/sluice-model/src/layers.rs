@@ -27,11 +27,12 @@ pub enum Mode {
     Train,
 }
 
-/// The mixed-precision switch of one model, shared by all its [`Conv`]s: when set to a half dtype, each
-/// convolution casts its input and (f32 master) weight to it, convolves (cuDNN / cuBLAS tensor cores on a GPU)
-/// and casts the result back, so BatchNorm, SiLU, the head's outputs, the loss and every gradient that reaches a
-/// weight stay in the model's dtype. This is autocast's policy for convolutions: the casts are differentiable, so
-/// the backward pass runs the convolution gradients in the half dtype too.
+/// The mixed-precision switch of one model, shared by all its [`Conv`]s: when set to a half dtype, a training
+/// forward keeps the activations in it from layer to layer. Each Conv casts its (f32 master) weight to it and
+/// convolves (cuDNN / cuBLAS tensor cores on a GPU); BatchNorm reads and writes the half dtype with f32 batch
+/// statistics and parameters; the head's final 1×1 convolutions return the model's dtype, so the head's outputs,
+/// the loss and every gradient that reaches a weight stay f32. The casts are differentiable, so the backward pass
+/// runs in the half dtype too. An eval-mode forward runs in the model's dtype.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Autocast(Arc<AtomicU8>);
 
@@ -107,6 +108,9 @@ impl BatchNorm {
                 x.broadcast_mul(&scale.reshape((1, c, 1, 1))?)?.broadcast_add(&shift.reshape((1, c, 1, 1))?)
             }
             Mode::Train => {
+                // Half activations (mixed precision) are normalised in the parameters' dtype and cast back.
+                let half = (x.dtype() != self.weight.dtype()).then_some(x.dtype());
+                let x = &x.to_dtype(self.weight.dtype())?;
                 let (b, _, h, w) = x.dims4()?;
                 let n = (b * h * w) as f64;
                 let mean = x.mean_keepdim(3)?.mean_keepdim(2)?.mean_keepdim(0)?;
@@ -123,7 +127,10 @@ impl BatchNorm {
                 let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
                 self.running_mean.set(&rm)?;
                 self.running_var.set(&rv)?;
-                Ok(y)
+                match half {
+                    Some(h) => y.to_dtype(h),
+                    None => Ok(y),
+                }
             }
         }
     }
@@ -203,6 +210,14 @@ impl Conv {
         })
     }
 
+    /// The half dtype of a mixed-precision training forward, `None` otherwise.
+    fn half(&self, mode: Mode) -> Option<DType> {
+        match (self.autocast.get(), mode, &self.bn) {
+            (Some(half), Mode::Train, Some(_)) => Some(half),
+            _ => None,
+        }
+    }
+
     /// The forward of the variants (`act=False`, depthwise), which run on candle's ops with their autograd.
     fn forward_variant(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let conv = |x: &Tensor, w: &Tensor| {
@@ -212,6 +227,11 @@ impl Conv {
                 sluice_kernels::conv::conv2d(x, w, self.stride, self.pad)
             }
         };
+        if let (Some(half), Some(bn)) = (self.half(mode), &self.bn) {
+            let y = conv(&x.to_dtype(half)?, &self.weight.to_dtype(half)?)?;
+            return if self.act { bn.forward_silu(&y, mode) } else { bn.forward_plain(&y, mode) };
+        }
+        let x = &x.to_dtype(self.weight.dtype())?;
         let y = match (&self.bn, &self.fused_bias, mode) {
             (Some(bn), _, Mode::Train) => {
                 let y = conv(x, &self.weight)?;
@@ -231,27 +251,30 @@ impl Conv {
         if self.depthwise || !self.act {
             return self.forward_variant(x, mode);
         }
-        // Inference in the model's dtype: one conv + bias + SiLU op (`sluice_kernels::conv::conv2d_bias_silu`), with
-        // the running statistics folded into the weight and bias on the fly when the block is not fused yet.
-        if self.autocast.get().is_none_or(|half| half == x.dtype()) {
-            match (&self.bn, &self.fused_bias, mode) {
-                (None, Some(b), _) => {
-                    return sluice_kernels::conv::conv2d_bias_silu(x, &self.weight, b, self.stride, self.pad);
-                }
-                (Some(bn), _, Mode::Eval) => {
-                    let (w, shift) = bn.fold(&self.weight)?;
-                    return sluice_kernels::conv::conv2d_bias_silu(x, &w, &shift, self.stride, self.pad);
-                }
-                _ => {}
-            }
+        // Mixed precision in training: the activations stay in the half dtype from layer to layer (the input cast
+        // is a no-op after the first layer), the f32 master weight is cast for the convolution, and BatchNorm+SiLU
+        // reads and writes the half dtype with f32 statistics and parameters (`sluice_kernels::norm`). The casts are
+        // differentiable, so the weight's gradient comes back in f32.
+        if let (Some(half), Some(bn)) = (self.half(mode), &self.bn) {
+            let y =
+                sluice_kernels::conv::conv2d(&x.to_dtype(half)?, &self.weight.to_dtype(half)?, self.stride, self.pad)?;
+            return bn.forward_silu(&y, mode);
         }
-        let y = match self.autocast.get() {
-            Some(half) if half != x.dtype() => {
-                let (xh, wh) = (x.to_dtype(half)?, self.weight.to_dtype(half)?);
-                sluice_kernels::conv::conv2d(&xh, &wh, self.stride, self.pad)?.to_dtype(x.dtype())?
+        // The model's dtype (a half activation reaching an eval-mode forward under autocast is cast up first).
+        let x = &x.to_dtype(self.weight.dtype())?;
+        // Inference: one conv + bias + SiLU op (`sluice_kernels::conv::conv2d_bias_silu`), with the running
+        // statistics folded into the weight and bias on the fly when the block is not fused yet.
+        match (&self.bn, &self.fused_bias, mode) {
+            (None, Some(b), _) => {
+                return sluice_kernels::conv::conv2d_bias_silu(x, &self.weight, b, self.stride, self.pad);
             }
-            _ => sluice_kernels::conv::conv2d(x, &self.weight, self.stride, self.pad)?,
-        };
+            (Some(bn), _, Mode::Eval) => {
+                let (w, shift) = bn.fold(&self.weight)?;
+                return sluice_kernels::conv::conv2d_bias_silu(x, &w, &shift, self.stride, self.pad);
+            }
+            _ => {}
+        }
+        let y = sluice_kernels::conv::conv2d(x, &self.weight, self.stride, self.pad)?;
         match (&self.bn, &self.fused_bias) {
             (Some(bn), _) => bn.forward_silu(&y, mode),
             (None, Some(b)) => norm::affine_silu(&y, &b.ones_like()?, b),

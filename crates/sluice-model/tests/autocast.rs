@@ -79,6 +79,14 @@ fn half_precision_convolutions_track_the_f32_step_and_keep_f32_gradients() {
         assert!(e < 0.15, "{n}: gradient relative error {e}");
     }
 
+    // The activations stay in f16 from layer to layer; the head's outputs come back in f32.
+    let layers = amp_model.forward_layers(&x, Mode::Train).unwrap();
+    assert!(
+        layers.iter().all(|t| t.dtype() == DType::F16),
+        "{:?}",
+        layers.iter().map(|t| t.dtype()).collect::<Vec<_>>()
+    );
+
     // Switched off again: the same numbers as the f32 model (same seed, same batch, running stats untouched
     // by the comparison because the f32 model is a separate copy).
     let again = model();
@@ -126,5 +134,36 @@ fn the_half_inference_copy_tracks_the_f32_fused_model() {
         // Boxes in pixels up to 128 and class scores in (0, 1): f16's 11-bit mantissa through some 60 layers.
         assert!(err < 5e-3, "{name}: f16 relative error {err:e}");
         assert!(err > 0.0, "{name}: the half copy computed in f32");
+    }
+}
+
+/// YOLO11 and YOLO26 (attention, depthwise and `act=False` convolutions, YOLO26's one-bin head) under f16
+/// activations: the train step runs, its outputs are f32 and track the f32 step, every weight gradient is f32.
+#[test]
+fn every_family_trains_with_half_activations() {
+    let x = batch();
+    for name in ["yolo11n", "yolo26n"] {
+        let cfg = sluice_model::parse_model(name).unwrap().config(3);
+        let step_of = |half: Option<DType>| {
+            let m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 5).unwrap();
+            m.set_autocast(half).unwrap();
+            let (raw, feats) = m.forward_raw(&x, Mode::Train).unwrap();
+            let mut parts = vec![raw.boxes.clone(), raw.scores.clone()];
+            // YOLO26's one-to-one branches, so that every weight gets a gradient.
+            if let Some(o) = m.forward_one2one(&feats, Mode::Train).unwrap() {
+                parts.extend([o.boxes, o.scores]);
+            }
+            let out = Tensor::cat(&parts, 1).unwrap();
+            assert_eq!(out.dtype(), DType::F32, "{name}");
+            let loss = (out.sqr().unwrap().sum_all().unwrap() + out.sum_all().unwrap()).unwrap();
+            let grads = loss.backward().unwrap();
+            for (k, v) in m.trainable_vars() {
+                let g = grads.get(v.as_tensor()).unwrap_or_else(|| panic!("{name}: no gradient for {k}"));
+                assert_eq!(g.dtype(), DType::F32, "{name}: {k}");
+            }
+            out.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        let e = rel_err(&step_of(Some(DType::F16)), &step_of(None));
+        assert!(e < 0.02 && e > 1e-6, "{name}: head outputs relative error {e}");
     }
 }

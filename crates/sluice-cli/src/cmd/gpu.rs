@@ -305,6 +305,30 @@ mod imp {
                 Ok(out)
             }));
         }
+        // Mixed precision: half activations with f32 parameters and statistics. The device kernels read and write
+        // the half dtype; the CPU runs the f32 op between casts (the reference). One rounding of the output apart.
+        {
+            let dims = [4, 24, 33, 35];
+            let xb = rand_tensor(rng, &dims, -2.0, 3.0)?;
+            let (gb, bb) = (rand_tensor(rng, &[dims[1]], 0.5, 1.5)?, rand_tensor(rng, &[dims[1]], -0.5, 0.5)?);
+            let rb = rand_tensor(rng, &dims, -1.0, 1.0)?;
+            for (half, tol) in [(DType::F16, 2e-3), (DType::BF16, 2e-2)] {
+                let name = format!("batchnorm+silu train fwd+bwd {half:?} activations {dims:?}");
+                checks.push(compare(&name, tol, gpu, |d| {
+                    let xv = var_on(&xb.to_dtype(half)?, d)?;
+                    let (gv, bv) = (var_on(&gb, d)?, var_on(&bb, d)?);
+                    let (y, mean, var) =
+                        norm::batch_norm_silu_train(xv.as_tensor(), gv.as_tensor(), bv.as_tensor(), 1e-3)?;
+                    if y.dtype() != half || mean.dtype() != DType::F32 {
+                        bail!("y is {:?} and the mean {:?}", y.dtype(), mean.dtype());
+                    }
+                    let y = y.to_dtype(DType::F32)?;
+                    let mut out = with_grads(&[y], std::slice::from_ref(&rb), &[&xv, &gv, &bv])?;
+                    out.extend([mean, var]);
+                    out.iter().map(|t| Ok(t.to_dtype(DType::F32)?)).collect()
+                }));
+            }
+        }
         checks.push(compare("maxpool5 fwd+bwd", 1e-5, gpu, |d| {
             let xv = var_on(x, d)?;
             let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;
@@ -588,45 +612,57 @@ mod imp {
             Ok(vec![out.total.unsqueeze(0)?, items, raw.scores.mean_keepdim(D::Minus1)?])
         }));
 
-        // Mixed precision on the device: the bf16-autocast train forward (and the first conv's gradient) against
-        // the f32 one, same weights and batch. bf16 keeps 8 bits, so the tolerance is loose: it catches a broken
-        // cast or a lost gradient, not rounding.
-        let result = (|| -> Result<Vec<f64>> {
-            let x = sluice_transfer::DeviceTransfer::new(gpu, DType::F32)?.transfer(&batch)?;
-            let run = |half: Option<DType>| -> Result<Vec<Tensor>> {
-                let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
-                let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, gpu, 0)?;
-                m.set_autocast(half)?;
-                let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
-                let out = Tensor::cat(&[&raw.boxes, &raw.scores], 1)?;
-                let w = m.var("model.0.conv.weight").context("model.0.conv.weight")?;
-                let g = out.sum_all()?.backward()?;
-                let gw = g.get(w.as_tensor()).cloned().context("no gradient for model.0.conv.weight")?;
-                if gw.dtype() != DType::F32 {
-                    bail!("the master weight's gradient is {:?}, not f32", gw.dtype());
-                }
-                Ok(vec![out, gw])
+        // Mixed precision on the device: the autocast train forward (half activations from layer to layer) and the
+        // first conv's gradient against the f32 one, same weights and batch, in bf16 and f16. bf16 keeps 8 bits, so
+        // the tolerance is loose: it catches a broken cast or a lost gradient, not rounding; f16 (11 bits) is held
+        // to the same bounds.
+        for half in [DType::BF16, DType::F16] {
+            let result = (|| -> Result<Vec<f64>> {
+                let x = sluice_transfer::DeviceTransfer::new(gpu, DType::F32)?.transfer(&batch)?;
+                let run = |half: Option<DType>| -> Result<Vec<Tensor>> {
+                    let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
+                    let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, gpu, 0)?;
+                    m.set_autocast(half)?;
+                    let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
+                    let out = Tensor::cat(&[&raw.boxes, &raw.scores], 1)?;
+                    let w = m.var("model.0.conv.weight").context("model.0.conv.weight")?;
+                    let g = out.sum_all()?.backward()?;
+                    let gw = g.get(w.as_tensor()).cloned().context("no gradient for model.0.conv.weight")?;
+                    if gw.dtype() != DType::F32 || out.dtype() != DType::F32 {
+                        bail!(
+                            "the head's output is {:?} and the master weight's gradient {:?}",
+                            out.dtype(),
+                            gw.dtype()
+                        );
+                    }
+                    Ok(vec![out, gw])
+                };
+                let (f, h) = (run(None)?, run(Some(half))?);
+                let cos = |a: &Tensor, b: &Tensor| -> Result<f64> {
+                    let (a, b) = (a.to_dtype(DType::F64)?.flatten_all()?, b.to_dtype(DType::F64)?.flatten_all()?);
+                    let dot = (&a * &b)?.sum_all()?.to_scalar::<f64>()?;
+                    let na = a.sqr()?.sum_all()?.sqrt()?.to_scalar::<f64>()?;
+                    let nb = b.sqr()?.sum_all()?.sqrt()?.to_scalar::<f64>()?;
+                    Ok(dot / (na * nb).max(1e-300))
+                };
+                Ok(vec![rel(&h[0], &f[0])?, 1.0 - cos(&h[1], &f[1])?])
+            })();
+            // The outputs by their largest difference, the gradient by its direction (1 − cosine): a bf16 gradient
+            // summed over 2 × 320² positions is far off in its small, cancelling elements. The tolerances come from
+            // PyTorch's autocast on the same check (`xtask/gpu-check-amp.py`: Ultralytics' YOLOv8n, three seeds; its
+            // figures are in docs/gpu-results.md), with headroom above PyTorch's worst seed.
+            let (outputs, grad) = match result {
+                Ok(v) => (Ok(vec![v[0]]), Ok(vec![v[1]])),
+                Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
             };
-            let (f, h) = (run(None)?, run(Some(DType::BF16))?);
-            let cos = |a: &Tensor, b: &Tensor| -> Result<f64> {
-                let (a, b) = (a.to_dtype(DType::F64)?.flatten_all()?, b.to_dtype(DType::F64)?.flatten_all()?);
-                let dot = (&a * &b)?.sum_all()?.to_scalar::<f64>()?;
-                let na = a.sqr()?.sum_all()?.sqrt()?.to_scalar::<f64>()?;
-                let nb = b.sqr()?.sum_all()?.sqrt()?.to_scalar::<f64>()?;
-                Ok(dot / (na * nb).max(1e-300))
-            };
-            Ok(vec![rel(&h[0], &f[0])?, 1.0 - cos(&h[1], &f[1])?])
-        })();
-        // The outputs by their largest difference, the gradient by its direction (1 − cosine): a bf16 gradient
-        // summed over 2 × 320² positions is far off in its small, cancelling elements. The tolerances come from
-        // PyTorch's autocast on the same check (`xtask/gpu-check-amp.py`: Ultralytics' YOLOv8n, three seeds; its
-        // figures are in docs/gpu-results.md), with headroom above PyTorch's worst seed.
-        let (outputs, grad) = match result {
-            Ok(v) => (Ok(vec![v[0]]), Ok(vec![v[1]])),
-            Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(e)),
-        };
-        checks.push(Check::of("yolov8n bf16 autocast vs f32 at 320 (outputs)".into(), 0.05, outputs));
-        checks.push(Check::of("yolov8n bf16 autocast vs f32 at 320 (1 - cos of conv0 grad)".into(), 0.15, grad));
+            let name = format!("{half:?}").to_lowercase();
+            checks.push(Check::of(format!("yolov8n {name} autocast vs f32 at 320 (outputs)"), 0.05, outputs));
+            checks.push(Check::of(
+                format!("yolov8n {name} autocast vs f32 at 320 (1 - cos of conv0 grad)"),
+                0.15,
+                grad,
+            ));
+        }
 
         // The caching pool: the release threshold takes, and the reserved bytes can be read.
         let result = (|| -> Result<Vec<f64>> {

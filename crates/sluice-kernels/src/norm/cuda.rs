@@ -1,5 +1,7 @@
-//! Training-mode BatchNorm + SiLU on a CUDA device (feature `cuda`), f32: the same two sweeps forward and two
-//! backward as the CPU op, as six small kernels compiled once per device with NVRTC.
+//! Training-mode BatchNorm + SiLU on a CUDA device (feature `cuda`): the same two sweeps forward and two backward
+//! as the CPU op, as six small kernels compiled once per device with NVRTC. The activations are f32, or f16 / bf16
+//! for mixed precision (the kernels read and write 16 bits, compute in f32 and sum in f64); the parameters and the
+//! statistics are f32.
 //!
 //! Composed from candle's ops (the fallback before this), the block is about fifteen element-wise and reduction
 //! kernels each way, and candle's reductions over a large early feature map are the slowest part of a training step
@@ -20,25 +22,43 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::CudaDType;
 use candle_core::cuda_backend::DeviceId;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor, bail};
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor, WithDType, bail};
 
 const SRC: &str = include_str!("kernels.cu");
 
-/// The six kernels of one device.
-struct Kernels {
+/// The kernels of one activation type (f32, f16 or bf16).
+struct TypedKernels {
     stats_partial: CudaFunction,
     stats_final: CudaFunction,
     apply: CudaFunction,
     bwd_partial: CudaFunction,
-    bwd_final: CudaFunction,
     bwd_apply: CudaFunction,
+}
+
+/// The kernels of one device: per activation type, and the type-free backward reduction.
+struct Kernels {
+    typed: [TypedKernels; 3],
+    bwd_final: CudaFunction,
 }
 
 fn drv<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> candle_core::Error {
     move |e| candle_core::Error::Msg(format!("batch_norm_silu_train (CUDA) {what}: {e:?}"))
+}
+
+/// The index into [`Kernels::typed`] (and the kernel-name suffix) of an activation dtype.
+fn type_index(dtype: DType) -> Option<(usize, &'static str)> {
+    match dtype {
+        DType::F32 => Some((0, "")),
+        DType::F16 => Some((1, "_f16")),
+        DType::BF16 => Some((2, "_bf16")),
+        _ => None,
+    }
 }
 
 /// The kernels for `dev`, compiled on first use.
@@ -52,14 +72,16 @@ fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
     let ptx = candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SRC).map_err(drv("compiling the kernels"))?;
     let module = dev.cuda_stream().context().load_module(ptx).map_err(drv("loading the kernels"))?;
     let f = |name: &str| module.load_function(name).map_err(drv("loading a kernel"));
-    let k = Arc::new(Kernels {
-        stats_partial: f("bn_stats_partial")?,
-        stats_final: f("bn_stats_final")?,
-        apply: f("bn_silu_apply")?,
-        bwd_partial: f("bn_bwd_partial")?,
-        bwd_final: f("bn_bwd_final")?,
-        bwd_apply: f("bn_bwd_apply")?,
-    });
+    let typed = |suffix: &str| -> Result<TypedKernels> {
+        Ok(TypedKernels {
+            stats_partial: f(&format!("bn_stats_partial{suffix}"))?,
+            stats_final: f(&format!("bn_stats_final{suffix}"))?,
+            apply: f(&format!("bn_silu_apply{suffix}"))?,
+            bwd_partial: f(&format!("bn_bwd_partial{suffix}"))?,
+            bwd_apply: f(&format!("bn_bwd_apply{suffix}"))?,
+        })
+    };
+    let k = Arc::new(Kernels { typed: [typed("")?, typed("_f16")?, typed("_bf16")?], bwd_final: f("bn_bwd_final")? });
     map.insert(dev.id(), Arc::clone(&k));
     Ok(k)
 }
@@ -94,13 +116,18 @@ fn i32_of(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("batch_norm_silu_train (CUDA): {v} overflows")))
 }
 
-/// The f32 contiguous view of a storage, or an error naming the input.
-fn f32_view<'a>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, f32>> {
+/// The contiguous view of a storage in its element type `T`, or an error naming the input.
+fn view<'a, T: CudaDType + WithDType>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
     let Some((a, b)) = l.contiguous_offsets() else { bail!("batch_norm_silu_train (CUDA): {what} is not contiguous") };
-    if s.dtype() != DType::F32 {
-        bail!("batch_norm_silu_train (CUDA): {what} must be f32, got {:?}", s.dtype());
+    if s.dtype() != T::DTYPE {
+        bail!("batch_norm_silu_train (CUDA): {what} must be {:?}, got {:?}", T::DTYPE, s.dtype());
     }
-    Ok(s.as_cuda_slice::<f32>()?.slice(a..b))
+    Ok(s.as_cuda_slice::<T>()?.slice(a..b))
+}
+
+/// The f32 contiguous view of a storage (the parameters), or an error naming the input.
+fn f32_view<'a>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, f32>> {
+    view::<f32>(s, l, what)
 }
 
 /// What the forward leaves for the backward and the caller, all on the device.
@@ -114,8 +141,23 @@ pub(super) struct DeviceStats {
     ab: CudaSlice<f32>,
 }
 
-/// The forward: `y` and the statistics.
+/// The forward: `y` (in `x`'s dtype: f32, f16 or bf16) and the statistics; `γ` and `β` are f32.
 pub(super) fn forward(
+    (x, lx): (&CudaStorage, &Layout),
+    (g, lg): (&CudaStorage, &Layout),
+    (b, lb): (&CudaStorage, &Layout),
+    dims: (usize, usize, usize),
+    eps: f64,
+) -> Result<(CudaStorage, DeviceStats)> {
+    match x.dtype() {
+        DType::F32 => forward_t::<f32>((x, lx), (g, lg), (b, lb), dims, eps),
+        DType::F16 => forward_t::<half::f16>((x, lx), (g, lg), (b, lb), dims, eps),
+        DType::BF16 => forward_t::<half::bf16>((x, lx), (g, lg), (b, lb), dims, eps),
+        d => bail!("batch_norm_silu_train (CUDA): activations in {d:?}"),
+    }
+}
+
+fn forward_t<T: CudaDType + WithDType + DeviceRepr>(
     (x, lx): (&CudaStorage, &Layout),
     (g, lg): (&CudaStorage, &Layout),
     (b, lb): (&CudaStorage, &Layout),
@@ -125,7 +167,9 @@ pub(super) fn forward(
     let dev = x.device().clone();
     let stream = dev.cuda_stream();
     let k = kernels(&dev)?;
-    let (xv, gv, bv) = (f32_view(x, lx, "input")?, f32_view(g, lg, "gamma")?, f32_view(b, lb, "beta")?);
+    let Some((ti, _)) = type_index(T::DTYPE) else { bail!("batch_norm_silu_train (CUDA): {:?}", T::DTYPE) };
+    let kt = &k.typed[ti];
+    let (xv, gv, bv) = (view::<T>(x, lx, "input")?, f32_view(g, lg, "gamma")?, f32_view(b, lb, "beta")?);
     let (m, total) = (n * hw, n * c * hw);
     if m == 0 {
         bail!("batch_norm_silu_train: empty batch (N·H·W = 0)");
@@ -136,51 +180,69 @@ pub(super) fn forward(
     let mut saved = unsafe { stream.alloc::<f64>(2 * c) }.map_err(drv("allocating"))?;
     let mut mv = unsafe { stream.alloc::<f32>(2 * c) }.map_err(drv("allocating"))?;
     let mut ab = unsafe { stream.alloc::<f32>(2 * c) }.map_err(drv("allocating"))?;
-    let mut y = unsafe { stream.alloc::<f32>(total) }.map_err(drv("allocating"))?;
+    let mut y = unsafe { stream.alloc::<T>(total) }.map_err(drv("allocating"))?;
     let (ci, hwi, mi, chunki, si, ti) =
         (i32_of(c)?, i64_of(hw)?, i64_of(m)?, i64_of(chunk)?, i32_of(s)?, i64_of(total)?);
     let cfg = LaunchConfig { grid_dim: (c as u32, s as u32, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let mut l = stream.launch_builder(&k.stats_partial);
+    let mut l = stream.launch_builder(&kt.stats_partial);
     l.arg(&xv).arg(&mut part).arg(&ci).arg(&hwi).arg(&mi).arg(&chunki).arg(&si);
-    // SAFETY: argument types match the kernel's signature; every index is bounded by the sizes passed.
+    // SAFETY: argument types match the kernel's signature (a 16-bit type for the half ones); every index is
+    // bounded by the sizes passed.
     unsafe { l.launch(cfg) }.map_err(drv("stats"))?;
-    let mut l = stream.launch_builder(&k.stats_final);
+    let mut l = stream.launch_builder(&kt.stats_final);
     l.arg(&xv).arg(&part).arg(&gv).arg(&bv).arg(&eps).arg(&ci).arg(&hwi).arg(&mi).arg(&si);
     l.arg(&mut saved).arg(&mut mv).arg(&mut ab);
     // SAFETY: as above.
     unsafe { l.launch(per_channel(c)) }.map_err(drv("stats"))?;
-    let mut l = stream.launch_builder(&k.apply);
+    let mut l = stream.launch_builder(&kt.apply);
     l.arg(&xv).arg(&ab).arg(&mut y).arg(&ci).arg(&hwi).arg(&ti);
     // SAFETY: as above.
     unsafe { l.launch(elementwise(total)) }.map_err(drv("apply"))?;
     Ok((CudaStorage::wrap_cuda_slice(y, dev), DeviceStats { saved, mv, ab }))
 }
 
-/// The backward: `(dx, [dγ; C] ++ [dβ; C])` from the input, the upstream gradient, γ and the forward's statistics.
+/// The backward: `(dx, [dγ; C] ++ [dβ; C])` from the input, the upstream gradient (both in the activations'
+/// dtype), γ (f32) and the forward's statistics; `dx` in the activations' dtype, `dγ`, `dβ` in f32.
 pub(super) fn backward(x: &Tensor, grad: &Tensor, gamma: &Tensor, st: &DeviceStats) -> Result<(Tensor, Tensor)> {
+    match x.dtype() {
+        DType::F32 => backward_t::<f32>(x, grad, gamma, st),
+        DType::F16 => backward_t::<half::f16>(x, grad, gamma, st),
+        DType::BF16 => backward_t::<half::bf16>(x, grad, gamma, st),
+        d => bail!("batch_norm_silu_train (CUDA): activations in {d:?}"),
+    }
+}
+
+fn backward_t<T: CudaDType + WithDType + DeviceRepr>(
+    x: &Tensor,
+    grad: &Tensor,
+    gamma: &Tensor,
+    st: &DeviceStats,
+) -> Result<(Tensor, Tensor)> {
     let (n, c, h, w) = x.dims4()?;
     let (hw, m, total) = (h * w, n * h * w, n * c * h * w);
-    let grad = grad.contiguous()?;
+    let grad = grad.to_dtype(x.dtype())?.contiguous()?;
     let (xs, lx) = x.storage_and_layout();
     let (gs, lg) = grad.storage_and_layout();
     let (ps, lp) = gamma.storage_and_layout();
     let (Storage::Cuda(xs), Storage::Cuda(gs), Storage::Cuda(ps)) = (&*xs, &*gs, &*ps) else {
         bail!("batch_norm_silu_train (CUDA): backward on tensors off the device")
     };
-    let (xv, gv, pv) = (f32_view(xs, lx, "input")?, f32_view(gs, lg, "gradient")?, f32_view(ps, lp, "gamma")?);
+    let (xv, gv, pv) = (view::<T>(xs, lx, "input")?, view::<T>(gs, lg, "gradient")?, f32_view(ps, lp, "gamma")?);
     let dev = xs.device().clone();
     let stream = dev.cuda_stream();
     let k = kernels(&dev)?;
+    let Some((ti, _)) = type_index(T::DTYPE) else { bail!("batch_norm_silu_train (CUDA): {:?}", T::DTYPE) };
+    let kt = &k.typed[ti];
     let (s, chunk) = slices(c, m);
     // SAFETY (all allocations below): every element is written by the kernel that follows before anything reads it.
     let mut part = unsafe { stream.alloc::<f64>(2 * c * s) }.map_err(drv("allocating"))?;
     let mut dgb = unsafe { stream.alloc::<f32>(2 * c) }.map_err(drv("allocating"))?;
     let mut coef = unsafe { stream.alloc::<f32>(4 * c) }.map_err(drv("allocating"))?;
-    let mut dx = unsafe { stream.alloc::<f32>(total) }.map_err(drv("allocating"))?;
+    let mut dx = unsafe { stream.alloc::<T>(total) }.map_err(drv("allocating"))?;
     let (ci, hwi, mi, chunki, si, ti) =
         (i32_of(c)?, i64_of(hw)?, i64_of(m)?, i64_of(chunk)?, i32_of(s)?, i64_of(total)?);
     let cfg = LaunchConfig { grid_dim: (c as u32, s as u32, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let mut l = stream.launch_builder(&k.bwd_partial);
+    let mut l = stream.launch_builder(&kt.bwd_partial);
     l.arg(&xv).arg(&gv).arg(&st.ab).arg(&st.saved).arg(&mut part).arg(&ci).arg(&hwi).arg(&mi).arg(&chunki).arg(&si);
     // SAFETY: argument types match the kernel's signature; every index is bounded by the sizes passed.
     unsafe { l.launch(cfg) }.map_err(drv("backward sums"))?;
@@ -188,7 +250,7 @@ pub(super) fn backward(x: &Tensor, grad: &Tensor, gamma: &Tensor, st: &DeviceSta
     l.arg(&part).arg(&pv).arg(&st.saved).arg(&ci).arg(&si).arg(&mi).arg(&mut dgb).arg(&mut coef);
     // SAFETY: as above.
     unsafe { l.launch(per_channel(c)) }.map_err(drv("backward sums"))?;
-    let mut l = stream.launch_builder(&k.bwd_apply);
+    let mut l = stream.launch_builder(&kt.bwd_apply);
     l.arg(&xv).arg(&gv).arg(&st.ab).arg(&coef).arg(&mut dx).arg(&ci).arg(&hwi).arg(&ti);
     // SAFETY: as above.
     unsafe { l.launch(elementwise(total)) }.map_err(drv("backward"))?;
@@ -198,14 +260,14 @@ pub(super) fn backward(x: &Tensor, grad: &Tensor, gamma: &Tensor, st: &DeviceSta
 }
 
 /// A device slice as a tensor of `shape` (no gradient tracking).
-pub(super) fn wrap(s: CudaSlice<f32>, dev: &CudaDevice, shape: &[usize]) -> Result<Tensor> {
+pub(super) fn wrap<T: CudaDType>(s: CudaSlice<T>, dev: &CudaDevice, shape: &[usize]) -> Result<Tensor> {
     let storage = CudaStorage::wrap_cuda_slice(s, dev.clone());
     Ok(Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false))
 }
 
-/// Whether the CUDA op takes `x`.
-pub(super) fn supports(x: &Tensor) -> bool {
-    x.device().is_cuda() && x.dtype() == DType::F32
+/// Whether the CUDA op takes `x` with these parameters: activations in f32, f16 or bf16, parameters in f32.
+pub(super) fn supports(x: &Tensor, gamma: &Tensor) -> bool {
+    x.device().is_cuda() && type_index(x.dtype()).is_some() && gamma.dtype() == DType::F32
 }
 
 /// A copy of the statistics' `[mean; C] ++ [var; C]` as a tensor (the op keeps its own for the backward).

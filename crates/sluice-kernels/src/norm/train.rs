@@ -1,6 +1,6 @@
 //! Training-mode BatchNorm + SiLU ([`batch_norm_silu_train`]): the fused op with batch statistics, its backward, and
-//! the composed candle version it is checked against and falls back to. With the `cuda` feature, f32 CUDA tensors
-//! run the device kernels of `norm/cuda.rs`.
+//! the composed candle version it is checked against and falls back to. With the `cuda` feature, CUDA tensors (f32,
+//! or f16 / bf16 activations with f32 parameters) run the device kernels of `norm/cuda.rs`.
 
 use std::sync::{Arc, OnceLock};
 
@@ -239,15 +239,20 @@ impl CustomOp3 for BnSiluTrain {
 /// Training-mode `SiLU(BatchNorm2d(x))` with batch statistics: returns `(y, mean, var)`, where `mean` and the
 /// biased `var` are the per-channel batch statistics, shape `(C,)`, detached (for the running-stat update).
 ///
-/// `x` is NCHW, `gamma`/`beta` have shape `(C,)` and `x`'s dtype. The fused kernel runs for f32/f64 on the CPU
-/// and, with the `cuda` feature, for f32 on a CUDA device (gradients for `x`, `gamma` and `beta`); other devices
-/// and dtypes use [`batch_norm_silu_train_composed`].
+/// `x` is NCHW, `gamma`/`beta` have shape `(C,)` and `x`'s dtype, or f32 for f16 / bf16 activations (mixed
+/// precision: `y` in the activations' dtype, the statistics in f32). The fused kernel runs for f32/f64 on the CPU
+/// and, with the `cuda` feature, for f32, f16 and bf16 activations on a CUDA device (gradients for `x`, `gamma` and
+/// `beta`); mixed precision elsewhere runs the f32 op between casts, and other devices and dtypes use
+/// [`batch_norm_silu_train_composed`].
 pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<(Tensor, Tensor, Tensor)> {
     let (_, c, _, _) = nchw(x.shape(), BN_OP)?;
-    check_param(gamma, c, x.dtype(), BN_OP, "gamma")?;
-    check_param(beta, c, x.dtype(), BN_OP, "beta")?;
+    // Mixed precision: half activations with f32 parameters.
+    let mixed = matches!(x.dtype(), DType::F16 | DType::BF16) && gamma.dtype() == DType::F32;
+    let param_dtype = if mixed { DType::F32 } else { x.dtype() };
+    check_param(gamma, c, param_dtype, BN_OP, "gamma")?;
+    check_param(beta, c, param_dtype, BN_OP, "beta")?;
     #[cfg(feature = "cuda")]
-    if cuda::supports(x) {
+    if cuda::supports(x, gamma) {
         let device_stats = Arc::new(OnceLock::new());
         let op = BnSiluTrain { eps, stats: Arc::new(OnceLock::new()), device_stats: Arc::clone(&device_stats) };
         let y = x.contiguous()?.apply_op3(&gamma.contiguous()?, &beta.contiguous()?, op)?;
@@ -256,6 +261,11 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
         };
         let mv = cuda::mean_var(st, dev, c)?;
         return Ok((y, mv.narrow(0, 0, c)?, mv.narrow(0, c, c)?));
+    }
+    if mixed {
+        // Off the CUDA kernels: the f32 op between two casts (differentiable), statistics in f32.
+        let (y, mean, var) = batch_norm_silu_train(&x.to_dtype(DType::F32)?, gamma, beta, eps)?;
+        return Ok((y.to_dtype(x.dtype())?, mean, var));
     }
     if !fused_supported(x) {
         return batch_norm_silu_train_composed(x, gamma, beta, eps);

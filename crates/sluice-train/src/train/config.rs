@@ -141,10 +141,9 @@ pub struct TrainConfig {
     /// without NMS; absent (the default) or `true`, validation runs NMS on the one-to-many output, as Ultralytics'
     /// default does.
     pub nms: Option<bool>,
-    /// Mixed precision ([`Amp`]): the convolutions in float16 with dynamic loss scaling, or in bfloat16, forward
-    /// and backward, with f32 master weights, BatchNorm and loss ([`sluice_model::YoloV8::set_autocast`]). Off by
-    /// default (Ultralytics' default is on): the half-precision step has been measured slower than f32 on the GPU
-    /// so far, because the casts around each convolution cost more than its half-precision math saves.
+    /// Mixed precision ([`Amp`]): float16 activations with dynamic loss scaling, or bfloat16, forward and
+    /// backward, with f32 master weights, BatchNorm statistics and loss ([`sluice_model::YoloV8::set_autocast`]).
+    /// Off by default (Ultralytics' default is on) until a GPU run shows the half-precision step faster than f32.
     pub amp: Amp,
     /// Optimizer and schedule.
     #[serde(flatten)]
