@@ -59,6 +59,7 @@
 #[cfg(feature = "cudnn")]
 pub mod cudnn;
 mod kernels;
+pub mod search;
 mod workspace;
 
 use candle_core::backend::BackendStorage;

@@ -274,6 +274,15 @@ mod imp {
                 Ok(vec![])
             })();
             checks.push(Check::of("cuDNN algorithm cache (one plan per shape and pass)".into(), 0.0, result));
+            // The plans above were chosen by the timed search (deterministic algorithms, the trainer's default):
+            // none fell back to cudarc's heuristic pick.
+            let fallbacks = conv::cudnn::search_fallbacks();
+            let result = if fallbacks == 0 {
+                Ok(vec![])
+            } else {
+                Err(anyhow::anyhow!("{fallbacks} of {} plans fell back to the heuristic", conv::cudnn::plans_cached()))
+            };
+            checks.push(Check::of("cuDNN timed algorithm search (no fallback)".into(), 0.0, result));
         }
         Ok(())
     }

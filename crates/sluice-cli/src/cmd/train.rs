@@ -88,6 +88,9 @@ pub(crate) struct Args {
     /// Stop on the first bad sample.
     #[arg(long)]
     strict: bool,
+    /// Ultralytics' `deterministic` (default true): on a GPU, deterministic cuDNN algorithms only.
+    #[arg(long, value_name = "BOOL")]
+    deterministic: Option<bool>,
     /// Mixed precision, as Ultralytics' `amp`: `--amp` or `--amp fp16` (float16 convolutions with dynamic loss
     /// scaling), `--amp bf16` (bfloat16), `--amp false` (f32). CUDA only: the CPU trains in f32.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "MODE")]
@@ -135,6 +138,9 @@ impl Args {
         }
         c.exist_ok |= self.exist_ok;
         c.strict |= self.strict;
+        if let Some(d) = self.deterministic {
+            c.deterministic = d;
+        }
         if let Some(amp) = self.amp {
             c.amp = amp;
         }

@@ -7,11 +7,12 @@
 //! allocates (and zero-fills) a fresh workspace on every call; its input gradient is `conv_transpose2d`, a direct
 //! CUDA kernel of candle's own. Here:
 //!
-//! - **Algorithms are chosen once per shape.** The first call for a `(device, pass, dtype, geometry)` asks cuDNN's
-//!   heuristics (`cudnnGetConvolution*Algorithm_v7`, best first) and keeps the answer and its workspace size in a
-//!   per-thread table; later calls only look it up. Multi-scale training adds one entry per batch side and pass.
-//!   The heuristics need no device memory and no synchronisation, unlike `cudnnFind*`, which times every algorithm
-//!   with blocking calls.
+//! - **Algorithms are chosen once per shape.** The first call for a `(device, pass, dtype, geometry)` chooses as
+//!   [`super::search`] is set: by timing every algorithm on the call's tensors (`cudnnFind*`, the default, as
+//!   PyTorch's `cudnn.benchmark`; it blocks once per shape and pass) or by cuDNN's heuristics
+//!   (`cudnnGetConvolution*Algorithm_v7`), deterministic algorithms only when asked; and keeps the answer and its
+//!   workspace size in a per-thread table; later calls only look it up. Multi-scale training adds one entry per
+//!   batch side and pass. A failed search falls back to cudarc's heuristic pick ([`search_fallbacks`] counts them).
 //! - **One workspace per thread and device**, grown when a pass needs more and otherwise reused (stream order
 //!   makes the reuse safe: every pass runs on the device's one compute stream). It is never zero-filled.
 //! - **Outputs are not zero-filled**: cuDNN writes every element with `beta = 0`.
@@ -31,11 +32,12 @@ use candle_core::cuda_backend::cudarc::cudnn::{
     ConvBackwardData, ConvBackwardFilter, ConvDescriptor, ConvForward, Cudnn, CudnnDataType, FilterDescriptor,
     TensorDescriptor, sys,
 };
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr};
 use candle_core::cuda_backend::{CudaDType, DeviceId};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, WithDType, bail};
 
 use super::kernels::Geom;
+use super::search;
 
 /// Which pass of the convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -204,6 +206,49 @@ impl State {
     }
 }
 
+/// Bytes of scratch the timed search may give an algorithm (the chosen one's own workspace is allocated after).
+const SEARCH_WORKSPACE: usize = 256 << 20;
+
+static SEARCH_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The `(shape, pass)` choices for which the search of [`super::search`] failed (or found no algorithm that
+/// qualifies) and cudarc's heuristic pick was taken instead.
+pub fn search_fallbacks() -> usize {
+    SEARCH_FALLBACKS.load(Ordering::Relaxed)
+}
+
+/// The algorithm and its workspace bytes by the search in force ([`super::search`]), or `None` (counted) when it
+/// fails; `ptrs` are the pass's two inputs and its output, the tensors the timed search runs on.
+fn searched<A>(
+    dev: &CudaDevice,
+    g: &Geom,
+    groups: usize,
+    data: sys::cudnnDataType_t,
+    ptrs: (u64, u64, u64),
+    find: impl FnOnce(&search::raw::Raw, Option<&search::raw::Buffers>) -> Result<Option<(A, usize)>>,
+) -> Option<(A, usize)> {
+    let run = || -> Result<Option<(A, usize)>> {
+        let stream = dev.cuda_stream();
+        let raw = search::raw::Raw::new(&stream, g, groups, data)?;
+        match search::algorithm_search().0 {
+            search::Search::Timed => {
+                // SAFETY: scratch that the search writes before it reads; never read on the host.
+                let ws = unsafe { dev.alloc::<u8>(SEARCH_WORKSPACE)? };
+                let (workspace, _guard) = ws.device_ptr(&stream);
+                let (a, b, out) = ptrs;
+                let bufs = search::raw::Buffers { a, b, out, workspace, workspace_bytes: SEARCH_WORKSPACE };
+                find(&raw, Some(&bufs))
+            }
+            search::Search::Heuristic => find(&raw, None),
+        }
+    };
+    let found = run().ok().flatten();
+    if found.is_none() {
+        SEARCH_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+    }
+    found
+}
+
 fn run_t<T>(
     pass: Pass,
     (s1, l1): (&CudaStorage, &Layout),
@@ -233,6 +278,13 @@ where
     let key =
         Key { device: dev.id(), pass, dtype: T::DTYPE, geom: [g.n, g.c, g.h, g.w, g.o, g.k, g.stride, g.pad, groups] };
     let scale = (T::from_f64(1.0), T::from_f64(0.0));
+    let ptrs = {
+        let stream = dev.cuda_stream();
+        let (pa, _ga) = a.device_ptr(&stream);
+        let (pb, _gb) = b.device_ptr(&stream);
+        let (po, _go) = out.device_ptr(&stream);
+        (pa, pb, po)
+    };
     STATE.with(|cell| -> Result<()> {
         let mut st = cell.borrow_mut();
         let cudnn = st.handle(&dev)?;
@@ -241,6 +293,10 @@ where
             Pass::Forward => {
                 let op = ConvForward { conv: &d.conv, x: &d.x, w: &d.w, y: &d.y };
                 let plan = st.plan(key, || {
+                    if let Some((algo, workspace)) = searched(&dev, g, groups, T::DATA_TYPE, ptrs, search::raw::forward)
+                    {
+                        return Ok(Plan { algo: Algo::Forward(algo), workspace });
+                    }
                     let algo = op.pick_algorithm().map_err(err("forward algorithm"))?;
                     let workspace = op.get_workspace_size(algo).map_err(err("forward workspace"))?;
                     Ok(Plan { algo: Algo::Forward(algo), workspace })
@@ -254,6 +310,11 @@ where
             Pass::BackwardData => {
                 let op = ConvBackwardData { conv: &d.conv, dx: &d.x, w: &d.w, dy: &d.y };
                 let plan = st.plan(key, || {
+                    if let Some((algo, workspace)) =
+                        searched(&dev, g, groups, T::DATA_TYPE, ptrs, search::raw::backward_data)
+                    {
+                        return Ok(Plan { algo: Algo::BackwardData(algo), workspace });
+                    }
                     let algo = op.pick_algorithm().map_err(err("backward-data algorithm"))?;
                     let workspace = op.get_workspace_size(algo).map_err(err("backward-data workspace"))?;
                     Ok(Plan { algo: Algo::BackwardData(algo), workspace })
@@ -266,6 +327,11 @@ where
             Pass::BackwardFilter => {
                 let op = ConvBackwardFilter { conv: &d.conv, x: &d.x, dw: &d.w, dy: &d.y };
                 let plan = st.plan(key, || {
+                    if let Some((algo, workspace)) =
+                        searched(&dev, g, groups, T::DATA_TYPE, ptrs, search::raw::backward_filter)
+                    {
+                        return Ok(Plan { algo: Algo::BackwardFilter(algo), workspace });
+                    }
                     let algo = op.pick_algorithm().map_err(err("backward-filter algorithm"))?;
                     let workspace = op.get_workspace_size(algo).map_err(err("backward-filter workspace"))?;
                     Ok(Plan { algo: Algo::BackwardFilter(algo), workspace })

@@ -133,6 +133,9 @@ pub struct TrainConfig {
     pub val_fraction: f64,
     /// Stop on the first bad sample instead of skipping and counting it.
     pub strict: bool,
+    /// Ultralytics' `deterministic` (its default, true): on a GPU, cuDNN takes only algorithms it marks
+    /// deterministic (PyTorch's `cudnn.deterministic`). The CPU kernels are deterministic either way.
+    pub deterministic: bool,
     /// Stop after this many consecutive non-finite losses (the last good checkpoint stays intact).
     pub max_nonfinite: u32,
     /// Write plots (results.png, PR curve, batch previews).
@@ -251,6 +254,7 @@ impl Default for TrainConfig {
             val_interval: 1,
             val_fraction: 1.0,
             strict: false,
+            deterministic: true,
             amp: Amp::Off,
             max_nonfinite: 10,
             plots: true,

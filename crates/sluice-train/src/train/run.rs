@@ -260,6 +260,13 @@ impl Trainer {
         // On a GPU the optimizer step runs as a few passes over every tensor (`SLUICE_FUSED_STEP=0`: the composed
         // ops, for comparison).
         let fused = device.is_cuda() && std::env::var("SLUICE_FUSED_STEP").map_or(true, |v| v != "0");
+        // cuDNN's algorithms: timed per shape and pass unless `SLUICE_CUDNN_SEARCH=heuristic`, deterministic ones
+        // only under `deterministic`.
+        let search = match std::env::var("SLUICE_CUDNN_SEARCH").as_deref() {
+            Ok("heuristic") => sluice_kernels::conv::search::Search::Heuristic,
+            _ => sluice_kernels::conv::search::Search::Timed,
+        };
+        sluice_kernels::conv::search::set_algorithm_search(search, cfg.deterministic);
         opt.set_fused_step(fused, &model)?;
         // Float16's range needs loss scaling (`GradScaler`); bfloat16 has float32's.
         if half == Some(DType::F16) {
