@@ -28,7 +28,11 @@
 #   train_bf16/      the same with `--amp bf16`, for the f32 / fp16 / bf16 ratios
 #   train_yolo11n/, train_yolo26n/   one epoch on the 64-image slice with YOLO11n and YOLO26n
 #   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
-# GPU_CHECK_ONLY="smoke convs ..." runs only the steps named (info always runs).
+#   matrix.jsonl     (opt-in: GPU_CHECK_ONLY="matrix") the training matrix: Sluice and Ultralytics back to back on a
+#                    2048-image set, f32 and AMP (float16), batch 32 and 64, 2 epochs each: per epoch the median and
+#                    range of the step interval, images/s, data wait, peak device memory, blocking reads per batch;
+#                    each run's output in matrix_*/ and ul_matrix_*.json
+# GPU_CHECK_ONLY="smoke convs ..." runs only the steps named (info always runs); "matrix" runs the matrix alone.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$HERE/out}"
@@ -65,7 +69,7 @@ BUDGET="${GPU_CHECK_BUDGET:-500}"
 START=$(date +%s)
 
 finish() {
-  for f in log.txt steps.jsonl smoke.json amp_torch.json convs.json convs_torch.json; do
+  for f in log.txt steps.jsonl smoke.json amp_torch.json convs.json convs_torch.json matrix.jsonl; do
     [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/$f"
   done
   # Weights stay behind (tens of MB; the tool returns at most 16 MiB a file).
@@ -195,6 +199,50 @@ fi
 SLUICE_FUSED_STEP=0 step train_composed 60 "$S" train --data "$DATA_BIG" --model yolov8n --imgsz 640 --batch 32 \
   --epochs 1 --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_composed --exist-ok --json
 step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
+# The training matrix runs only when asked for (GPU_CHECK_ONLY="matrix"): its eight runs take about four minutes.
+if [[ " ${GPU_CHECK_ONLY:-} " == *" matrix "* ]]; then
+  BIG2="$HERE/data2048"
+  if [ ! -f "$BIG2/data.yaml" ]; then
+    mkdir -p "$BIG2/images/train2017" "$BIG2/labels/train2017"
+    for r in $(seq 0 31); do
+      for f in "$HERE"/data/images/train2017/*.jpg; do
+        b=$(basename "$f" .jpg)
+        cp "$f" "$BIG2/images/train2017/${b}_r$r.jpg"
+        if [ -f "$HERE/data/labels/train2017/$b.txt" ]; then
+          cp "$HERE/data/labels/train2017/$b.txt" "$BIG2/labels/train2017/${b}_r$r.txt"
+        fi
+      done
+    done
+    grep -v '^#' "$HERE/data/data.yaml" >"$BIG2/data.yaml"
+  fi
+  for b in 32 64; do
+    for prec in f32 amp; do
+      amp=false
+      [ "$prec" = amp ] && amp=fp16
+      name="matrix_sluice_${prec}_b$b"
+      GPU_CHECK_ONLY="$GPU_CHECK_ONLY $name" step "$name" 75 "$S" train --data "$BIG2/data.yaml" --model yolov8n \
+        --imgsz 640 --batch "$b" --epochs 2 --amp "$amp" --val-fraction 0.05 --device cuda:0 --cache ram \
+        --workers 12 --project "$RES" --name "$name" --exist-ok --json
+      if [ -f "$RES/$name/telemetry.jsonl" ]; then
+        python3 -c 'import json,sys
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    print(json.dumps({"run": sys.argv[2], "peer": "sluice", "epoch": t.get("epoch"), "images_per_s": t.get("images_per_s"),
+                      "step_interval_ms": t.get("step_interval_ms"), "data_wait_fraction": t.get("data_wait_fraction"),
+                      "device_memory_peak_bytes": t.get("device_memory_peak_bytes"), "blocking_syncs": t.get("blocking_syncs"),
+                      "loss_scale": t.get("loss_scale"), "device_pool": t.get("device_pool")}))' \
+          "$RES/$name/telemetry.jsonl" "$name" >>"$RES/matrix.jsonl"
+      fi
+      if [ -n "$WHEELS" ]; then
+        name="ul_matrix_${prec}_b$b"
+        PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 GPU_CHECK_ONLY="$GPU_CHECK_ONLY $name" step "$name" 75 \
+          python3 "$HERE/ul_matrix.py" "$BIG2/data.yaml" "$prec" "$b" 2 "$RES/$name.json"
+        [ -f "$RES/$name.json" ] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["run"]=sys.argv[2]; r["peer"]="ultralytics"; print(json.dumps(r))' \
+          "$RES/$name.json" "$name" >>"$RES/matrix.jsonl"
+      fi
+    done
+  done
+fi
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
   SLUICE_REQUIRE_NVJPEG=1 SLUICE_DECODE_TEST_DATA="$HERE/../../crates/sluice-decode/tests/data" \
     step conformance 40 "$HERE/conformance" --nocapture --test-threads 1

@@ -284,6 +284,7 @@ const SCRIPT: &str = include_str!("../gpu-check.sh");
 const UL_SCRIPT: &str = include_str!("../gpu-check-ultralytics.py");
 const CONVS_SCRIPT: &str = include_str!("../gpu-check-convs.py");
 const AMP_SCRIPT: &str = include_str!("../gpu-check-amp.py");
+const UL_MATRIX_SCRIPT: &str = include_str!("../gpu-check-ul-matrix.py");
 /// Images of coco128 carried to the device (about 11 MB of JPEGs).
 const CHECK_IMAGES: usize = 64;
 /// The Ultralytics release the peers' figures were made with.
@@ -413,6 +414,7 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str) ->
     std::fs::write(dir.join("ul_train.py"), UL_SCRIPT).context("writing ul_train.py")?;
     std::fs::write(dir.join("convs_torch.py"), CONVS_SCRIPT).context("writing convs_torch.py")?;
     std::fs::write(dir.join("amp_torch.py"), AMP_SCRIPT).context("writing amp_torch.py")?;
+    std::fs::write(dir.join("ul_matrix.py"), UL_MATRIX_SCRIPT).context("writing ul_matrix.py")?;
     let wheels = dir.join("wheels");
     let mut pip = Command::new("python3");
     pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"]).arg(&wheels).arg(ULTRALYTICS);
@@ -452,6 +454,12 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str) ->
     println!(
         "Results come back as the run's files: gpu-check.tgz (every step's output, weights left out) and, beside it, \
          log.txt, steps.jsonl, smoke.json, amp_torch.json, convs.json and convs_torch.json."
+    );
+    println!(
+        "The training matrix (Sluice and Ultralytics, f32 and AMP, batch 32 and 64) runs on its own:\n  \
+         run(command=\"GPU_CHECK_ONLY=matrix bash {}/run.sh\", carry=[\"{}\"], timeout_s=560) (matrix.jsonl)",
+        rel.display(),
+        rel.display()
     );
     Ok(())
 }

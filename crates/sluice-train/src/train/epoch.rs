@@ -16,7 +16,9 @@ use super::loss_path::{Items, step_loss};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::run::Trainer;
 use super::state::Metrics;
-use super::telemetry::{EpochTelemetry, LoopTimes, LossScaleTelemetry, PoolTelemetry, SyncTelemetry, ValTelemetry};
+use super::telemetry::{
+    EpochTelemetry, LoopTimes, LossScaleTelemetry, PoolTelemetry, StepSpread, SyncTelemetry, ValTelemetry,
+};
 use super::validate::{ValOptions, validate_on};
 use crate::error::{Context, Result};
 
@@ -41,6 +43,8 @@ pub(super) struct EpochPass {
     done: usize,
     /// The most device memory in use after any step.
     memory_peak: Option<u64>,
+    /// The end of each batch (and the epoch's start first): the step intervals of the telemetry.
+    batch_ends: Vec<Instant>,
     /// The blocking-read counters at the start of the epoch.
     syncs_before: sluice_core::syncs::Counts,
     /// Whether a stop request ended the epoch early.
@@ -81,10 +85,12 @@ impl Trainer {
             loss_scale: None,
             done: self.progress.batch,
             memory_peak: None,
+            batch_ends: Vec::with_capacity(batches + 1),
             syncs_before: sluice_core::syncs::snapshot(),
             interrupted: false,
         };
         let t_epoch = Instant::now();
+        pass.batch_ends.push(t_epoch);
         let mut iter = self.train.epoch_from(epoch, self.cfg.epochs, pass.done);
         let mut t_wait = Instant::now();
         for batch in iter.by_ref() {
@@ -96,6 +102,7 @@ impl Trainer {
             }
             let k = pass.done;
             let stepped = self.step(&batch, &mut pass)?;
+            pass.batch_ends.push(Instant::now());
             if stepped.skipped {
                 pass.nonfinite += 1;
                 self.nonfinite_step(epoch, k, stepped.items, observer)?;
@@ -286,6 +293,7 @@ impl Trainer {
         let pool = self.pool_growth.take();
         tel.device_pool = (pool.steps > 0).then(|| PoolTelemetry::from(pool));
         tel.nonfinite_steps = pass.nonfinite;
+        tel.step_interval_ms = StepSpread::of(&pass.batch_ends);
         tel.loss_scale = pass.loss_scale.map(|(scale, overflow_steps)| LossScaleTelemetry { scale, overflow_steps });
         tel.skipped_samples = self.train.skips().skipped - pass.skipped_before;
         tel

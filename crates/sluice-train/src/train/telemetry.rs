@@ -168,6 +168,34 @@ impl ValTelemetry {
     }
 }
 
+/// The spread of an epoch's step intervals (the time from one batch's end to the next's, data wait included: on a
+/// device that queues work, the rate at which steps complete), in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepSpread {
+    /// Median interval.
+    pub median: f64,
+    /// Shortest interval.
+    pub min: f64,
+    /// Longest interval (the first step of a run includes its set-up).
+    pub max: f64,
+    /// Intervals measured.
+    pub steps: usize,
+}
+
+impl StepSpread {
+    /// The spread of the intervals between consecutive instants; `None` with fewer than two.
+    pub fn of(ends: &[std::time::Instant]) -> Option<Self> {
+        let mut ms: Vec<f64> = ends.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect();
+        if ms.is_empty() {
+            return None;
+        }
+        ms.sort_by(f64::total_cmp);
+        let n = ms.len();
+        let median = if n % 2 == 1 { ms[n / 2] } else { (ms[n / 2 - 1] + ms[n / 2]) / 2.0 };
+        Some(Self { median, min: ms[0], max: ms[n - 1], steps: n })
+    }
+}
+
 /// Dynamic loss scaling in one epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LossScaleTelemetry {
@@ -192,6 +220,8 @@ pub struct EpochTelemetry {
     pub skipped_samples: u64,
     /// Float16 mixed precision: the loss scale and its overflow skips (`None` without loss scaling).
     pub loss_scale: Option<LossScaleTelemetry>,
+    /// Median, shortest and longest step interval of the epoch.
+    pub step_interval_ms: Option<StepSpread>,
     /// The validation pass of this epoch (`None` when not validated).
     pub val: Option<ValTelemetry>,
     /// Host-blocking device reads during the training loop (all zero on the CPU, where nothing waits).
@@ -212,6 +242,7 @@ impl EpochTelemetry {
             nonfinite_steps: 0,
             skipped_samples: 0,
             loss_scale: None,
+            step_interval_ms: None,
             val: None,
             blocking_syncs: SyncTelemetry::default(),
             device_memory_peak_bytes: None,
@@ -234,6 +265,13 @@ impl EpochTelemetry {
             e.hint
         );
         s.push_str(&e.busy_line());
+        if let Some(st) = &self.step_interval_ms {
+            let _ = write!(
+                s,
+                "\n  step interval median {:.1} ms (range {:.1}–{:.1}, {} steps)",
+                st.median, st.min, st.max, st.steps
+            );
+        }
         if let Some(v) = &self.val {
             let _ = write!(s, "\n{}", v.line());
         }
@@ -282,6 +320,16 @@ mod tests {
     /// `sluice_loader::telemetry`'s to test.
     fn report(bottleneck: &str) -> PipelineReport {
         PipelineReport { bottleneck: bottleneck.into(), ..PipelineReport::default() }
+    }
+
+    #[test]
+    fn step_spread_is_the_median_and_range_of_the_intervals() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let s = StepSpread::of(&[at(0), at(10), at(30), at(35), at(135)]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.steps), (15.0, 5.0, 100.0, 4));
+        assert_eq!(StepSpread::of(&[at(0), at(4), at(10)]).unwrap().median, 5.0);
+        assert!(StepSpread::of(&[t0]).is_none());
     }
 
     #[test]
