@@ -26,6 +26,7 @@
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
 #   train_amp/       one epoch on the 64-image slice with `--amp` (float16 convolutions, dynamic loss scaling)
 #   train_bf16/      the same with `--amp bf16`, for the f32 / fp16 / bf16 ratios
+#   train_nccl/      one epoch on the 64-image slice as one NCCL rank (torchrun's variables; a `nccl` build)
 #   train_yolo11n/, train_yolo26n/   one epoch on the 64-image slice with YOLO11n and YOLO26n
 #   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
 #   matrix.jsonl     (opt-in: GPU_CHECK_ONLY="matrix") the training matrix: Sluice and Ultralytics back to back on a
@@ -256,6 +257,13 @@ step train_amp 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 
   --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_amp --exist-ok --json
 step train_bf16 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp bf16 \
   --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_bf16 --exist-ok --json
+# Data-parallel training through NCCL with one rank (the device has one GPU; NCCL takes one rank per GPU): the
+# rendezvous, the NCCL communicator, the weight broadcast, the all-reduce of every optimizer step and the sharded
+# validation's gathers, as torchrun would start it. Needs a binary built with `nccl` (`cargo xtask gpu-check
+# --features cuda,cudnn,nccl`); libnccl comes from the device's PyTorch wheels.
+RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+  step train_nccl 40 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 \
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_nccl --exist-ok --json
 # YOLO11 and YOLO26 on the device (one epoch each; YOLO26's end-to-end loss runs on the host path, its assigner
 # read counted in the telemetry): that they run there, and their step time beside yolov8n's.
 for fam in yolo11n yolo26n; do

@@ -33,6 +33,8 @@ const LIBRARY_WHEELS: &[&str] =
 /// cuDNN for `--features cuda,cudnn`, installed into its own folder (pip `--target` will not merge into the
 /// toolkit's `nvidia/` folder).
 const CUDNN_WHEEL: &str = "nvidia-cudnn-cu13==9.*";
+/// NCCL for `--features ...,nccl` (linked at build time; on the device the PyTorch wheels' libnccl.so.2 loads).
+const NCCL_WHEEL: &str = "nvidia-nccl-cu13==2.*";
 
 /// The binary must stay under this to travel to the device with its dataset.
 const MAX_BINARY: u64 = 64 << 20;
@@ -177,6 +179,25 @@ fn ensure_cudnn() -> Result<PathBuf> {
     Ok(root)
 }
 
+/// Installs the NCCL wheel (once) and links its library into the toolkit's `lib` folder, where cudarc's build
+/// looks for the libraries a binary links (`-lnccl`).
+fn ensure_nccl(home: &Path) -> Result<()> {
+    let dir = sdk_root().join("nccl");
+    let lib = dir.join("nvidia/nccl/lib");
+    if !lib.join("libnccl.so.2").exists() {
+        eprintln!("xtask: installing {NCCL_WHEEL} into {}", dir.display());
+        let mut pip = Command::new("python3");
+        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"]).arg(&dir).arg(NCCL_WHEEL);
+        crate::run(&mut pip)?;
+    }
+    let link = home.join("lib/libnccl.so");
+    if !link.exists() {
+        std::os::unix::fs::symlink(lib.join("libnccl.so.2"), &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    Ok(())
+}
+
 /// The environment of the CUDA build.
 fn cuda_env(cmd: &mut Command, home: &Path) {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -266,6 +287,9 @@ pub(crate) fn gpu_build(root: &Path, features: &str) -> Result<PathBuf> {
     cuda_env(&mut cmd, &home);
     if features.split(',').any(|f| f.trim() == "cudnn") {
         cmd.env("CUDNN_LIB", ensure_cudnn()?);
+    }
+    if features.split(',').any(|f| f.trim() == "nccl") {
+        ensure_nccl(&home)?;
     }
     eprintln!("xtask: cargo build --release -p {} --features {features} (CUDA 13.0, sm_90)", crate::CLI_PACKAGE);
     crate::run(&mut cmd)?;

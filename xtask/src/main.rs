@@ -86,7 +86,8 @@ enum Task {
         sluice: Option<PathBuf>,
         /// Features of the build when it builds one: `cuda` (default: needs only the CUDA libraries the device's
         /// PyTorch carries), or `cuda,cudnn` (Sluice's cuDNN convolutions; the binary then needs libcudnn.so.9 on
-        /// the device, from PyTorch's cu13 cuDNN wheel, or it does not start).
+        /// the device, from PyTorch's cu13 cuDNN wheel, or it does not start); `nccl` adds the one-rank NCCL
+        /// training step (libnccl is loaded at run time, from PyTorch's NCCL wheel on the device).
         #[arg(long, default_value = "cuda")]
         features: String,
     },

@@ -22,5 +22,5 @@ pub use launch::{DEFAULT_PORT, Launch, Launcher};
 pub use mpi_engine::Mpi;
 #[cfg(feature = "nccl")]
 pub use nccl::Nccl;
-pub use rendezvous::{Rendezvous, RendezvousConfig};
+pub use rendezvous::{Progress, Rendezvous, RendezvousConfig};
 pub use spawn::{LocalLaunch, free_port, run_local};

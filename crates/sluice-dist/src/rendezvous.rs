@@ -3,12 +3,17 @@
 //! unique id) with the list of peers. The connections then stay open and carry pings both ways, so that a rank that
 //! dies or stalls is noticed by every other rank instead of leaving them blocked in a collective forever.
 //!
+//! A process whose heartbeat thread still runs but whose work has stopped (a deadlocked loader, a hung kernel) is
+//! found by the stall watchdog: each rank counts the collectives it has entered ([`Progress`]) and sends the count
+//! with every ping; rank 0 keeps every rank's count and, when none has changed for `stall_after`, reports the
+//! ranks behind the others (the rest are waiting for them inside a collective) as lost.
+//!
 //! Messages are framed as one tag byte, a `u32` little-endian length and that many bytes.
 
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -50,10 +55,14 @@ pub struct RendezvousConfig {
     pub heartbeat: Duration,
     /// The silence after which a peer counts as stalled.
     pub lost_after: Duration,
+    /// How long no rank may enter a new collective while some are behind the others before those are reported
+    /// stalled (long: a rank may legitimately work alone for a while, writing a checkpoint or plots).
+    pub stall_after: Duration,
 }
 
 impl RendezvousConfig {
-    /// The defaults: 60 s to meet, a ping every second, a peer lost after 10 s of silence.
+    /// The defaults: 60 s to meet, a ping every second, a peer lost after 10 s of silence, a rank behind the others
+    /// stalled after 30 minutes without progress.
     pub fn new(addr: impl Into<String>, rank: usize, world: usize) -> Self {
         Self {
             addr: addr.into(),
@@ -62,11 +71,12 @@ impl RendezvousConfig {
             connect_timeout: Duration::from_secs(60),
             heartbeat: Duration::from_secs(1),
             lost_after: Duration::from_secs(10),
+            stall_after: Duration::from_secs(1800),
         }
     }
 
-    /// Applies `SLUICE_DIST_TIMEOUT_S` (the connect timeout), `SLUICE_HEARTBEAT_S` and `SLUICE_LOST_AFTER_S`, in
-    /// seconds (fractions allowed), from the process environment.
+    /// Applies `SLUICE_DIST_TIMEOUT_S` (the connect timeout), `SLUICE_HEARTBEAT_S`, `SLUICE_LOST_AFTER_S` and
+    /// `SLUICE_STALL_S`, in seconds (fractions allowed), from the process environment.
     pub fn with_env_overrides(self) -> Result<Self> {
         self.with_vars(|k| std::env::var(k).ok())
     }
@@ -93,6 +103,9 @@ impl RendezvousConfig {
         if let Some(d) = secs("SLUICE_LOST_AFTER_S")? {
             self.lost_after = d;
         }
+        if let Some(d) = secs("SLUICE_STALL_S")? {
+            self.stall_after = d;
+        }
         Ok(self)
     }
 
@@ -108,7 +121,31 @@ impl RendezvousConfig {
                 secs(self.lost_after)
             ));
         }
+        if self.stall_after <= self.heartbeat {
+            return invalid(format!(
+                "the stall timeout ({}) must be longer than the heartbeat interval ({})",
+                secs(self.stall_after),
+                secs(self.heartbeat)
+            ));
+        }
         Ok(())
+    }
+}
+
+/// This rank's count of collectives entered, for the stall watchdog: cloned into whatever calls the collectives,
+/// which calls [`Progress::enter`] before each one.
+#[derive(Debug, Clone, Default)]
+pub struct Progress(Arc<AtomicU64>);
+
+impl Progress {
+    /// Counts one more collective entered.
+    pub fn enter(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The collectives entered so far.
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
@@ -182,6 +219,11 @@ impl Rendezvous {
         &self.shared.peers
     }
 
+    /// This rank's collective counter (see [`Progress`]).
+    pub fn progress(&self) -> Progress {
+        self.shared.progress.clone()
+    }
+
     /// `Ok` while every peer is alive; after a loss, the first one as [`DistError::PeerLost`] on every call. Cheap
     /// enough for every training step.
     pub fn check(&self) -> Result<()> {
@@ -229,7 +271,7 @@ impl Rendezvous {
             stream.set_read_timeout(Some(tick)).map_err(io_err)?;
             stream.set_write_timeout(Some(cfg.lost_after)).map_err(io_err)?;
             readers.push((rank, stream.try_clone().map_err(io_err)?));
-            writers.push(Conn { rank, stream, write: Mutex::new(()) });
+            writers.push(Conn { stream, write: Mutex::new(()) });
         }
         let shared = Arc::new(Shared {
             rank: cfg.rank,
@@ -240,6 +282,9 @@ impl Rendezvous {
             lost_flag: AtomicBool::new(false),
             state: Mutex::new(LossState { loss: None, callback: None }),
             conns: writers,
+            progress: Progress::default(),
+            stall_after: cfg.stall_after,
+            counts: Mutex::new(vec![(0, Instant::now()); cfg.world]),
         });
         // Built before the threads so that a failed spawn stops those already running (through Drop).
         let mut rdv = Self { shared: shared.clone(), world: cfg.world, heartbeat: None, watchers: Vec::new() };
@@ -316,6 +361,11 @@ struct Shared {
     lost_flag: AtomicBool,
     state: Mutex<LossState>,
     conns: Vec<Conn>,
+    /// This rank's collective counter, sent with every ping.
+    progress: Progress,
+    stall_after: Duration,
+    /// On rank 0: every rank's last collective count and when it last changed.
+    counts: Mutex<Vec<(u64, Instant)>>,
 }
 
 struct LossState {
@@ -330,7 +380,6 @@ struct Loss {
 
 /// The writing side of a connection; the lock keeps the frames of different threads from interleaving.
 struct Conn {
-    rank: usize,
     stream: TcpStream,
     write: Mutex<()>,
 }
@@ -346,6 +395,41 @@ impl Conn {
 impl Shared {
     fn state(&self) -> MutexGuard<'_, LossState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records rank `rank`'s collective count (rank 0: from its pings, and its own).
+    fn note_count(&self, rank: usize, count: u64) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = counts.get_mut(rank)
+            && slot.0 != count
+        {
+            *slot = (count, Instant::now());
+        }
+    }
+
+    /// Rank 0's watchdog: when no rank's count has changed for `stall_after` and some are behind the others, the
+    /// first of those is reported stalled (the others are waiting for it inside a collective).
+    fn watch_stalls(&self) {
+        self.note_count(self.rank, self.progress.count());
+        let stalled = {
+            let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            let newest = counts.iter().map(|c| c.1).max();
+            let ahead = counts.iter().map(|c| c.0).max().unwrap_or(0);
+            match newest {
+                Some(t) if t.elapsed() >= self.stall_after => {
+                    counts.iter().enumerate().find(|(_, c)| c.0 < ahead).map(|(rank, c)| (rank, c.0, ahead))
+                }
+                _ => None,
+            }
+        };
+        if let Some((rank, count, ahead)) = stalled {
+            let reason = format!(
+                "stalled: it entered {count} collectives, another rank {ahead}, and no rank has moved on for {:.0} s \
+                 (SLUICE_STALL_S)",
+                self.stall_after.as_secs_f64()
+            );
+            self.lose(rank, reason);
+        }
     }
 
     fn error(&self, loss: &Loss) -> DistError {
@@ -375,8 +459,9 @@ impl Shared {
         let callback = state.callback.take();
         drop(state);
         if self.rank == 0 {
-            // The other ranks see only rank 0, which stays alive: they learn of the loss from it.
-            for conn in self.conns.iter().filter(|c| c.rank != rank) {
+            // The other ranks see only rank 0, which stays alive: they learn of the loss from it. The lost rank too,
+            // when it is alive but stalled, so that it ends as well (to a dead one the write just fails).
+            for conn in &self.conns {
                 let _ = conn.send(LOST, &body);
             }
         }
@@ -392,9 +477,13 @@ fn ping(shared: &Shared, interval: Duration) {
     while !shared.shutdown.load(Ordering::Acquire) {
         let now = Instant::now();
         if now >= next {
+            let count = shared.progress.count().to_le_bytes();
             for conn in &shared.conns {
                 // A failed write means the peer is gone, which its reader reports.
-                let _ = conn.send(PING, &[]);
+                let _ = conn.send(PING, &count);
+            }
+            if shared.rank == 0 {
+                shared.watch_stalls();
             }
             next = now + interval;
         }
@@ -421,6 +510,11 @@ fn watch(shared: &Shared, peer: usize, mut stream: TcpStream) {
                 loop {
                     match take_frame(&mut buf) {
                         Ok(Some((BYE, _))) => said_bye = true,
+                        Ok(Some((PING, body))) if shared.rank == 0 => {
+                            if let Some(count) = Cursor(&body).u64() {
+                                shared.note_count(peer, count);
+                            }
+                        }
                         Ok(Some((LOST, body))) if peer == 0 => {
                             let mut r = Cursor(&body);
                             if let (Some(rank), Some(reason)) = (r.u64(), r.string()) {
@@ -956,6 +1050,8 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(5));
         assert_eq!(c.heartbeat, Duration::from_millis(250));
         assert_eq!(c.lost_after, Duration::from_secs(10));
+        assert_eq!(c.stall_after, Duration::from_secs(1800));
+        assert_eq!(read(&[("SLUICE_STALL_S", "90")]).unwrap().stall_after, Duration::from_secs(90));
         for bad in ["x", "-1", "0", "NaN", "inf"] {
             let e = read(&[("SLUICE_LOST_AFTER_S", bad)]).unwrap_err().to_string();
             assert!(e.contains("SLUICE_LOST_AFTER_S") && e.contains(bad), "{e}");
@@ -963,5 +1059,46 @@ mod tests {
         let slow = RendezvousConfig { heartbeat: Duration::from_secs(20), ..RendezvousConfig::new("h:1", 0, 2) };
         let e = Rendezvous::join(&slow, None, b"").unwrap_err().to_string();
         assert!(e.contains("heartbeat"), "{e}");
+        let hasty = RendezvousConfig { stall_after: Duration::from_millis(500), ..RendezvousConfig::new("h:1", 0, 2) };
+        let e = Rendezvous::join(&hasty, None, b"").unwrap_err().to_string();
+        assert!(e.contains("stall timeout"), "{e}");
+    }
+
+    /// A rank whose process lives (its heartbeat goes on) but whose work stopped: the ranks that entered more
+    /// collectives wait for it; once no count has changed for `stall_after`, every rank reports it, by rank, host
+    /// and pid, with the counts. While the counts move, nothing is reported however long the run.
+    #[test]
+    fn a_rank_behind_the_others_is_reported_stalled() {
+        let listener = Rendezvous::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut listener = Some(listener);
+        let handles: Vec<Joined> = (0..3)
+            .map(|rank| {
+                let cfg = RendezvousConfig { stall_after: Duration::from_millis(600), ..fast(&addr, rank, 3) };
+                let l = if rank == 0 { listener.take() } else { None };
+                thread::spawn(move || Rendezvous::join(&cfg, l, b""))
+            })
+            .collect();
+        let ranks: Vec<Rendezvous> = handles.into_iter().map(|h| h.join().unwrap().unwrap().0).collect();
+        let progress: Vec<Progress> = ranks.iter().map(Rendezvous::progress).collect();
+        // All ranks move on together for longer than the stall timeout: no report.
+        for _ in 0..12 {
+            progress.iter().for_each(Progress::enter);
+            thread::sleep(Duration::from_millis(100));
+            ranks.iter().for_each(|r| r.check().unwrap());
+        }
+        // Ranks 0 and 2 enter one more collective; rank 1 does not.
+        progress[0].enter();
+        progress[2].enter();
+        let t = Instant::now();
+        wait_for("the stall report", Duration::from_secs(5), || ranks.iter().all(|r| r.check().is_err()));
+        assert!(t.elapsed() >= Duration::from_millis(500), "reported after {:?}", t.elapsed());
+        for r in &ranks {
+            let e = r.check().unwrap_err();
+            let DistError::PeerLost { rank, peer, reason } = &e else { panic!("{e}") };
+            assert_eq!(*rank, 1, "{e}");
+            assert!(peer.contains(&format!("pid {}", std::process::id())), "{e}");
+            assert!(reason.contains("stalled: it entered 12 collectives, another rank 13"), "{e}");
+        }
     }
 }

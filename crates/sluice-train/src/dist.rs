@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use sluice_dist::{Collective, DistError, Launch, Rendezvous, Solo};
+use sluice_dist::{Collective, DistError, Launch, Progress, Rendezvous, Solo};
 
 use crate::error::{Context, Result};
 use crate::optim::{GradReduce, OptimError, groups::Param};
@@ -22,6 +22,8 @@ pub struct Dist {
     launch: Launch,
     /// The TCP connections to the other ranks, with the heartbeat that notices a lost one.
     rendezvous: Option<Rendezvous>,
+    /// The count of collectives entered, which the heartbeat's stall watchdog compares across the ranks.
+    progress: Progress,
     /// The device the engine works on (the trainer uses this one, so that NCCL and the model share a stream).
     device: Option<Device>,
     /// The NCCL engine again, for the gradient sum on the device.
@@ -48,6 +50,7 @@ impl Dist {
             comm: Arc::new(Solo),
             launch: Launch::single(),
             rendezvous: None,
+            progress: Progress::default(),
             device: None,
             #[cfg(feature = "nccl")]
             nccl: None,
@@ -103,6 +106,7 @@ impl Dist {
         let cfg = sluice_dist::RendezvousConfig::new(addr, launch.rank, launch.world).with_env_overrides()?;
         let (rendezvous, _) = Rendezvous::join(&cfg, listener, &[])?;
         let mut d = Self::new(Arc::new(mpi), launch)?;
+        d.progress = rendezvous.progress();
         d.rendezvous = Some(rendezvous);
         Ok(d)
     }
@@ -128,6 +132,7 @@ impl Dist {
         let (rendezvous, id) = Rendezvous::join(&cfg, None, &id)?;
         let nccl = Arc::new(sluice_dist::Nccl::new(device, launch.rank, launch.world, &id)?);
         let mut d = Self::new(Arc::clone(&nccl) as Arc<dyn Collective>, launch)?;
+        d.progress = rendezvous.progress();
         d.rendezvous = Some(rendezvous);
         d.nccl = Some(nccl);
         Ok(d)
@@ -188,6 +193,7 @@ impl Dist {
             comm,
             launch,
             rendezvous: None,
+            progress: Progress::default(),
             device: None,
             #[cfg(feature = "nccl")]
             nccl: None,
@@ -229,9 +235,9 @@ impl Dist {
     pub fn grad_reduce(&self) -> Box<dyn GradReduce> {
         #[cfg(feature = "nccl")]
         if let Some(nccl) = &self.nccl {
-            return Box::new(DeviceGradReduce { nccl: Arc::clone(nccl) });
+            return Box::new(DeviceGradReduce { nccl: Arc::clone(nccl), progress: self.progress.clone() });
         }
-        Box::new(HostGradReduce { comm: Arc::clone(&self.comm), bucket: Vec::new() })
+        Box::new(HostGradReduce { comm: Arc::clone(&self.comm), bucket: Vec::new(), progress: self.progress.clone() })
     }
 
     /// Sets every variable to rank 0's values (one broadcast of them all, flattened in the order given, which
@@ -240,6 +246,7 @@ impl Dist {
         if !self.is_distributed() {
             return Ok(());
         }
+        self.progress.enter();
         let mut flat = Vec::new();
         for (name, v) in vars {
             let t = v.as_tensor().to_dtype(DType::F32)?.flatten_all()?;
@@ -264,6 +271,7 @@ impl Dist {
             return Ok(flag);
         }
         let mut v = [f32::from(u8::from(flag))];
+        self.progress.enter();
         self.comm.all_reduce_sum(&mut v).context("agreeing to stop")?;
         Ok(v[0] > 0.0)
     }
@@ -274,6 +282,7 @@ impl Dist {
             return Ok(());
         }
         let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.progress.enter();
         let parts = self.comm.all_gather_bytes(&mine).context("gathering sums")?;
         values.iter_mut().for_each(|v| *v = 0.0);
         for (rank, part) in parts.iter().enumerate() {
@@ -294,11 +303,13 @@ impl Dist {
 
     /// Every rank's `mine`, in rank order.
     pub fn gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.progress.enter();
         Ok(self.comm.all_gather_bytes(mine)?)
     }
 
     /// Waits for every rank.
     pub fn barrier(&self) -> Result<()> {
+        self.progress.enter();
         Ok(self.comm.barrier()?)
     }
 }
@@ -318,6 +329,7 @@ pub fn all_vars(model: &sluice_model::YoloV8) -> Vec<(String, Var)> {
 pub struct HostGradReduce {
     comm: Arc<dyn Collective>,
     bucket: Vec<f32>,
+    progress: Progress,
 }
 
 impl std::fmt::Debug for HostGradReduce {
@@ -351,6 +363,7 @@ impl GradReduce for HostGradReduce {
                 None => self.bucket.resize(self.bucket.len() + p.var.as_tensor().elem_count(), 0.0),
             }
         }
+        self.progress.enter();
         self.comm
             .all_reduce_sum(&mut self.bucket)
             .map_err(|e| OptimError::BadInput(format!("all-reducing the gradients: {e}")))?;
@@ -376,6 +389,7 @@ fn bad(name: &str, why: &str) -> OptimError {
 #[derive(Debug)]
 pub struct DeviceGradReduce {
     nccl: Arc<sluice_dist::Nccl>,
+    progress: Progress,
 }
 
 #[cfg(feature = "nccl")]
@@ -392,6 +406,7 @@ impl GradReduce for DeviceGradReduce {
         // A fresh tensor that nothing else holds, so reducing it in place is safe.
         let bucket = Tensor::cat(&flat, 0)?;
         drop(flat);
+        self.progress.enter();
         self.nccl
             .all_reduce_sum_tensor(&bucket)
             .map_err(|e| OptimError::BadInput(format!("all-reducing the gradients: {e}")))?;
