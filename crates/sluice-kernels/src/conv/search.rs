@@ -6,8 +6,8 @@
 //! - **Heuristic**: `cudnnGetConvolution*Algorithm_v7`'s ranking, no device work.
 //!
 //! Either way, with `deterministic` (Ultralytics' `deterministic=True`, its default, which sets PyTorch's
-//! `cudnn.deterministic`) only algorithms cuDNN marks deterministic are taken, and only those of the descriptor's
-//! math type. If the search fails the caller falls back to cudarc's heuristic pick.
+//! `cudnn.deterministic`) only algorithms cuDNN marks deterministic are taken, those of the descriptor's math type
+//! first (the launch runs with it). If the search fails the caller falls back to cudarc's heuristic pick.
 //!
 //! cudarc keeps its descriptors' handles private, so the search builds its own raw handle and descriptors (the same
 //! geometry and types as `cudnn.rs`'s) on the device's compute stream.
@@ -152,20 +152,23 @@ pub(super) mod raw {
         }
     }
 
-    /// The first usable algorithm of a ranked list: succeeded, of the descriptor's math type, within the workspace
-    /// (when one was given), deterministic when asked.
+    /// The first usable algorithm of a ranked list: succeeded, within the workspace (when one was given),
+    /// deterministic when asked; one of the descriptor's math type first (the launch runs with it), else any.
     macro_rules! pick {
-        ($perf:expr, $n:expr, $raw:expr, $bufs:expr, $det:expr) => {
-            $perf[..$n.clamp(0, $perf.len() as i32) as usize]
+        ($perf:expr, $n:expr, $raw:expr, $bufs:expr, $det:expr, $ty:ty) => {{
+            let ranked: &[$ty] = &$perf[..$n.clamp(0, $perf.len() as i32) as usize];
+            let usable = |p: &&$ty| {
+                p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+                    && $bufs.is_none_or(|b: &Buffers| p.memory <= b.workspace_bytes)
+                    && (!$det || p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC)
+            };
+            ranked
                 .iter()
-                .find(|p| {
-                    p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
-                        && p.mathType == $raw.math
-                        && $bufs.is_none_or(|b: &Buffers| p.memory <= b.workspace_bytes)
-                        && (!$det || p.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC)
-                })
+                .filter(usable)
+                .find(|p| p.mathType == $raw.math)
+                .or_else(|| ranked.iter().find(usable))
                 .map(|p| (p.algo, p.memory))
-        };
+        }};
     }
 
     /// The forward algorithm and its workspace bytes; `bufs` for the timed search (`None`: heuristics).
@@ -216,7 +219,7 @@ pub(super) mod raw {
             }
         }
         let bufs = bufs.filter(|_| search == Search::Timed);
-        Ok(pick!(perf, n, raw, bufs, det))
+        Ok(pick!(perf, n, raw, bufs, det, sys::cudnnConvolutionFwdAlgoPerf_t))
     }
 
     /// The backward-data algorithm (`a` is dy, `b` the filter, `out` dx).
@@ -266,7 +269,7 @@ pub(super) mod raw {
             }
         }
         let bufs = bufs.filter(|_| search == Search::Timed);
-        Ok(pick!(perf, n, raw, bufs, det))
+        Ok(pick!(perf, n, raw, bufs, det, sys::cudnnConvolutionBwdDataAlgoPerf_t))
     }
 
     /// The backward-filter algorithm (`a` is x, `b` dy, `out` dw).
@@ -316,7 +319,7 @@ pub(super) mod raw {
             }
         }
         let bufs = bufs.filter(|_| search == Search::Timed);
-        Ok(pick!(perf, n, raw, bufs, det))
+        Ok(pick!(perf, n, raw, bufs, det, sys::cudnnConvolutionBwdFilterAlgoPerf_t))
     }
 }
 
