@@ -50,20 +50,24 @@ S="$HERE/sluice"
 DATA="$HERE/data/data.yaml"
 # A 1024-image set, the slice's 64 images 16 times over under other names, built here rather than carried: an epoch
 # of 32 steps at batch 32 and a validation pass of 1024 images, so that steady-state figures are not start-up.
-BIG="$HERE/data1024"
-if [ ! -f "$BIG/data.yaml" ]; then
-  mkdir -p "$BIG/images/train2017" "$BIG/labels/train2017"
-  for r in $(seq 0 15); do
+# copies_of N DIR: the slice's images N times over under other names, with their labels and a data.yaml.
+copies_of() {
+  local n=$1 dir=$2 r f b
+  [ -f "$dir/data.yaml" ] && return 0
+  mkdir -p "$dir/images/train2017" "$dir/labels/train2017"
+  for r in $(seq 0 $((n - 1))); do
     for f in "$HERE"/data/images/train2017/*.jpg; do
       b=$(basename "$f" .jpg)
-      cp "$f" "$BIG/images/train2017/${b}_r$r.jpg"
+      cp "$f" "$dir/images/train2017/${b}_r$r.jpg"
       if [ -f "$HERE/data/labels/train2017/$b.txt" ]; then
-        cp "$HERE/data/labels/train2017/$b.txt" "$BIG/labels/train2017/${b}_r$r.txt"
+        cp "$HERE/data/labels/train2017/$b.txt" "$dir/labels/train2017/${b}_r$r.txt"
       fi
     done
   done
-  grep -v '^#' "$HERE/data/data.yaml" >"$BIG/data.yaml"
-fi
+  grep -v '^#' "$HERE/data/data.yaml" >"$dir/data.yaml"
+}
+BIG="$HERE/data1024"
+copies_of 16 "$BIG"
 DATA_BIG="$BIG/data.yaml"
 EPOCHS="${GPU_CHECK_EPOCHS:-3}"
 BUDGET="${GPU_CHECK_BUDGET:-500}"
@@ -203,19 +207,7 @@ step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 # The training matrix runs only when asked for (GPU_CHECK_ONLY="matrix"): its eight runs take about four minutes.
 if [[ " ${GPU_CHECK_ONLY:-} " == *" matrix "* ]]; then
   BIG2="$HERE/data2048"
-  if [ ! -f "$BIG2/data.yaml" ]; then
-    mkdir -p "$BIG2/images/train2017" "$BIG2/labels/train2017"
-    for r in $(seq 0 31); do
-      for f in "$HERE"/data/images/train2017/*.jpg; do
-        b=$(basename "$f" .jpg)
-        cp "$f" "$BIG2/images/train2017/${b}_r$r.jpg"
-        if [ -f "$HERE/data/labels/train2017/$b.txt" ]; then
-          cp "$HERE/data/labels/train2017/$b.txt" "$BIG2/labels/train2017/${b}_r$r.txt"
-        fi
-      done
-    done
-    grep -v '^#' "$HERE/data/data.yaml" >"$BIG2/data.yaml"
-  fi
+  copies_of 32 "$BIG2"
   for b in 32 64; do
     for prec in f32 amp; do
       amp=false

@@ -5,6 +5,18 @@
 
 #define CHUNKS 64
 
+// The sum of every thread's `s` over the block (256 threads), valid in thread 0.
+__device__ double block_sum(double s) {
+    __shared__ double sh[256];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
 // Per tensor and chunk, the sum of squares in f64 (no atomics: `part` is tensors × CHUNKS).
 extern "C" __global__ void mt_sumsq(const unsigned long long* ptrs, const long long* lens, double* part) {
     const int t = blockIdx.y;
@@ -15,14 +27,8 @@ extern "C" __global__ void mt_sumsq(const unsigned long long* ptrs, const long l
         double v = (double)g[i];
         s += v * v;
     }
-    __shared__ double sh[256];
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) part[(long long)t * CHUNKS + blockIdx.x] = sh[0];
+    double total = block_sum(s);
+    if (threadIdx.x == 0) part[(long long)t * CHUNKS + blockIdx.x] = total;
 }
 
 // One block: torch's `clip_grad_norm_` total (the norm of the per-tensor f32 norms) of the unscaled gradients, and
@@ -38,15 +44,9 @@ extern "C" __global__ void mt_norm_final(const double* part, int tensors, const 
         float nt = __fmul_rn(sqrtf((float)sum), inv);
         s += (double)nt * (double)nt;
     }
-    __shared__ double sh[256];
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
-        __syncthreads();
-    }
+    double sum = block_sum(s);
     if (threadIdx.x == 0) {
-        float total = sqrtf((float)sh[0]);
+        float total = sqrtf((float)sum);
         float coef = fminf(__fdiv_rn(max_norm, __fadd_rn(total, 1e-6f)), 1.0f);
         out[0] = total;
         out[1] = coef;

@@ -95,27 +95,7 @@ impl ModelEma {
         mask: Option<&Tensor>,
     ) -> Result<()> {
         let w = (1.0 - self.decay_at(self.updates + 1)) as f32;
-        let pairs = {
-            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
-            let src = model.varmap().data().lock().unwrap();
-            if src.len() != self.vars.len() {
-                return Err(OptimError::BadInput(format!(
-                    "EMA update from a model with {} variables, the EMA has {}",
-                    src.len(),
-                    self.vars.len()
-                )));
-            }
-            let mut pairs = Vec::with_capacity(self.vars.len());
-            for (name, e) in &self.vars {
-                let m = src.get(name).ok_or_else(|| {
-                    OptimError::BadInput(format!("EMA update from a model without the variable `{name}`"))
-                })?;
-                if e.dtype().is_float() {
-                    pairs.push((e.clone(), m.as_tensor().detach()));
-                }
-            }
-            pairs
-        };
+        let pairs = self.pairs(model)?;
         let ema: Vec<&Var> = pairs.iter().map(|(e, _)| e).collect();
         let src: Vec<&Tensor> = pairs.iter().map(|(_, m)| m).collect();
         mt.ema(&ema, &src, w, mask)?;
@@ -123,12 +103,8 @@ impl ModelEma {
         Ok(())
     }
 
-    fn update_inner(&mut self, model: &YoloV8, ok: Option<&Tensor>) -> Result<()> {
-        let d = self.decay_at(self.updates + 1);
-        // torch's `lerp_(model, 1 − d)` (Ultralytics' `_foreach_lerp_`), with its weight in float32 and its two
-        // branches: `ema + w·(model − ema)` for a small weight, `model + (w − 1)·(model − ema)` otherwise. Unlike
-        // `d·ema + (1 − d)·model`, it leaves a tensor the step did not change exactly as it was.
-        let w = (1.0 - d) as f32;
+    /// Every floating-point EMA variable with the model's variable of the same name (detached).
+    fn pairs(&self, model: &YoloV8) -> Result<Vec<(Var, Tensor)>> {
         #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
         let src = model.varmap().data().lock().unwrap();
         if src.len() != self.vars.len() {
@@ -138,14 +114,25 @@ impl ModelEma {
                 self.vars.len()
             )));
         }
+        let mut pairs = Vec::with_capacity(self.vars.len());
         for (name, e) in &self.vars {
             let m = src.get(name).ok_or_else(|| {
                 OptimError::BadInput(format!("EMA update from a model without the variable `{name}`"))
             })?;
-            if !e.dtype().is_float() {
-                continue;
+            if e.dtype().is_float() {
+                pairs.push((e.clone(), m.as_tensor().detach()));
             }
-            let m = m.as_tensor().detach();
+        }
+        Ok(pairs)
+    }
+
+    fn update_inner(&mut self, model: &YoloV8, ok: Option<&Tensor>) -> Result<()> {
+        let d = self.decay_at(self.updates + 1);
+        // torch's `lerp_(model, 1 − d)` (Ultralytics' `_foreach_lerp_`), with its weight in float32 and its two
+        // branches: `ema + w·(model − ema)` for a small weight, `model + (w − 1)·(model − ema)` otherwise. Unlike
+        // `d·ema + (1 − d)·model`, it leaves a tensor the step did not change exactly as it was.
+        let w = (1.0 - d) as f32;
+        for (e, m) in self.pairs(model)? {
             let diff = (&m - e.as_tensor())?;
             let next = if w.abs() < 0.5 {
                 (e.as_tensor() + diff.affine(f64::from(w), 0.0)?)?
