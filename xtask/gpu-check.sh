@@ -199,11 +199,22 @@ if [ -f "$RES/train/weights/best.safetensors" ]; then
   step predict_half 30 "$S" predict --weights "$RES/train/weights/best.safetensors" \
     --source "$BIG/images/train2017" --device cuda:0 --batch 32 --half --json
 fi
+# Mixed precision: one epoch each of float16 (with loss scaling) and bfloat16, the same settings otherwise.
+step train_amp 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp fp16 \
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_amp --exist-ok --json
 # The optimizer step as the composed candle ops (`SLUICE_FUSED_STEP=0`), one epoch of the same run, for the fused
 # passes' share of the step time.
 SLUICE_FUSED_STEP=0 step train_composed 60 "$S" train --data "$DATA_BIG" --model yolov8n --imgsz 640 --batch 32 \
   --epochs 1 --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_composed --exist-ok --json
-step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
+# Data-parallel training through NCCL with one rank (the device has one GPU; NCCL takes one rank per GPU): the
+# rendezvous, the NCCL communicator, the weight broadcast, the all-reduce of every optimizer step and the sharded
+# validation's gathers, as torchrun would start it. Needs a binary built with `nccl` (`cargo xtask gpu-check
+# --features cuda,cudnn,nccl`); libnccl comes from the device's PyTorch wheels.
+RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+  step train_nccl 40 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 \
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_nccl --exist-ok --json
+step train_bf16 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp bf16 \
+  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_bf16 --exist-ok --json
 # The training matrix runs only when asked for (GPU_CHECK_ONLY="matrix"): its eight runs take about four minutes.
 if [[ " ${GPU_CHECK_ONLY:-} " == *" matrix "* ]]; then
   BIG2="$HERE/data2048"
@@ -236,6 +247,7 @@ for line in open(sys.argv[1]):
     done
   done
 fi
+step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
   SLUICE_REQUIRE_NVJPEG=1 SLUICE_DECODE_TEST_DATA="$HERE/../../crates/sluice-decode/tests/data" \
     step conformance 40 "$HERE/conformance" --nocapture --test-threads 1
@@ -244,18 +256,6 @@ else
 fi
 step decode_nvjpeg 30 "$S" bench decode --data "$DATA" --backend nvjpeg --threads 1 --json
 step decode_cpu 30 "$S" bench decode --data "$DATA" --backend image --threads 16 --json
-# Mixed precision last (the least important figure): one epoch, the same settings otherwise.
-step train_amp 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp fp16 \
-  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_amp --exist-ok --json
-step train_bf16 30 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 --amp bf16 \
-  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_bf16 --exist-ok --json
-# Data-parallel training through NCCL with one rank (the device has one GPU; NCCL takes one rank per GPU): the
-# rendezvous, the NCCL communicator, the weight broadcast, the all-reduce of every optimizer step and the sharded
-# validation's gathers, as torchrun would start it. Needs a binary built with `nccl` (`cargo xtask gpu-check
-# --features cuda,cudnn,nccl`); libnccl comes from the device's PyTorch wheels.
-RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
-  step train_nccl 40 "$S" train --data "$DATA" --model yolov8n --imgsz 640 --batch 32 --epochs 1 \
-  --device cuda:0 --cache ram --workers 12 --project "$RES" --name train_nccl --exist-ok --json
 # YOLO11 and YOLO26 on the device (one epoch each; YOLO26's end-to-end loss runs on the host path, its assigner
 # read counted in the telemetry): that they run there, and their step time beside yolov8n's.
 for fam in yolo11n yolo26n; do
