@@ -525,10 +525,10 @@ mod imp {
     }
 
     /// The fused optimizer step (`sluice_kernels::multi_tensor`: norm, clip, update and EMA as one pass each over
-    /// every tensor) on the GPU against the composed ops on the CPU: yolov8n's parameters, SGD, Adam and AdamW, with
-    /// float16 loss scaling, over three steps whose gradients are fixed random tensors (so the model's own
-    /// numerics play no part), one of them clipped, then a step with a non-finite gradient, which must change
-    /// nothing but the scale.
+    /// every tensor) on the GPU against the composed ops on the CPU: yolov8n's parameters, SGD, Adam, AdamW and
+    /// MuSGD (its Muon parameters composed on both), with float16 loss scaling, over three steps whose gradients
+    /// are fixed random tensors (so the model's own numerics play no part), one of them clipped, then a step with a
+    /// non-finite gradient, which must change nothing but the scale.
     fn optimizer_checks(gpu: &Device, rng: &mut RngStream, checks: &mut Vec<Check>) -> Result<()> {
         use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings};
         let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
@@ -553,7 +553,7 @@ mod imp {
                     .collect::<Result<_>>()?,
             );
         }
-        for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW] {
+        for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW, OptimizerKind::MuSgd] {
             checks.push(compare(&format!("fused optimizer step, {kind:?}, fp16 loss scale"), 1e-5, gpu, |d| {
                 let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
                 let shape = RunShape { batch: 64, epochs: 3, batches_per_epoch: 4, train_images: 256 };

@@ -400,8 +400,9 @@ impl Optimization {
 
     /// With device checks on, runs the step's norm, clip, update and EMA as one pass each over every tensor
     /// ([`sluice_kernels::multi_tensor`]: four kernels on a GPU instead of thousands of small ones), for SGD, Adam
-    /// and AdamW (MuSGD keeps the composed ops: its Muon update is matrix work). The arithmetic is the composed
-    /// ops'; only the norm sums in another order. Returns whether it is on (off for MuSGD or without device checks).
+    /// and AdamW, and for MuSGD's SGD parameters (its Muon update is matrix work and keeps the composed ops, masked
+    /// by the fused norm). The arithmetic is the composed ops'; only the norm sums in another order. Returns whether
+    /// it is on (off without device checks).
     pub fn set_fused_step(&mut self, on: bool, model: &YoloV8) -> Result<bool> {
         let supported = self.device_checks && self.fused_rule().is_some();
         self.fused = if on && supported { Some(MultiTensor::new(model.device())?) } else { None };
@@ -410,10 +411,9 @@ impl Optimization {
 
     fn fused_rule(&self) -> Option<multi_tensor::Rule> {
         match self.resolved.rule {
-            Rule::Sgd => Some(multi_tensor::Rule::SgdNesterov),
+            Rule::Sgd | Rule::MuSgd => Some(multi_tensor::Rule::SgdNesterov),
             Rule::Adam => Some(multi_tensor::Rule::Adam),
             Rule::AdamW => Some(multi_tensor::Rule::AdamW),
-            Rule::MuSgd => None,
         }
     }
 
@@ -486,10 +486,15 @@ impl Optimization {
         ni: usize,
         accumulate: usize,
     ) -> Result<BatchOutcome> {
-        let grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
-        let idx: Vec<usize> = grads.iter().enumerate().filter_map(|(i, g)| g.as_ref().map(|_| i)).collect();
+        let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
+        let all: Vec<usize> = grads.iter().enumerate().filter_map(|(i, g)| g.as_ref().map(|_| i)).collect();
+        // MuSGD's Muon parameters take the composed update below; the rest, the fused one.
+        let params = self.optimizer.groups().params().to_vec();
+        let is_muon = |i: usize| self.resolved.rule == Rule::MuSgd && params[i].group == Group::Muon;
+        let idx: Vec<usize> = all.iter().copied().filter(|&i| !is_muon(i)).collect();
+        let muon: Vec<usize> = all.iter().copied().filter(|&i| is_muon(i)).collect();
         // Contiguous, and alive until the kernels that read them are queued.
-        let gs = idx
+        let gs = all
             .iter()
             .filter_map(|&i| grads[i].as_ref().map(|g| g.contiguous()))
             .collect::<candle_core::Result<Vec<Tensor>>>()?;
@@ -497,8 +502,9 @@ impl Optimization {
         let scale = self.scaler.as_ref().and_then(LossScaler::scale_tensor);
         let norm = mt.grad_norm(&grefs, scale, MAX_GRAD_NORM as f32)?;
         let hyper = self.hyper();
-        let params = self.optimizer.groups().params().to_vec();
         let groups: Vec<usize> = idx.iter().map(|&i| self.optimizer.groups().index_of(&params[i])).collect();
+        let fused_grads: Vec<&Tensor> =
+            all.iter().zip(&grefs).filter(|(i, _)| !is_muon(**i)).map(|(_, g)| *g).collect();
         let states = self.optimizer.state_mut();
         let adam = rule != multi_tensor::Rule::SgdNesterov;
         let (mut s0, mut s1, mut consts) = (Vec::new(), Vec::new(), Vec::new());
@@ -517,7 +523,7 @@ impl Optimization {
             }
         }
         let vars: Vec<&candle_core::Var> = idx.iter().map(|&i| &params[i].var).collect();
-        let updated = mt.update(rule, &vars, &grefs, &mut s0, &mut s1, &consts, &norm);
+        let updated = mt.update(rule, &vars, &fused_grads, &mut s0, &mut s1, &consts, &norm);
         // The state goes back whether or not the update ran.
         for (k, &i) in idx.iter().enumerate() {
             let st = &mut states[i];
@@ -530,6 +536,18 @@ impl Optimization {
         }
         updated?;
         let ok = norm.narrow(0, 2, 1)?.squeeze(0)?;
+        if !muon.is_empty() {
+            // The composed Muon update, its gradients clipped and unscaled by the fused norm's factors and the step
+            // masked by its finite flag.
+            let factor = (norm.narrow(0, 1, 1)? * norm.narrow(0, 3, 1)?)?.squeeze(0)?;
+            let mut muon_grads: Vec<Option<Tensor>> = vec![None; grads.len()];
+            for &i in &muon {
+                if let Some(g) = grads[i].take() {
+                    muon_grads[i] = Some(g.broadcast_mul(&factor.to_dtype(g.dtype())?)?);
+                }
+            }
+            self.optimizer.step_masked(&muon_grads, &hyper, &ok.ne(0.0)?)?;
+        }
         if let Some(s) = self.scaler.as_mut() {
             // As the composed path: an overflow backs the scale off, and the EMA is updated all the same.
             s.update_masked(&ok)?;
@@ -776,6 +794,49 @@ mod tests {
             assert_eq!(dev.take_device_skips().unwrap(), masked);
             assert_eq!(dev.skipped(), masked);
         }
+    }
+
+    /// MuSGD with the fused step: its SGD parameters through the multi-tensor passes, its Muon parameters through
+    /// the composed update masked by the fused norm; against the composed device path over clipped and unclipped
+    /// steps and a non-finite one, every variable and the EMA.
+    #[test]
+    fn musgd_takes_the_fused_step_for_its_sgd_parameters() {
+        let shape = RunShape { batch: 64, epochs: 5, batches_per_epoch: 10, train_images: 640 };
+        let settings = OptimSettings { optimizer: OptimizerKind::MuSgd, warmup_epochs: 0.0, ..Default::default() };
+        let all = |m: &YoloV8| -> Vec<Vec<f64>> {
+            let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
+            names.sort();
+            names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
+        };
+        // A head bias (an SGD parameter) and a conv weight (a Muon one), both with gradients.
+        const WEIGHT: &str = "model.22.cv2.0.0.conv.weight";
+        let loss = |m: &YoloV8, scale: f32| -> Tensor {
+            let w = m.var(WEIGHT).unwrap();
+            let c = Tensor::ones(w.dims(), DType::F32, &Device::Cpu).unwrap().affine(f64::from(scale), 0.0).unwrap();
+            let lw = (w.as_tensor().sqr().unwrap() * c).unwrap().sum_all().unwrap();
+            (linear_loss(m, &[scale, -2.0 * scale]) + lw).unwrap()
+        };
+        let seeded = || YoloV8::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 4).unwrap();
+        let (a_m, b_m) = (seeded(), seeded());
+        let mut a = Optimization::new(&a_m, &settings, shape).unwrap();
+        let mut b = Optimization::new(&b_m, &settings, shape).unwrap();
+        assert_eq!(a.resolved().rule, Rule::MuSgd);
+        a.set_device_checks(true);
+        b.set_device_checks(true);
+        assert!(b.set_fused_step(true, &b_m).unwrap());
+        for (ni, scale) in [1.0f32, 300.0, 0.5, f32::NAN].into_iter().enumerate() {
+            a.batch_known_finite(&a_m, &loss(&a_m, scale), true, ni, 0).unwrap();
+            b.batch_known_finite(&b_m, &loss(&b_m, scale), true, ni, 0).unwrap();
+        }
+        for (x, y) in [(all(&a_m), all(&b_m)), (all(a.ema_model()), all(b.ema_model()))] {
+            for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+                let d = p.iter().zip(q).map(|(u, v)| (u - v).abs() / u.abs().max(1e-3)).fold(0.0f64, f64::max);
+                assert!(d <= 1e-5, "variable {i} differs by up to {d:e}");
+            }
+        }
+        assert_ne!(all(&b_m), all(&seeded()), "the steps changed the model");
+        assert_eq!(a.take_device_skips().unwrap(), 1);
+        assert_eq!(b.take_device_skips().unwrap(), 1);
     }
 
     /// Float16 loss scaling against PyTorch's `GradScaler` driving Ultralytics' optimizer step
