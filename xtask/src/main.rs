@@ -78,8 +78,9 @@ enum Task {
         #[arg(long, default_value = "cuda")]
         features: String,
     },
-    /// Prepare the device check: `gpu-build`, then the binary, the script and a slice of coco128 under
-    /// `<target>/gpu-check/`, and print the device-tool command that runs it.
+    /// Prepare the device check: `gpu-build`, then the binary, the script and a slice of coco128 (left behind when
+    /// it does not fit beside the working tree) under `<target>/gpu-check/`, and print the device-tool command that
+    /// runs it.
     GpuCheck {
         /// Use this CUDA `sluice` instead of building one.
         #[arg(long)]
