@@ -20,10 +20,9 @@ const NS_COEFFS: (f64, f64, f64) = (3.4445, -4.7750, 2.0315);
 /// Newton–Schulz iterations.
 const NS_STEPS: usize = 5;
 
-/// Adam's β2 in Ultralytics (`betas=(momentum, 0.999)`).
-pub const ADAM_BETA2: f64 = 0.999;
-/// Adam's ε (torch's default).
-pub const ADAM_EPS: f64 = 1e-8;
+/// Adam's β2 in Ultralytics (`betas=(momentum, 0.999)`) and ε (torch's default): the constants the multi-tensor
+/// step uses too, so that the composed and the fused updates cannot drift apart.
+pub use sluice_kernels::multi_tensor::{ADAM_BETA2, ADAM_EPS};
 /// Ultralytics' gradient-clipping threshold (`clip_grad_norm_(…, max_norm=10.0)`).
 pub const MAX_GRAD_NORM: f64 = 10.0;
 
