@@ -259,12 +259,18 @@ impl Trainer {
         opt.set_device_checks(dense_on(&device));
         // On a GPU the optimizer step runs as a few passes over every tensor (`SLUICE_FUSED_STEP=0`: the composed
         // ops, for comparison).
-        let fused = device.is_cuda() && std::env::var("SLUICE_FUSED_STEP").map_or(true, |v| v != "0");
+        let fused = device.is_cuda()
+            && match std::env::var("SLUICE_FUSED_STEP").as_deref() {
+                Err(_) | Ok("" | "1") => true,
+                Ok("0") => false,
+                Ok(v) => crate::bail!("SLUICE_FUSED_STEP={v:?}: expected 0 (composed ops) or 1 (fused, the default)"),
+            };
         // cuDNN's algorithms: timed per shape and pass unless `SLUICE_CUDNN_SEARCH=heuristic`, deterministic ones
         // only under `deterministic`.
         let search = match std::env::var("SLUICE_CUDNN_SEARCH").as_deref() {
+            Err(_) | Ok("" | "timed") => sluice_kernels::conv::search::Search::Timed,
             Ok("heuristic") => sluice_kernels::conv::search::Search::Heuristic,
-            _ => sluice_kernels::conv::search::Search::Timed,
+            Ok(v) => crate::bail!("SLUICE_CUDNN_SEARCH={v:?}: expected timed (the default) or heuristic"),
         };
         sluice_kernels::conv::search::set_algorithm_search(search, cfg.deterministic);
         opt.set_fused_step(fused, &model)?;
