@@ -165,16 +165,22 @@ fn driver_functions(src: &str) -> Vec<String> {
     names
 }
 
+/// Installs one wheel into its own folder `dir` unless `present`, a file the wheel brings, is already there.
+fn install_wheel_once(dir: &Path, wheel: &str, present: &Path) -> Result<()> {
+    if !present.exists() {
+        eprintln!("xtask: installing {wheel} into {}", dir.display());
+        let mut pip = Command::new("python3");
+        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"]).arg(dir).arg(wheel);
+        crate::run(&mut pip)?;
+    }
+    Ok(())
+}
+
 /// Installs the cuDNN wheel (once) and its `.so` links; returns the folder cudarc's build looks in (`CUDNN_LIB`).
 fn ensure_cudnn() -> Result<PathBuf> {
     let dir = sdk_root().join("cudnn");
     let root = dir.join("nvidia/cudnn");
-    if !root.join("lib/libcudnn.so.9").exists() {
-        eprintln!("xtask: installing {CUDNN_WHEEL} into {}", dir.display());
-        let mut pip = Command::new("python3");
-        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"]).arg(&dir).arg(CUDNN_WHEEL);
-        crate::run(&mut pip)?;
-    }
+    install_wheel_once(&dir, CUDNN_WHEEL, &root.join("lib/libcudnn.so.9"))?;
     link_unversioned(&root.join("lib"))?;
     Ok(root)
 }
@@ -184,12 +190,7 @@ fn ensure_cudnn() -> Result<PathBuf> {
 fn ensure_nccl(home: &Path) -> Result<()> {
     let dir = sdk_root().join("nccl");
     let lib = dir.join("nvidia/nccl/lib");
-    if !lib.join("libnccl.so.2").exists() {
-        eprintln!("xtask: installing {NCCL_WHEEL} into {}", dir.display());
-        let mut pip = Command::new("python3");
-        pip.args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"]).arg(&dir).arg(NCCL_WHEEL);
-        crate::run(&mut pip)?;
-    }
+    install_wheel_once(&dir, NCCL_WHEEL, &lib.join("libnccl.so.2"))?;
     let link = home.join("lib/libnccl.so");
     if !link.exists() {
         std::os::unix::fs::symlink(lib.join("libnccl.so.2"), &link)
