@@ -15,7 +15,7 @@
 //! small buffer.
 //!
 //! On a GPU, rows longer than candle's CUDA argsort takes (8192 columns: 8400 anchors at 640, 33,600 at 1280) are
-//! ranked by [`topk_last`], in chunks, when `k` is at most half that; a larger `k` keeps the whole output.
+//! ranked by `sluice_kernels::topk::topk_last`, in chunks, when `k` is at most half that; a larger `k` keeps the whole output.
 //!
 //! `k` is either fixed (`min(top_k, A)`, no device→host read before the copy) or, with
 //! [`ShrinkParams::fit`], the largest per-image count in the batch rounded up to a multiple of 32: a smaller
@@ -27,40 +27,7 @@ use crate::error::{Error, Result};
 use crate::nms::Layout;
 use crate::stream::{StreamingValidator, ValBatch};
 use sluice_core::{SampleId, Target};
-
-/// The most columns candle's CUDA `arg_sort_last_dim` handles: a one-block bitonic sort that holds the row, padded
-/// to a power of two, as `u32` indices in 48 KB of shared memory.
-pub const MAX_DEVICE_SORT: usize = 8192;
-
-/// The `k` largest values of each row of a `(B, N)` tensor, in descending order, and their `u32` column indices,
-/// as tensor ops on the tensor's device (no host read). Rows longer than [`MAX_DEVICE_SORT`] are cut into chunks: each
-/// chunk's top `k` by one argsort, then the top `k` of the chunks' winners, recursively. Ties keep index order
-/// where the argsort is stable (the CPU's); `k` must be at most `MAX_DEVICE_SORT / 2`.
-pub fn topk_last(x: &Tensor, k: usize) -> candle_core::Result<(Tensor, Tensor)> {
-    let (_, n) = x.dims2()?;
-    let k = k.min(n);
-    if n <= MAX_DEVICE_SORT {
-        let idx = x.contiguous()?.arg_sort_last_dim(false)?.narrow(1, 0, k)?.contiguous()?;
-        let vals = x.contiguous()?.gather(&idx, 1)?;
-        return Ok((vals, idx));
-    }
-    if 2 * k > MAX_DEVICE_SORT {
-        candle_core::bail!(
-            "top-{k} of {n} columns: k is limited to {} on rows longer than {MAX_DEVICE_SORT}",
-            MAX_DEVICE_SORT / 2
-        )
-    }
-    let (mut vals, mut idxs) = (Vec::new(), Vec::new());
-    for start in (0..n).step_by(MAX_DEVICE_SORT) {
-        let len = MAX_DEVICE_SORT.min(n - start);
-        let (v, i) = topk_last(&x.narrow(1, start, len)?, k)?;
-        vals.push(v);
-        idxs.push(i.broadcast_add(&Tensor::new(start as u32, x.device())?)?);
-    }
-    let (v, pos) = topk_last(&Tensor::cat(&vals, 1)?, k)?;
-    let i = Tensor::cat(&idxs, 1)?.gather(&pos, 1)?;
-    Ok((v, i))
-}
+use sluice_kernels::topk::{MAX_DEVICE_SORT, topk_last};
 
 /// Settings of [`shrink`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -128,7 +95,7 @@ fn shrink_ops(y: &Tensor, p: &ShrinkParams, b: usize, rows: usize, a: usize) -> 
         cap
     };
     // candle's CUDA argsort sorts at most 8192 columns (8400 anchors at 640 are more): longer rows are ranked by the
-    // chunked [`topk_last`], which keeps at most half that; beyond it the whole output is kept, which is exact,
+    // chunked `topk_last`, which keeps at most half that; beyond it the whole output is kept, which is exact,
     // only a larger copy.
     let device_sort = !y.device().is_cpu() && a > MAX_DEVICE_SORT;
     let k = if device_sort && 2 * k > MAX_DEVICE_SORT { a } else { k };
@@ -284,28 +251,6 @@ impl<P, M> StreamingValidator<P, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn topk_last_equals_a_stable_host_sort_at_any_length() {
-        for (n, k) in [(10, 20), (300, 300), (8192, 300), (8193, 300), (33_600, 300), (24_000, 4096)] {
-            // Few distinct values: many exact ties.
-            let v: Vec<f32> = (0..2 * n as u64).map(|i| ((i * 2_654_435_761 + n as u64) % 97) as f32).collect();
-            let x = Tensor::from_vec(v.clone(), (2, n), &Device::Cpu).unwrap();
-            let (vals, idx) = topk_last(&x, k).unwrap();
-            let (vals, idx): (Vec<Vec<f32>>, Vec<Vec<u32>>) = (vals.to_vec2().unwrap(), idx.to_vec2().unwrap());
-            for row in 0..2 {
-                let r = &v[row * n..(row + 1) * n];
-                let mut want: Vec<usize> = (0..n).collect();
-                want.sort_by(|&a, &b| r[b].total_cmp(&r[a]).then(a.cmp(&b)));
-                want.truncate(k.min(n));
-                let got: Vec<usize> = idx[row].iter().map(|&i| i as usize).collect();
-                assert_eq!(got, want, "n {n} k {k} row {row}");
-                assert!(vals[row].iter().zip(&want).all(|(v, &i)| *v == r[i]));
-            }
-        }
-        let x = Tensor::zeros((1, 20_000), DType::F32, &Device::Cpu).unwrap();
-        assert!(topk_last(&x, 5000).is_err());
-    }
 
     #[test]
     fn the_packed_copy_equals_the_per_tensor_copy() {

@@ -2,7 +2,8 @@
 //! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]),
 //! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]), and the head's DFL box decode
 //! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]); the SGD update as one parallel pass
-//! ([`optim`]); and the whole optimizer step (norm, clip, update, EMA) over every tensor at once ([`multi_tensor`]).
+//! ([`optim`]); the whole optimizer step (norm, clip, update, EMA) over every tensor at once ([`multi_tensor`]);
+//! and the chunked top-k of a tensor's rows on its own device ([`topk`]).
 //!
 //! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
 //! element-wise pool tamed on small machines), [`memory`] the allocator policy (mimalloc, freed memory kept).
@@ -20,4 +21,5 @@ pub mod norm;
 pub mod optim;
 pub mod pool;
 pub mod threads;
+pub mod topk;
 mod uninit;

@@ -350,7 +350,7 @@ pub fn decode(raw: &RawHead) -> Result<Tensor> {
 
 /// The end-to-end output of a one-to-one head (Ultralytics' `Detect.postprocess` with `max_det`, class-aware):
 /// `(B, k, 6)` rows `x1, y1, x2, y2` (input pixels), score, class, with `k = min(max_det, anchors)`. The `k` anchors
-/// with the highest best-class score are taken first (`sluice_eval::shrink::topk_last`), then the `k` highest (anchor, class) scores
+/// with the highest best-class score are taken first (`sluice_kernels::topk::topk_last`), then the `k` highest (anchor, class) scores
 /// among them, each ordered by score. Everything stays on the tensor's device: only the `(B, k, 6)` result is left
 /// to read. On the CPU it equals [`end2end_topk_host`] bit for bit, ties included.
 pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
@@ -360,11 +360,11 @@ pub fn end2end_topk(raw: &RawHead, max_det: usize) -> Result<Tensor> {
     let (b, nc, a) = probs.dims3()?;
     let k = max_det.min(a);
     let dev = probs.device();
-    let (_, top) = sluice_eval::shrink::topk_last(&probs.max(1)?, k)?; // (B, k) anchors by best-class score
+    let (_, top) = sluice_kernels::topk::topk_last(&probs.max(1)?, k)?; // (B, k) anchors by best-class score
     let sel = probs.gather(&top.unsqueeze(1)?.broadcast_as((b, nc, k))?.contiguous()?, 2)?; // (B, nc, k)
     // Candidates in (rank, class) order: rank · nc + class.
     let flat = sel.transpose(1, 2)?.contiguous()?.reshape((b, k * nc))?;
-    let (scores, fidx) = sluice_eval::shrink::topk_last(&flat, k)?;
+    let (scores, fidx) = sluice_kernels::topk::topk_last(&flat, k)?;
     let ncs = Tensor::new(nc as u32, dev)?;
     let rank = fidx.broadcast_div(&ncs)?;
     let class = (&fidx - rank.broadcast_mul(&ncs)?)?;
