@@ -88,18 +88,25 @@ pub struct PipelineReport {
 /// The consumer is called the bottleneck when it waits for data less than this fraction of its time.
 pub const CONSUMER_BOUND_WAIT_FRACTION: f64 = 0.05;
 
+/// The bottleneck of a pipeline whose stages measured `stages` while the consumer waited for data
+/// `consumer_wait_fraction` of its time: the stage with the lowest capacity (`items × workers / busy`), unless the
+/// consumer waited less than [`CONSUMER_BOUND_WAIT_FRACTION`], in which case the consumer itself.
+pub fn bottleneck_of(stages: &[StageReport], consumer_wait_fraction: f64) -> String {
+    let slowest = stages
+        .iter()
+        .filter(|s| s.items > 0)
+        .min_by(|a, b| a.capacity_per_s().total_cmp(&b.capacity_per_s()))
+        .map(|s| s.name.to_string());
+    match slowest {
+        Some(stage) if consumer_wait_fraction >= CONSUMER_BOUND_WAIT_FRACTION => stage,
+        _ => "consumer".to_string(),
+    }
+}
+
 impl PipelineReport {
     pub(crate) fn new(stages: Vec<StageReport>, delivered: u64, wall_s: f64, consumer_wait_s: f64) -> Self {
         let consumer_wait_fraction = if wall_s > 0.0 { (consumer_wait_s / wall_s).min(1.0) } else { 0.0 };
-        let slowest = stages
-            .iter()
-            .filter(|s| s.items > 0)
-            .min_by(|a, b| a.capacity_per_s().total_cmp(&b.capacity_per_s()))
-            .map(|s| s.name.to_string());
-        let bottleneck = match slowest {
-            Some(stage) if consumer_wait_fraction >= CONSUMER_BOUND_WAIT_FRACTION => stage,
-            _ => "consumer".to_string(),
-        };
+        let bottleneck = bottleneck_of(&stages, consumer_wait_fraction);
         Self { stages, delivered, wall_s, consumer_wait_s, consumer_wait_fraction, bottleneck }
     }
 }
@@ -159,5 +166,24 @@ mod tests {
     fn a_consumer_that_never_waits_is_the_bottleneck() {
         let r = PipelineReport::new(vec![stage("decode", 1, 10, 1.0)], 10, 10.0, 0.01);
         assert_eq!(r.bottleneck, "consumer");
+    }
+
+    #[test]
+    fn a_slow_consumer_is_named_the_bottleneck_whatever_the_stages_capacities() {
+        // A source and a fast stage feeding a consumer that takes 2 ms an item: the stages are idle most of the
+        // time and the consumer barely waits (1 % of its time), so the consumer bounds the pipeline even though one
+        // stage has far less capacity than the other.
+        let stages = [stage("source", 1, 100, 0.001), stage("fast", 2, 100, 0.02)];
+        assert_eq!(bottleneck_of(&stages, 0.01), "consumer");
+        // Just under the threshold it is still the consumer; at it, the slowest stage.
+        assert_eq!(bottleneck_of(&stages, CONSUMER_BOUND_WAIT_FRACTION - 1e-9), "consumer");
+        assert_eq!(bottleneck_of(&stages, CONSUMER_BOUND_WAIT_FRACTION), "fast");
+        // A consumer that waits most of its time names the stage with the lowest items × workers / busy.
+        let stages = [stage("source", 1, 200, 0.01), stage("decode", 2, 200, 0.1), stage("slow", 1, 200, 0.4)];
+        assert_eq!(bottleneck_of(&stages, 0.8), "slow");
+        // A stage that delivered nothing has no capacity to compare.
+        let stages = [stage("idle", 1, 0, 0.0), stage("decode", 2, 50, 1.0)];
+        assert_eq!(bottleneck_of(&stages, 0.5), "decode");
+        assert_eq!(bottleneck_of(&[], 0.5), "consumer");
     }
 }
