@@ -588,6 +588,63 @@ mod tests {
         }
     }
 
+    /// Two MuSGD steps on a Muon group (a conv filter and a matrix) against Ultralytics 8.4.190's own `MuSGD` with
+    /// its `muon=0.2, sgd=1.0` (`tests/data/musgd_parity/make_musgd_one_step.py`): the Muon update weighted 0.2 and
+    /// the Nesterov SGD update on the second buffer weighted 1.0, each step's update within the rounding Ultralytics'
+    /// bfloat16 Newton-Schulz itself allows (the fixture's `spread`: its update against a float32 iteration's).
+    #[test]
+    fn musgd_muon_group_matches_ultralytics() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/musgd_parity/musgd_one_step.json");
+        let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let floats = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        };
+        let shapes: Vec<Vec<usize>> = fx["shapes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect())
+            .collect();
+        assert_eq!((fx["muon"].as_f64(), fx["sgd"].as_f64()), (Some(MUSGD_MUON), Some(MUSGD_SGD)));
+        let on = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+        let params = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Param {
+                name: format!("model.{i}.conv.weight"),
+                var: Var::from_tensor(&on(floats(&fx["init"][i]), s)).unwrap(),
+                group: Group::Muon,
+                boosted: false,
+            })
+            .collect();
+        let mut opt = Optimizer::new(Rule::MuSgd, ParamGroups::from_params(params, true));
+        let h = GroupHyper {
+            lr: fx["hyper"]["lr"].as_f64().unwrap(),
+            momentum: fx["hyper"]["momentum"].as_f64().unwrap(),
+            weight_decay: fx["hyper"]["weight_decay"].as_f64().unwrap(),
+        };
+        let hyper = vec![h; opt.groups().len()];
+        for step in 0..2 {
+            let before: Vec<Vec<f32>> =
+                opt.groups().params().iter().map(|p| p.var.flatten_all().unwrap().to_vec1().unwrap()).collect();
+            let grads: Vec<Option<Tensor>> =
+                shapes.iter().enumerate().map(|(i, s)| Some(on(floats(&fx["grads"][step][i]), s))).collect();
+            opt.step(&grads, &hyper).unwrap();
+            let bound = fx["spread"][step].as_f64().unwrap() as f32;
+            for (i, p) in opt.groups().params().iter().enumerate() {
+                // Each step's update against Ultralytics' update of that step (from its own previous values).
+                let got: Vec<f32> = p.var.flatten_all().unwrap().to_vec1().unwrap();
+                let prev = if step == 0 { floats(&fx["init"][i]) } else { floats(&fx["after"][step - 1][i]) };
+                let want: Vec<f32> = floats(&fx["after"][step][i]).iter().zip(&prev).map(|(a, b)| a - b).collect();
+                let got: Vec<f32> = got.iter().zip(&before[i]).map(|(a, b)| a - b).collect();
+                let size = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+                let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max) / size;
+                println!("step {step}, {}: update differs by {worst:e} of its size (bound {bound:e})", p.name);
+                assert!(worst <= bound, "step {step}, {}: {worst} > {bound}", p.name);
+            }
+        }
+    }
+
     #[test]
     fn clipping_matches_torch() {
         let a = values(50, 4).iter().map(|x| x * 3.0).collect::<Vec<_>>();
