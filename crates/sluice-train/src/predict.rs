@@ -104,10 +104,10 @@ pub struct PredictOptions {
     /// Predict with an end-to-end model's (YOLO26's) one-to-one head: its top-k rows with the conf threshold and
     /// no NMS (Ultralytics' `nms=False`); a model without that head runs NMS, as Ultralytics falls back.
     pub end2end: bool,
-    /// Where NMS runs: `None` on the model's device when it is a GPU (batched NMS kernels, only the kept rows
-    /// copied), else on the host; `Some(true)` where the predictions are (the kernels' host twin on the CPU),
-    /// `Some(false)` on the host. Both keep the same detections.
-    pub device_nms: Option<bool>,
+    /// Run NMS where the predictions are (the batched kernels on a GPU, only the kept rows copied; their host twin
+    /// on the CPU) instead of on the host. Both keep the same detections; on a GPU it is an opt-in device path
+    /// (`DevicePaths::device_nms`), off by default.
+    pub device_nms: bool,
     /// Ultralytics' `half`: the fused model cast to float16 after folding (`YoloV8::fuse_to`), its output back in
     /// f32 for the thresholds and NMS. Honoured on any device; `sluice predict` asks for it on CUDA devices only,
     /// as Ultralytics.
@@ -123,7 +123,7 @@ impl Default for PredictOptions {
             max_det: 300,
             agnostic: false,
             end2end: false,
-            device_nms: None,
+            device_nms: false,
             half: false,
         }
     }
@@ -457,7 +457,7 @@ impl Predictor {
             let path = images[i].1.to_path_buf();
             move |source| PredictError::Nms { path, source }
         };
-        let on_device = self.opts.device_nms.unwrap_or_else(|| model.device().is_cuda());
+        let on_device = self.opts.device_nms;
         let (mut all, on_host) = if on_device {
             // Only the kept rows cross to the host, in one read; an image with a non-finite value goes to the host.
             let kept = nms_tensor(&y, Layout::ChannelsFirst, &self.nms.params).map_err(nms_err(0))?;
@@ -647,7 +647,7 @@ mod tests {
         let data: Vec<u8> = (0..200 * 150 * 3usize).map(|i| ((i * 7 + i / 600 * 13) % 256) as u8).collect();
         let img = ImageRgb8::from_raw(200, 150, 600, data).expect("image");
         let mut got = Vec::new();
-        for device_nms in [Some(false), Some(true)] {
+        for device_nms in [false, true] {
             let o = PredictOptions { imgsz: 160, conf: 0.001, device_nms, ..PredictOptions::default() };
             let mut p = Predictor::load(&w, Arch::v8(Scale::N), None, o).expect("load");
             got.push(p.predict_image(&img, Path::new("img.png")).expect("predict").0);

@@ -15,8 +15,8 @@ use sluice_model::{Arch, Family, Scale};
 use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
-    BatchEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer, ValRequest,
-    ValSettings, load_model, validate_weights,
+    BatchEvent, DevicePaths, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer,
+    ValRequest, ValSettings, load_model, parse_device_paths, validate_weights,
 };
 
 #[derive(Default)]
@@ -181,7 +181,7 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
         strict: false,
         end2end: false,
         device: "cpu",
-        device_nms: None,
+        paths: DevicePaths::default(),
         half: false,
     };
     let (v, _, used) = validate_weights(&req).unwrap();
@@ -190,7 +190,7 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     assert_eq!((v.images, v.skipped.skipped), (4, 0));
     // NMS where the predictions are (the device kernels' host twin here), only the kept rows handed to the
     // workers: the same detections, so the same report to the last bit.
-    let (d, _, _) = validate_weights(&ValRequest { device_nms: Some(true), ..req }).unwrap();
+    let (d, _, _) = validate_weights(&ValRequest { paths: parse_device_paths("device_nms").unwrap(), ..req }).unwrap();
     assert!(v.stats.detections > 0, "the pass must have detections to compare");
     assert_eq!(d.stats.detections, v.stats.detections);
     assert_eq!((d.report, d.loss, d.images), (v.report.clone(), v.loss, v.images));
@@ -277,7 +277,7 @@ fn new_family_trains(model: &str, family: Family) {
         strict: false,
         end2end: false,
         device: "cpu",
-        device_nms: None,
+        paths: DevicePaths::default(),
         half: false,
     };
     let (r, _, settings) = validate_weights(&req).unwrap();

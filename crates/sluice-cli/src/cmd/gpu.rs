@@ -196,6 +196,9 @@ mod imp {
         let mut rng = sample_rng(0, 0, 0);
         let mut checks = Vec::new();
         let x = rand_tensor(&mut rng, &[4, 32, 40, 40], -1.0, 1.0)?;
+        // The convolutions are checked under the timed algorithm search, the opt-in path this run verifies (the
+        // default, cudarc's pick, passed the first device run).
+        sluice_kernels::conv::search::set_algorithm_search(sluice_kernels::conv::search::Search::Timed, true);
         conv_checks(&gpu, &mut rng, &x, &mut checks)?;
         let logits = op_checks(&gpu, &mut rng, &x, &mut checks)?;
         sort_checks(&gpu, &mut rng, &logits, &mut checks)?;
@@ -409,7 +412,7 @@ mod imp {
         };
         let wide = distinct(rng, &[2, 33_600], 0.0, 1.0)?;
         checks.push(compare("top-300 of 33,600 columns (chunked argsort)", 0.0, gpu, |d| {
-            let (v, i) = sluice_eval::shrink::topk_last(&wide.to_device(d)?, 300)?;
+            let (v, i) = sluice_kernels::topk::topk_last(&wide.to_device(d)?, 300)?;
             Ok(vec![v, i.to_dtype(DType::F32)?])
         }));
         for side in [640usize, 1280] {
@@ -615,7 +618,7 @@ mod imp {
             let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
             // The CPU takes the host assigner, the GPU the dense (tensor-op) one: the check covers both.
             let loss = sluice_model::DetectionLoss::new(80);
-            let out = step_loss(&loss, &raw, &batch, &x, dense_on(d))?;
+            let out = step_loss(&loss, &raw, &batch, &x, dense_on(d, false))?;
             let items = out.items.read()?;
             let items = Tensor::new(&items, &Device::Cpu)?;
             Ok(vec![out.total.unsqueeze(0)?, items, raw.scores.mean_keepdim(D::Minus1)?])

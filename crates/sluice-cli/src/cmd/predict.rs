@@ -48,6 +48,10 @@ pub(crate) struct Args {
     /// Where the model runs: `cpu`, or `cuda:N` in a build with the `cuda` feature.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Device paths not yet verified on a device, turned on for this run (off by default): `device_nms` (batched
+    /// NMS kernels where the predictions are, one read of the kept rows) applies to prediction.
+    #[arg(long, value_name = "LIST", value_parser = sluice_train::train::parse_device_paths)]
+    device_paths: Option<sluice_train::train::DevicePaths>,
     /// Half-precision inference on a CUDA device (Ultralytics' `half`: the fused model in float16); the CPU predicts
     /// in f32, as Ultralytics.
     #[arg(long)]
@@ -169,7 +173,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
         max_det: a.max_det,
         agnostic: a.agnostic_nms,
         end2end: a.end2end,
-        device_nms: None,
+        device_nms: a.device_paths.unwrap_or_default().device_nms,
         half: a.half && a.device != "cpu",
     };
     if a.half && a.device == "cpu" {

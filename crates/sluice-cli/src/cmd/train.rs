@@ -9,8 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sluice_train::dist::Dist;
 use sluice_train::train::checkpoint_config;
 use sluice_train::train::{
-    Amp, BatchEvent, CacheMode, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig,
-    TrainSummary, Trainer, find_resume, parse_multi_scale,
+    Amp, BatchEvent, CacheMode, DevicePaths, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom,
+    TrainConfig, TrainSummary, Trainer, find_resume, parse_device_paths, parse_multi_scale,
 };
 
 use crate::plots::{plot_batch, plot_pr_curve, plot_results};
@@ -95,6 +95,13 @@ pub(crate) struct Args {
     /// scaling), `--amp bf16` (bfloat16), `--amp false` (f32). CUDA only: the CPU trains in f32.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "MODE")]
     amp: Option<Amp>,
+    /// Device paths not yet verified on a device, turned on for this run (off by default): a comma-separated list
+    /// of fused_step, cudnn_search, device_nms, gpu_timer (`none`: the verified paths).
+    #[arg(long, value_name = "LIST", value_parser = parse_device_paths)]
+    device_paths: Option<DevicePaths>,
+    /// Run the device's loss path (the assigner and loss as tensor ops) on the CPU too, as a GPU runs it.
+    #[arg(long)]
+    dense_loss: bool,
     /// Continue a run: a checkpoint, a run folder, or (no value) the latest run under --project.
     #[arg(long, num_args = 0..=1, default_missing_value = "")]
     resume: Option<PathBuf>,
@@ -144,6 +151,10 @@ impl Args {
         if let Some(amp) = self.amp {
             c.amp = amp;
         }
+        if let Some(paths) = self.device_paths {
+            c.device_paths = paths;
+        }
+        c.dense_loss |= self.dense_loss;
         Ok(c)
     }
 }

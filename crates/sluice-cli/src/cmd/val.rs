@@ -45,10 +45,11 @@ pub(crate) struct Args {
     /// `nms=False`); by default, and for other models, NMS runs on the one-to-many output.
     #[arg(long)]
     end2end: bool,
-    /// On a GPU, run NMS on the post-process workers (the predictions shrunk on the device, then copied) instead
-    /// of on the device (batched NMS kernels, only the kept rows copied).
-    #[arg(long)]
-    host_nms: bool,
+    /// Device paths not yet verified on a device, turned on for this pass (off by default): `device_nms` (batched
+    /// NMS kernels on the device, only the kept rows copied, instead of NMS on the post-process workers after the
+    /// device-side shrink) and `gpu_timer` (the GPU's busy share from CUDA events) apply to validation.
+    #[arg(long, value_name = "LIST", value_parser = sluice_train::train::parse_device_paths)]
+    device_paths: Option<sluice_train::train::DevicePaths>,
     /// Half-precision inference on a CUDA device (Ultralytics' `half`: the fused model in float16, the metrics
     /// from its outputs in f32); the CPU validates in f32, as Ultralytics.
     #[arg(long)]
@@ -108,7 +109,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         strict: args.strict,
         end2end: args.end2end,
         device: &args.device,
-        device_nms: args.host_nms.then_some(false),
+        paths: args.device_paths.unwrap_or_default(),
         half: args.half && on_gpu,
     })?;
     let r = &v.report;

@@ -240,8 +240,12 @@ fn searched<A>(
                 find(&raw, Some(&bufs))
             }
             search::Search::Heuristic => find(&raw, None),
+            search::Search::Cudarc => Ok(None),
         }
     };
+    if search::algorithm_search().0 == search::Search::Cudarc {
+        return None;
+    }
     let found = run().ok().flatten();
     if found.is_none() {
         SEARCH_FALLBACKS.fetch_add(1, Ordering::Relaxed);

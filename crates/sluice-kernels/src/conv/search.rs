@@ -1,11 +1,12 @@
 //! How cuDNN's algorithm is chosen for each `(shape, pass)` (feature `cudnn`; the settings exist in every build).
 //!
-//! - **Timed** (the default, PyTorch's `cudnn.benchmark`): `cudnnFindConvolution*AlgorithmEx` runs every algorithm
-//!   on the call's own tensors once and reports their times; the fastest that fits is kept. The search blocks on the
-//!   device, once per shape and pass (a few per training size; multi-scale training adds one set per batch side).
+//! - **Cudarc** (the default): cudarc's own heuristic pick, the choice a device run has verified.
+//! - **Timed** (PyTorch's `cudnn.benchmark`): `cudnnFindConvolution*AlgorithmEx` runs every algorithm on the call's
+//!   own tensors once and reports their times; the fastest that fits is kept. The search blocks on the device, once
+//!   per shape and pass (a few per training size; multi-scale training adds one set per batch side).
 //! - **Heuristic**: `cudnnGetConvolution*Algorithm_v7`'s ranking, no device work.
 //!
-//! Either way, with `deterministic` (Ultralytics' `deterministic=True`, its default, which sets PyTorch's
+//! For the last two, with `deterministic` (Ultralytics' `deterministic=True`, its default, which sets PyTorch's
 //! `cudnn.deterministic`) only algorithms cuDNN marks deterministic are taken, those of the descriptor's math type
 //! first (the launch runs with it). If the search fails the caller falls back to cudarc's heuristic pick.
 //!
@@ -17,24 +18,35 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 /// How the algorithm is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Search {
+    /// cudarc's heuristic pick, with no search of Sluice's own.
+    Cudarc,
     /// Time every algorithm once per shape and pass (`cudnnFind*`).
     Timed,
     /// cuDNN's heuristics (`cudnnGet*_v7`).
     Heuristic,
 }
 
-static TIMED: AtomicU8 = AtomicU8::new(1);
+static SEARCH: AtomicU8 = AtomicU8::new(0);
 static DETERMINISTIC: AtomicBool = AtomicBool::new(true);
 
 /// Sets how later shapes choose their algorithm (shapes already chosen keep theirs).
 pub fn set_algorithm_search(search: Search, deterministic: bool) {
-    TIMED.store(u8::from(search == Search::Timed), Ordering::Relaxed);
+    let code = match search {
+        Search::Cudarc => 0,
+        Search::Timed => 1,
+        Search::Heuristic => 2,
+    };
+    SEARCH.store(code, Ordering::Relaxed);
     DETERMINISTIC.store(deterministic, Ordering::Relaxed);
 }
 
 /// The settings in force: `(search, deterministic)`.
 pub fn algorithm_search() -> (Search, bool) {
-    let s = if TIMED.load(Ordering::Relaxed) == 1 { Search::Timed } else { Search::Heuristic };
+    let s = match SEARCH.load(Ordering::Relaxed) {
+        1 => Search::Timed,
+        2 => Search::Heuristic,
+        _ => Search::Cudarc,
+    };
     (s, DETERMINISTIC.load(Ordering::Relaxed))
 }
 
@@ -330,9 +342,11 @@ mod tests {
     #[test]
     fn settings_round_trip() {
         let before = algorithm_search();
-        assert_eq!(before, (Search::Timed, true), "the defaults: timed, deterministic (Ultralytics')");
+        assert_eq!(before, (Search::Cudarc, true), "the defaults: cudarc's pick, deterministic (Ultralytics')");
         set_algorithm_search(Search::Heuristic, false);
         assert_eq!(algorithm_search(), (Search::Heuristic, false));
+        set_algorithm_search(Search::Timed, true);
+        assert_eq!(algorithm_search(), (Search::Timed, true));
         set_algorithm_search(before.0, before.1);
         assert_eq!(algorithm_search(), before);
     }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sluice_augment::Hyp;
 use sluice_model::{Arch, LossGains};
 
+use super::device_paths::DevicePaths;
 use crate::optim::OptimSettings;
 pub use sluice_loader::{CacheMode, ParseCacheModeError, ReadFrom};
 
@@ -148,6 +149,14 @@ pub struct TrainConfig {
     /// backward, with f32 master weights, BatchNorm statistics and loss ([`sluice_model::YoloV8::set_autocast`]).
     /// Off by default (Ultralytics' default is on) until a GPU run shows the half-precision step faster than f32.
     pub amp: Amp,
+    /// The device paths beyond the ones a device run has verified, each off by default ([`DevicePaths`]: the keys
+    /// `fused_step`, `cudnn_search`, `device_nms`, `gpu_timer`).
+    #[serde(flatten)]
+    pub device_paths: DevicePaths,
+    /// The device's loss path (the task-aligned assigner and the loss as tensor ops on the padded targets table,
+    /// [`super::loss_path`]) on the CPU too; a device always takes it. The two agree to float rounding, so this is
+    /// how the device path runs end to end on a machine without a GPU.
+    pub dense_loss: bool,
     /// Optimizer and schedule.
     #[serde(flatten)]
     pub optim: OptimSettings,
@@ -256,6 +265,8 @@ impl Default for TrainConfig {
             strict: false,
             deterministic: true,
             amp: Amp::Off,
+            device_paths: DevicePaths::default(),
+            dense_loss: false,
             max_nonfinite: 10,
             plots: true,
             nms: None,

@@ -303,7 +303,7 @@ impl Trainer {
     /// is the best so far.
     fn validate_epoch(&mut self, epoch: u32, tel: &mut EpochTelemetry, observer: &mut dyn Observer) -> Result<bool> {
         let syncs0 = sluice_core::syncs::snapshot();
-        let opts = ValOptions::default().for_device(self.model.device());
+        let opts = ValOptions::default().with_paths(&self.cfg.device_paths, self.cfg.dense_loss);
         // Rank 0's EMA is the model that is saved; its BatchNorm statistics are its own, so the other ranks take
         // it before validating their shares.
         self.dist.broadcast_vars(&crate::dist::all_vars(self.opt.ema_model())).context("sending rank 0's EMA")?;

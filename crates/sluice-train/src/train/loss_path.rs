@@ -1,6 +1,6 @@
 //! Which loss path a step takes: the host assigner on the CPU ([`DetectionLoss::compute`]), or the tensor-op
 //! assigner and loss on the device ([`DetectionLoss::compute_dense`]) elsewhere, so a GPU step copies nothing
-//! but the three loss items to the host. `SLUICE_DENSE_LOSS=1` takes the device path on the CPU too (the two
+//! but the three loss items to the host. The config's `dense_loss` takes the device path on the CPU too (the two
 //! agree to float rounding; the tests check it), which is how the GPU path is exercised end to end here.
 
 use crate::error::Result;
@@ -10,9 +10,9 @@ use sluice_core::syncs::{self, Site};
 use sluice_model::{DenseTargets, DetectionLoss, RawHead};
 use sluice_transfer::DeviceBatch;
 
-/// Whether steps on `device` take the dense (device) loss path.
-pub fn dense_on(device: &Device) -> bool {
-    !device.is_cpu() || std::env::var_os("SLUICE_DENSE_LOSS").is_some_and(|v| v == "1")
+/// Whether steps on `device` take the dense (device) loss path: always off the CPU, on the CPU when `forced`.
+pub fn dense_on(device: &Device, forced: bool) -> bool {
+    !device.is_cpu() || forced
 }
 
 /// A step's loss: what to call `backward` on and the loss items.

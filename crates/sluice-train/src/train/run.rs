@@ -256,23 +256,18 @@ impl Trainer {
         };
         let mut opt = Optimization::new(&model, &cfg.optim, shape)?;
         // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step).
-        opt.set_device_checks(dense_on(&device));
-        // On a GPU the optimizer step runs as a few passes over every tensor (`SLUICE_FUSED_STEP=0`: the composed
-        // ops, for comparison).
-        let fused = device.is_cuda()
-            && match std::env::var("SLUICE_FUSED_STEP").as_deref() {
-                Err(_) | Ok("" | "1") => true,
-                Ok("0") => false,
-                Ok(v) => crate::bail!("SLUICE_FUSED_STEP={v:?}: expected 0 (composed ops) or 1 (fused, the default)"),
-            };
-        // cuDNN's algorithms: timed per shape and pass unless `SLUICE_CUDNN_SEARCH=heuristic`, deterministic ones
-        // only under `deterministic`.
-        let search = match std::env::var("SLUICE_CUDNN_SEARCH").as_deref() {
-            Err(_) | Ok("" | "timed") => sluice_kernels::conv::search::Search::Timed,
-            Ok("heuristic") => sluice_kernels::conv::search::Search::Heuristic,
-            Ok(v) => crate::bail!("SLUICE_CUDNN_SEARCH={v:?}: expected timed (the default) or heuristic"),
-        };
-        sluice_kernels::conv::search::set_algorithm_search(search, cfg.deterministic);
+        opt.set_device_checks(dense_on(&device, cfg.dense_loss));
+        // The device paths no device run has passed yet are opt-in (`DevicePaths`); by default a GPU takes the
+        // composed optimizer step and cuDNN's heuristic algorithm choice.
+        let opt_in = cfg.device_paths;
+        let fused = device.is_cuda() && opt_in.fused_step;
+        sluice_kernels::conv::search::set_algorithm_search(opt_in.cudnn_search.kernels(), cfg.deterministic);
+        if !opt_in.enabled().is_empty() && device.is_cuda() {
+            notes.push(Note::Info(format!(
+                "device paths not yet verified on a device, on by request: {}",
+                opt_in.enabled().join(", ")
+            )));
+        }
         opt.set_fused_step(fused, &model)?;
         // Float16's range needs loss scaling (`GradScaler`); bfloat16 has float32's.
         if half == Some(DType::F16) {
@@ -285,7 +280,7 @@ impl Trainer {
         loss.gains = cfg.loss_gains();
         Ok(Self {
             names: data.names.clone(),
-            dense_loss: dense_on(&device) && !model.config().family.end2end(),
+            dense_loss: dense_on(&device, cfg.dense_loss) && !model.config().family.end2end(),
             readback: Readback::new(&device).context("loss readback")?,
             readback_buf: Vec::new(),
             pool_growth: sluice_transfer::PoolGrowth::new(),
@@ -378,7 +373,7 @@ impl Trainer {
             end2end: self.cfg.nms == Some(false),
             ..ValOptions::default()
         }
-        .for_device(self.model.device());
+        .with_paths(&self.cfg.device_paths, self.cfg.dense_loss);
         let v = validate_on(&model, &self.val, &self.loss, &self.transfer, opts, &self.dist)?;
         observer.final_eval(&FinalEvalEvent {
             weights: best,

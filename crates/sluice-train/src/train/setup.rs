@@ -142,9 +142,9 @@ pub struct ValRequest<'a> {
     pub end2end: bool,
     /// The device ([`device_of`]: `cpu`, `cuda:N`).
     pub device: &'a str,
-    /// Where NMS runs ([`ValOptions::device_nms`]): `None` on the device when it is a GPU, else on the
-    /// post-process workers; `Some(true)` on the device (the host twin of the kernels on the CPU).
-    pub device_nms: Option<bool>,
+    /// The opt-in device paths: `device_nms` ([`ValOptions::device_nms`]) and `gpu_timer`
+    /// ([`ValOptions::gpu_timer`]) apply to validation.
+    pub paths: super::DevicePaths,
     /// Ultralytics' `half` ([`ValOptions::half`]), on any device (`sluice val` asks for it on CUDA devices only,
     /// as Ultralytics).
     pub half: bool,
@@ -201,10 +201,7 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
         &val,
         &loss,
         &DeviceTransfer::new(&device, DType::F32)?,
-        match req.device_nms {
-            Some(on) => ValOptions { end2end: req.end2end, device_nms: on, half, ..ValOptions::default() },
-            None => ValOptions { end2end: req.end2end, half, ..ValOptions::default() }.for_device(&device),
-        },
+        ValOptions { end2end: req.end2end, half, ..ValOptions::default() }.with_paths(&req.paths, false),
     )?;
     Ok((v, loaded.config.names, ValSettings { data, imgsz, batch, half }))
 }

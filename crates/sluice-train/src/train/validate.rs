@@ -41,9 +41,14 @@ pub struct ValOptions {
     pub end2end: bool,
     /// Run NMS where the predictions are (`sluice_eval::masknms::nms_tensor`: the kernels on a CUDA device, their
     /// host twin on the CPU) and copy only the kept rows, instead of shrinking the predictions and running NMS on
-    /// the post-process workers. The two keep the same detections; [`ValOptions::for_device`] turns it on for a
-    /// CUDA device.
+    /// the post-process workers. The two keep the same detections; on a GPU it is an opt-in device path
+    /// ([`super::DevicePaths::device_nms`]).
     pub device_nms: bool,
+    /// Measure the GPU's busy share with CUDA events on the compute stream ([`ValResult::gpu_s`]); an opt-in
+    /// device path ([`super::DevicePaths::gpu_timer`]), nothing on the CPU.
+    pub gpu_timer: bool,
+    /// The device's loss path on the CPU too (the config's `dense_loss`).
+    pub dense_loss: bool,
     /// Ultralytics' `half`: the fused model cast to float16 after folding ([`YoloV8::fuse_to`]), the images cast
     /// on the device, the head's outputs back to f32 for the loss, NMS and the metrics. Honoured on any device;
     /// `sluice val` and `sluice predict` turn it on for CUDA devices only, as Ultralytics does.
@@ -51,10 +56,9 @@ pub struct ValOptions {
 }
 
 impl ValOptions {
-    /// These options with NMS on the device where the device is a GPU (on the CPU the workers run it, overlapped
-    /// with inference).
-    pub fn for_device(self, device: &candle_core::Device) -> Self {
-        Self { device_nms: device.is_cuda(), ..self }
+    /// These options with the device paths of `paths` and the config's `dense_loss`.
+    pub fn with_paths(self, paths: &super::DevicePaths, dense_loss: bool) -> Self {
+        Self { device_nms: paths.device_nms, gpu_timer: paths.gpu_timer, dense_loss, ..self }
     }
 }
 
@@ -86,7 +90,7 @@ pub struct ValResult {
     /// Seconds in transfer, the eval forward, the validation loss and the shrink step with its copy to the host.
     pub model_s: f64,
     /// Seconds of device time in the eval forward, the loss and the shrink or NMS, measured with CUDA events on
-    /// the compute stream (`sluice_transfer::GpuTimer`); `None` on the CPU. Over [`ValResult::seconds`] it is the
+    /// the compute stream (`sluice_transfer::GpuTimer`) when [`ValOptions::gpu_timer`] asks; `None` otherwise. Over [`ValResult::seconds`] it is the
     /// share of the pass the GPU was busy with inference.
     pub gpu_s: Option<f64>,
     /// Post-process (NMS + matching) figures: worker busy time, time inference waited for it, which one bound.
@@ -259,7 +263,7 @@ pub fn validate_on(
     let mut validator: Validator = StreamingValidator::with_stages(cfg, post, || UltralyticsMetric::new(nc))?;
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
     // An end-to-end head (YOLO26) has its loss on the host path only.
-    let dense = dense_on(transfer.device()) && !model.config().family.end2end();
+    let dense = dense_on(transfer.device(), opts.dense_loss) && !model.config().family.end2end();
     let mut device_sum: Option<candle_core::Tensor> = None;
     // On the device path the shrunk batch is packed, read back asynchronously and handed to the post-process
     // workers once it has landed (a batch or two later), so inference never waits on a copy.
@@ -269,7 +273,9 @@ pub fn validate_on(
     // validation has no blocking read at any image size.
     let shrink_params = ShrinkParams { fit: transfer.device().is_cpu(), ..ShrinkParams::default() };
     let mut in_flight = InFlight::default();
-    let mut gpu = sluice_transfer::GpuTimer::new(transfer.device()).context("validation GPU timer")?;
+    // Without the timer the pass takes the CPU's timer, which records nothing.
+    let timed = if opts.gpu_timer { transfer.device() } else { &candle_core::Device::Cpu };
+    let mut gpu = sluice_transfer::GpuTimer::new(timed).context("validation GPU timer")?;
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
     let skipped_before = loader.skips().skipped;
