@@ -3,9 +3,10 @@
 //! `ci` runs the checks CI runs, listed in [`ci`]: formatting, clippy with warnings denied and the tests of the
 //! workspace, of `sluice-decode`'s `nvjpeg` and `turbojpeg` backends, of `fuzz/` and of the vendored candle-core,
 //! and clippy of the `cuda` and `cudnn` features with the CUDA compiler from PyPI (no GPU).
-//! `train` trains the embedded default: it generates the synthetic shapes dataset when it is absent, builds the
-//! `sluice` binary in release mode and runs `sluice train --config configs/quick.yaml`, saying which of these it
-//! is doing.
+//! `train` trains the embedded default: it builds the `sluice` binary in release mode, has it generate the
+//! synthetic shapes dataset when it is absent and runs `sluice train --config configs/quick.yaml`, saying which of
+//! these it is doing. xtask itself depends on `sluice-core` alone, so it builds in seconds.
+//! `tidy` checks the crate graph against ARCHITECTURE.md's dependency rule ([`tidy`]).
 //! `gpu-build` / `gpu-check`: the CUDA build on a machine without a GPU, and the device check ([`gpu`]).
 //! `bench` builds the release `sluice` once and runs the peer-comparison scripts of `benches/` with it (`SLUICE`
 //! set, so they do not build it again), writing their combined output to stdout and to a results file under the
@@ -22,6 +23,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod ci;
 mod gpu;
+mod tidy;
 
 /// The package of the `sluice` binary.
 const CLI_PACKAGE: &str = "sluice-cli";
@@ -72,15 +74,14 @@ enum Task {
     },
     /// Build the release `sluice` with CUDA on a machine without a GPU: installs NVIDIA's CUDA 13.0 wheels into a
     /// cache folder (`SLUICE_CUDA_SDK`, default ~/.cache/sluice/cuda-13.0), generates a link-time driver stub and
-    /// builds into `<target>/cuda/release/sluice` (stripped, at most 64 MiB).
+    /// builds into `<target>/cuda/release/sluice` (stripped).
     GpuBuild {
         /// Cargo features of the build: `cuda`, or `cuda,cudnn` (installs the cuDNN 9 wheel too, about 900 MB).
         #[arg(long, default_value = "cuda")]
         features: String,
     },
-    /// Prepare the device check: `gpu-build`, then the binary, the script and a slice of coco128 (left behind when
-    /// it does not fit beside the working tree) under `<target>/gpu-check/`, and print the device-tool command that
-    /// runs it.
+    /// Prepare the device check: `gpu-build`, then the binary, the script and a slice of coco128 under
+    /// `<target>/gpu-check/`, and print how to run it on any CUDA machine.
     GpuCheck {
         /// Use this CUDA `sluice` instead of building one.
         #[arg(long)]
@@ -91,7 +92,13 @@ enum Task {
         /// training step (libnccl is loaded at run time, from PyTorch's NCCL wheel on the device).
         #[arg(long, default_value = "cuda")]
         features: String,
+        /// Keep the prepared folder and the repository's tracked files together under this many MiB, leaving
+        /// behind the coco128 slice, then the nvJPEG steps, when they do not fit.
+        #[arg(long, value_name = "MIB")]
+        max_mib: Option<u64>,
     },
+    /// Check the crate graph against the dependency rule of ARCHITECTURE.md (`cargo metadata`).
+    Tidy,
     /// Compile every CUDA C kernel source of the crates (`crates/*/src/**/*.cu`, which the binary compiles with
     /// NVRTC at run time) for sm_90 with nvcc and ptxas from the CUDA 13.0 compiler wheels (installed into
     /// `<target>/cuda-sdk` when missing; no GPU needed), warnings as errors. `cargo xtask ci` runs it too.
@@ -114,7 +121,8 @@ fn main() -> Result<()> {
         Task::Train { config, rest } => train(&root, &config, &rest),
         Task::Bench { case, features, sluice, rest } => bench(&root, case, features.as_deref(), sluice, &rest),
         Task::GpuBuild { features } => gpu::gpu_build(&root, &features).map(|_| ()),
-        Task::GpuCheck { sluice, features } => gpu::gpu_check(&root, sluice, &features),
+        Task::GpuCheck { sluice, features, max_mib } => gpu::gpu_check(&root, sluice, &features, max_mib),
+        Task::Tidy => tidy::tidy(&root),
         Task::Kernels => gpu::compile_kernels(&root, &gpu::ci_sdk_root(&root)).map(|_| ()),
         Task::GenData { args } => {
             let mut cmd =
@@ -138,21 +146,6 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
         .find_map(|l| l.strip_prefix("data:"))
         .map(|v| v.trim().trim_matches(['"', '\'']).to_string())
         .unwrap_or_else(|| "datasets/synthetic/data.yaml".into());
-    let synth = sluice_dataset::synth::SynthConfig::quick(root.join("datasets/synthetic"));
-    // Generated when absent, and regenerated when it was made with other settings (an older generator).
-    if root.join(&data) == synth.out.join("data.yaml") && !sluice_dataset::synth::is_generated_with(&synth) {
-        eprintln!("xtask: generating the synthetic shapes dataset in {} ...", synth.out.display());
-        let t = std::time::Instant::now();
-        let s = sluice_dataset::synth::generate(&synth)
-            .with_context(|| format!("generating the synthetic dataset in {}", synth.out.display()))?;
-        eprintln!(
-            "xtask: generated {} ({} train + {} val images, {:.1} s)",
-            s.data_yaml.display(),
-            s.train_images,
-            s.val_images,
-            t.elapsed().as_secs_f64()
-        );
-    }
     let bin = target_dir(root).join("release").join("sluice");
     if bin.is_file() {
         eprintln!("xtask: bringing the release sluice binary up to date ...");
@@ -160,6 +153,14 @@ fn train(root: &Path, config: &Path, rest: &[String]) -> Result<()> {
         eprintln!("xtask: building the release sluice binary (first time: several minutes) ...");
     }
     cargo(root, &["build", "--release", "-p", CLI_PACKAGE, "--bin", "sluice"])?;
+    // The embedded default's dataset is generated by the binary itself, when absent or made with other settings
+    // (xtask stays free of the dataset crate and its image codecs, so it builds in seconds).
+    let synth = root.join("datasets/synthetic");
+    if root.join(&data) == synth.join("data.yaml") {
+        let mut generate = Command::new(&bin);
+        generate.args(["data", "gen", "--preset", "quick", "--unless-current", "--out"]).arg(&synth).current_dir(root);
+        run(&mut generate).with_context(|| format!("generating the synthetic dataset in {}", synth.display()))?;
+    }
     let mut cmd = Command::new(&bin);
     cmd.arg("train").arg("--config").arg(&config).args(rest).current_dir(root);
     eprintln!("xtask: running {} train --config {}{}", bin.display(), config.display(), shell_tail(rest));

@@ -9,7 +9,7 @@ use crate::preview::{PreviewOptions, preview};
 use crate::samples::{SampleOptions, dump};
 use anyhow::{Context, Result};
 use sluice_augment::Hyp;
-use sluice_dataset::synth::{SynthConfig, generate};
+use sluice_dataset::synth::{SynthConfig, generate, is_generated_with};
 use sluice_dataset::{IndexOptions, Split, check};
 
 /// Arguments of `sluice data`.
@@ -67,6 +67,9 @@ enum DataCmd {
         /// Most objects per image.
         #[arg(long)]
         max_objects: Option<usize>,
+        /// Leave the folder as it is when it already holds a dataset generated with exactly these settings.
+        #[arg(long)]
+        unless_current: bool,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -167,7 +170,19 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 print!("{}", report.to_text());
             }
         }
-        DataCmd::Gen { preset, out, seed, train, val, imgsz, min_size, max_size, max_objects, json } => {
+        DataCmd::Gen {
+            preset,
+            out,
+            seed,
+            train,
+            val,
+            imgsz,
+            min_size,
+            max_size,
+            max_objects,
+            unless_current,
+            json,
+        } => {
             let mut cfg = match preset {
                 Preset::Quick => SynthConfig::quick(out),
                 Preset::Default => SynthConfig { out, ..SynthConfig::default() },
@@ -179,16 +194,23 @@ pub(crate) fn run(args: Args) -> Result<()> {
             cfg.objects.min_size = min_size.unwrap_or(cfg.objects.min_size);
             cfg.objects.max_size = max_size.unwrap_or(cfg.objects.max_size);
             cfg.objects.max_count = max_objects.unwrap_or(cfg.objects.max_count);
+            if unless_current && is_generated_with(&cfg) {
+                eprintln!("{} is current: generated with these settings", cfg.out.join("data.yaml").display());
+                return Ok(());
+            }
+            eprintln!("generating the synthetic shapes dataset in {} ...", cfg.out.display());
+            let t = std::time::Instant::now();
             let s = generate(&cfg).with_context(|| format!("generating into {}", cfg.out.display()))?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
                 println!(
-                    "wrote {} ({} train + {} val images, {} boxes)",
+                    "wrote {} ({} train + {} val images, {} boxes, {:.1} s)",
                     s.data_yaml.display(),
                     s.train_images,
                     s.val_images,
-                    s.boxes
+                    s.boxes,
+                    t.elapsed().as_secs_f64()
                 );
             }
         }
