@@ -1,5 +1,5 @@
 # Sourced by the scripts in this folder right after they set ROOT: where the data outside the repository is, by the
-# same variables and defaults as `sluice_core::locations`, and where scratch files go.
+# same variables and defaults as `sluice_testkit::locations`, and where scratch files go.
 #   SLUICE_SHARED    the shared folder (default ../shared beside the repository)
 #   SLUICE_DATASETS  datasets root (default $SLUICE_SHARED/datasets)
 #   SLUICE_COCO128   coco128 (default $SLUICE_DATASETS/coco128)

@@ -419,7 +419,7 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
             eprintln!("xtask: {} not found; run `cargo xtask gpu-build` first", from.display());
         }
     }
-    let data = dataset_slice(&sluice_core::locations::coco128_dir(), &dir.join("data"), CHECK_IMAGES)?;
+    let data = dataset_slice(&sluice_testkit::locations::coco128_dir(), &dir.join("data"), CHECK_IMAGES)?;
     // The decode conformance suite with nvJPEG, prebuilt; on the device it reads the fixtures of the carried
     // working tree (`SLUICE_DECODE_TEST_DATA`).
     match conformance_binary(root) {

@@ -5,7 +5,7 @@
 //! and clippy of the `cuda` and `cudnn` features with the CUDA compiler from PyPI (no GPU).
 //! `train` trains the embedded default: it builds the `sluice` binary in release mode, has it generate the
 //! synthetic shapes dataset when it is absent and runs `sluice train --config configs/quick.yaml`, saying which of
-//! these it is doing. xtask itself depends on `sluice-core` alone, so it builds in seconds.
+//! these it is doing. xtask itself depends on `sluice-testkit` alone, so it builds in seconds.
 //! `tidy` checks the crate graph against ARCHITECTURE.md's dependency rule ([`tidy`]).
 //! `gpu-build` / `gpu-check`: the CUDA build on a machine without a GPU, and the device check ([`gpu`]).
 //! `bench` builds the release `sluice` once and runs the peer-comparison scripts of `benches/` with it (`SLUICE`
@@ -54,7 +54,7 @@ enum Task {
         rest: Vec<String>,
     },
     /// Build the release `sluice` once, then run the peer-comparison scripts of `benches/` with it (they need the
-    /// peers' venv, found through `PEERS_DIR`, see `sluice_core::locations`) and write their output to stdout and to
+    /// peers' venv, found through `PEERS_DIR`, see `sluice_testkit::locations`) and write their output to stdout and to
     /// `<target dir>/bench/<UTC date-time>-<case>.txt`. The scripts read their settings from the environment
     /// (e.g. `PEERS_REPEATS=1`; see each script's header).
     Bench {

@@ -1,16 +1,22 @@
-//! The dependency rule of `ARCHITECTURE.md`, checked on the workspace's real graph (`cargo metadata`): which Sluice
-//! crate may depend on which. A test here runs it on every `cargo test --workspace`, and `cargo xtask tidy` prints
-//! the edges it forbids.
+//! The rules of `ARCHITECTURE.md` that code can check, on the workspace as it is: which Sluice crate may depend on
+//! which (`cargo metadata`), and that no library crate's source reads an environment variable (configuration comes
+//! in as values; only the `sluice` binary, the `src/bin` of other crates, tests, benches, `sluice-testkit` and
+//! `xtask` read the environment). The tests here run both on every `cargo test --workspace`; `cargo xtask tidy`
+//! prints what they forbid.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// The Sluice crates each crate may depend on (normal, build and dev dependencies alike); a crate not listed may
-/// depend on any Sluice crate but `sluice-cli`, on which nothing depends.
+/// The development helpers: any crate may take them as a dev-dependency, none but `xtask` as a normal one.
+const TESTKIT: &str = "sluice-testkit";
+
+/// The Sluice crates each crate may depend on (normal and build dependencies; dev-dependencies too, besides
+/// [`TESTKIT`]); a crate not listed may depend on any Sluice crate but `sluice-cli`, on which nothing depends.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("sluice-core", &[]),
+    ("sluice-testkit", &[]),
     ("sluice-kernels", &["sluice-core"]),
     ("sluice-dataset", &["sluice-core"]),
     ("sluice-storage", &["sluice-core"]),
@@ -22,14 +28,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sluice-loader", &["sluice-core", "sluice-dataset", "sluice-storage", "sluice-decode", "sluice-augment"]),
     ("sluice-dist", &["sluice-core"]),
     ("sluice-export", &["sluice-core", "sluice-model"]),
-    ("xtask", &["sluice-core"]),
+    ("xtask", &[TESTKIT]),
 ];
 
-/// One package of the graph: its name and the names of the packages it depends on.
+/// The crates whose library source may read the environment: the binary a user runs and the development helpers.
+const READS_ENV: &[&str] = &["sluice-cli", TESTKIT];
+
+/// One package of the graph: its name and its dependencies, each with whether it is a dev-dependency.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Package {
     pub(crate) name: String,
-    pub(crate) deps: Vec<String>,
+    pub(crate) deps: Vec<(String, bool)>,
 }
 
 /// The edges between workspace packages that the rule forbids, one line each.
@@ -37,18 +46,20 @@ pub(crate) fn forbidden_edges(packages: &[Package]) -> Vec<String> {
     let ours = |n: &str| packages.iter().any(|p| p.name == n);
     let mut bad = Vec::new();
     for p in packages {
-        for d in p.deps.iter().filter(|d| ours(d)) {
-            let allowed = match ALLOWED.iter().find(|(n, _)| *n == p.name) {
-                Some((_, list)) => list.contains(&d.as_str()),
-                None => d != "sluice-cli",
+        let rule = ALLOWED.iter().find(|(n, _)| *n == p.name).map(|(_, list)| *list);
+        for (d, dev) in p.deps.iter().filter(|(d, _)| ours(d)) {
+            let allowed = match rule {
+                _ if *dev && d == TESTKIT => true,
+                Some(list) => list.contains(&d.as_str()),
+                None => d != "sluice-cli" && d != TESTKIT,
             };
             if !allowed {
-                let rule = match ALLOWED.iter().find(|(n, _)| *n == p.name) {
-                    Some((_, [])) => "no Sluice crate".to_string(),
-                    Some((_, list)) => list.join(", "),
-                    None => "any Sluice crate but sluice-cli".to_string(),
+                let may = match rule {
+                    Some([]) => "no Sluice crate".to_string(),
+                    Some(list) => list.join(", "),
+                    None => format!("any Sluice crate but sluice-cli ({TESTKIT} as a dev-dependency only)"),
                 };
-                bad.push(format!("{} depends on {d}; it may depend on {rule} (ARCHITECTURE.md)", p.name));
+                bad.push(format!("{} depends on {d}; it may depend on {may} (ARCHITECTURE.md)", p.name));
             }
         }
     }
@@ -74,20 +85,70 @@ pub(crate) fn workspace_packages(root: &Path) -> Result<Vec<Package>> {
             let name = p["name"].as_str().context("a package without a name")?.to_string();
             let deps = p["dependencies"]
                 .as_array()
-                .map(|d| d.iter().filter_map(|d| d["name"].as_str().map(str::to_string)).collect())
+                .map(|d| {
+                    d.iter()
+                        .filter_map(|d| Some((d["name"].as_str()?.to_string(), d["kind"].as_str() == Some("dev"))))
+                        .collect()
+                })
                 .unwrap_or_default();
             Ok(Package { name, deps })
         })
         .collect()
 }
 
-/// `cargo xtask tidy`: fails naming every forbidden edge.
-pub(crate) fn tidy(root: &Path) -> Result<()> {
-    let bad = forbidden_edges(&workspace_packages(root)?);
-    if !bad.is_empty() {
-        bail!("the dependency rule is broken:\n  {}", bad.join("\n  "));
+/// Every `file:line` of `text` (the source of `file`) that reads an environment variable.
+fn env_reads(file: &Path, text: &str) -> Vec<String> {
+    const READS: [&str; 4] = ["env::var(", "env::var_os(", "env::vars(", "env::vars_os("];
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//") && READS.iter().any(|r| l.contains(r)))
+        .map(|(i, l)| format!("{}:{}: {}", file.display(), i + 1, l.trim()))
+        .collect()
+}
+
+/// The `.rs` files under `dir`, recursively, leaving out `src/bin`.
+fn library_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n != "bin") {
+                library_sources(&path, out)?;
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
     }
-    eprintln!("xtask: the crate graph keeps the dependency rule of ARCHITECTURE.md");
+    Ok(())
+}
+
+/// The environment reads in library crates' sources (`crates/*/src`, but `src/bin` and the crates of
+/// [`READS_ENV`]), relative to `root`.
+pub(crate) fn library_env_reads(root: &Path) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    for krate in std::fs::read_dir(root.join("crates")).context("reading crates/")? {
+        let krate = krate?.path();
+        let name = krate.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if krate.join("src").is_dir() && !READS_ENV.contains(&name.as_str()) {
+            library_sources(&krate.join("src"), &mut files)?;
+        }
+    }
+    files.sort();
+    let mut found = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        found.extend(env_reads(f.strip_prefix(root).unwrap_or(&f), &text));
+    }
+    Ok(found)
+}
+
+/// `cargo xtask tidy`: fails naming every forbidden edge and every environment read in a library crate.
+pub(crate) fn tidy(root: &Path) -> Result<()> {
+    let mut bad = forbidden_edges(&workspace_packages(root)?);
+    bad.extend(library_env_reads(root)?.into_iter().map(|r| format!("a library crate reads the environment: {r}")));
+    if !bad.is_empty() {
+        bail!("the rules of ARCHITECTURE.md are broken:\n  {}", bad.join("\n  "));
+    }
+    eprintln!("xtask: the crate graph and the library sources keep the rules of ARCHITECTURE.md");
     Ok(())
 }
 
@@ -95,14 +156,18 @@ pub(crate) fn tidy(root: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
+    fn root() -> &'static Path {
+        Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root")
+    }
+
     fn pkg(name: &str, deps: &[&str]) -> Package {
-        Package { name: name.into(), deps: deps.iter().map(|d| d.to_string()).collect() }
+        let dep = |d: &&str| d.strip_prefix("dev:").map_or((d.to_string(), false), |d| (d.to_string(), true));
+        Package { name: name.into(), deps: deps.iter().map(dep).collect() }
     }
 
     #[test]
     fn the_workspace_keeps_the_dependency_rule() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root");
-        let packages = workspace_packages(root).expect("cargo metadata");
+        let packages = workspace_packages(root()).expect("cargo metadata");
         assert!(packages.iter().any(|p| p.name == "sluice-model"), "the workspace's packages were read");
         let bad = forbidden_edges(&packages);
         assert!(bad.is_empty(), "{}", bad.join("\n"));
@@ -112,18 +177,33 @@ mod tests {
     fn a_stage_crate_reaching_another_or_anything_reaching_the_cli_is_named() {
         let graph = [
             pkg("sluice-core", &[]),
-            pkg("sluice-eval", &["sluice-core"]),
+            pkg("sluice-testkit", &[]),
+            pkg("sluice-eval", &["sluice-core", "dev:sluice-testkit"]),
             pkg("sluice-model", &["sluice-core", "sluice-eval", "candle-core"]),
             pkg("sluice-cli", &["sluice-model"]),
-            pkg("sluice-train", &["sluice-model", "sluice-cli"]),
+            pkg("sluice-train", &["sluice-model", "sluice-cli", "sluice-testkit"]),
         ];
         let bad = forbidden_edges(&graph);
-        assert_eq!(bad.len(), 2, "{bad:?}");
+        assert_eq!(bad.len(), 3, "{bad:?}");
         assert!(
             bad[0].starts_with("sluice-model depends on sluice-eval; it may depend on sluice-core, sluice-kernels")
         );
         assert!(bad[1].starts_with("sluice-train depends on sluice-cli"));
-        // Crates outside the workspace (candle-core) are not Sluice's to rule.
-        assert!(forbidden_edges(&graph[..2]).is_empty());
+        assert!(bad[2].starts_with("sluice-train depends on sluice-testkit"));
+        // Crates outside the workspace (candle-core) are not Sluice's to rule; a dev-dependency on the testkit is
+        // fine anywhere.
+        assert!(forbidden_edges(&graph[..3]).is_empty());
+    }
+
+    #[test]
+    fn no_library_crate_reads_the_environment() {
+        let found = library_env_reads(root()).expect("reading the sources");
+        assert!(found.is_empty(), "configuration comes in as values:\n{}", found.join("\n"));
+    }
+
+    #[test]
+    fn environment_reads_are_found_and_comments_are_not() {
+        let text = "fn f() {\n    // std::env::var(\"A\") in a comment\n    let a = std::env::var_os(\"B\");\n}\n";
+        assert_eq!(env_reads(Path::new("x.rs"), text), ["x.rs:3: let a = std::env::var_os(\"B\");"]);
     }
 }

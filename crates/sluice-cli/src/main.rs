@@ -54,7 +54,7 @@ enum Command {
 
 fn main() -> Result<()> {
     // SAFETY: at the start of `main`: no other thread exists yet and candle has not run.
-    unsafe { sluice_kernels::memory::setup_process() };
+    unsafe { sluice_kernels::memory::setup_process(&|k| std::env::var(k).ok()) };
     let cli = Cli::parse();
     match cli.command {
         Command::Train(args) => cmd::train::run(args),

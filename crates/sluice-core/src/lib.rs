@@ -11,7 +11,6 @@ pub mod error;
 pub mod geometry;
 pub mod image;
 pub mod labels;
-pub mod locations;
 pub mod pool;
 pub mod runner;
 pub mod sampler;

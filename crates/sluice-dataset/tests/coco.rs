@@ -1,13 +1,13 @@
 //! COCO import and export checked against the COCO ground truth the reference fixtures wrote from coco128's YOLO
 //! labels (image id = stem, sizes from the JPEGs, category id = class + 1, bbox rounded to 2 decimals): the
 //! committed six-image cut (`tests/data/coco128-mini`) always; the full 128-image file, which lives outside the
-//! repository (`sluice_core::locations`: `SLUICE_FIXTURES` / `SLUICE_COCO128`, default `../shared`), only when
+//! repository (`sluice_testkit::locations`: `SLUICE_FIXTURES` / `SLUICE_COCO128`, default `../shared`), only when
 //! asked for: `cargo test -p sluice-dataset -- --ignored`, and then a missing file is a failure.
 #![allow(clippy::unwrap_used)] // Helpers of integration tests; clippy.toml already allows it in #[test] fns.
 
 use std::path::Path;
 
-use sluice_core::locations::{coco128_dir, fixtures_dir};
+use sluice_testkit::locations::{coco128_dir, fixtures_dir};
 
 use sluice_dataset::coco::{export_ground_truth, load_coco};
 use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};

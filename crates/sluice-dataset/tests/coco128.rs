@@ -1,6 +1,6 @@
 //! The index and `check` on real coco128 data: the committed six-image copy (`tests/data/coco128-mini`, always),
 //! and the full coco128, whose counts must equal Ultralytics' (128 images, 929 boxes, 2 background images; 2 orphan
-//! label files). The full set lives outside the repository (`sluice_core::locations::coco128_dir`: `SLUICE_COCO128`,
+//! label files). The full set lives outside the repository (`sluice_testkit::locations::coco128_dir`: `SLUICE_COCO128`,
 //! default `../shared/datasets/coco128`), so its test runs only when asked for
 //! (`cargo test -p sluice-dataset -- --ignored`), and then a missing dataset is a failure.
 #![allow(clippy::unwrap_used)] // Helpers of integration tests; clippy.toml already allows it in #[test] fns.
@@ -80,7 +80,7 @@ fn check_json_has_the_keys_the_cli_promises() {
 #[ignore = "needs the full coco128 outside the repository (SLUICE_COCO128); \
             run with `cargo test -p sluice-dataset -- --ignored`"]
 fn full_coco128_matches_ultralytics() {
-    let yaml = sluice_core::locations::coco128_dir().join("data.yaml");
+    let yaml = sluice_testkit::locations::coco128_dir().join("data.yaml");
     assert!(yaml.is_file(), "{} not found: set SLUICE_COCO128 (or SLUICE_DATASETS, SLUICE_SHARED)", yaml.display());
     let cfg = DataConfig::load(&yaml).unwrap();
     assert_eq!(cfg.nc(), 80);

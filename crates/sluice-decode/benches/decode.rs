@@ -15,7 +15,7 @@
 //! turbojpeg on coco128, and decode-to-target vs full decode + resize per backend and set, each as median (range).
 //! With a filter that matches no group (`-- ratios-only`) only they run.
 //!
-//! Images: `images/train2017` of coco128 where `sluice_core::locations` finds it (`$SLUICE_COCO128`, by default
+//! Images: `images/train2017` of coco128 where `sluice_testkit::locations` finds it (`$SLUICE_COCO128`, by default
 //! `$SLUICE_DATASETS/coco128`, by default under `../shared` beside the repository), else the JPEGs committed in
 //! `tests/data`. Run: `cargo bench -p sluice-decode --features turbojpeg`.
 
@@ -26,7 +26,7 @@ use criterion::{Criterion, Throughput, criterion_group};
 use sluice_decode::{Backend, DecodeHint, Decoder, ImageRgb8, TargetOptions, decode_to_target, resize};
 
 fn image_dir() -> (PathBuf, bool) {
-    let coco = sluice_core::locations::coco128_dir().join("images/train2017");
+    let coco = sluice_testkit::locations::coco128_dir().join("images/train2017");
     if coco.is_dir() {
         return (coco, true);
     }

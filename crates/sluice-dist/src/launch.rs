@@ -58,12 +58,7 @@ impl Launch {
         Self { launcher: Launcher::Single, rank: 0, world: 1, local_rank: 0, local_world: Some(1), master: None }
     }
 
-    /// Reads the process environment.
-    pub fn from_env() -> Result<Self> {
-        Self::from_vars(|k| std::env::var(k).ok())
-    }
-
-    /// Reads the environment through `get` (tests pass a map).
+    /// Reads the launcher's variables through `get` (the binary passes the process environment, tests a map).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let num = |var: &str| -> Result<Option<usize>> {
             match get(var) {

@@ -1,18 +1,35 @@
 //! Starting ranks under Open MPI's `mpirun`: the CPU engine's ranks can only meet through an MPI launcher, so
 //! `sluice train --nproc N` (and the MPI tests) start themselves through it.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::Command;
 
 use crate::error::{DistError, Result};
 
-/// Finds `mpirun` (the `MPIRUN` variable, else the `PATH`).
-pub fn find_mpirun() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("MPIRUN").filter(|p| !p.is_empty()) {
+/// Where the caller found `mpirun`: the launcher it names (the binary's `MPIRUN`), and the `PATH` to search
+/// otherwise.
+#[derive(Debug, Clone, Default)]
+pub struct MpirunLookup {
+    /// An explicit launcher; empty counts as unset.
+    pub mpirun: Option<OsString>,
+    /// The search path.
+    pub path: Option<OsString>,
+}
+
+impl MpirunLookup {
+    /// The lookup through `get` (the binary passes the process environment's `MPIRUN` and `PATH`).
+    pub fn from_vars(get: impl Fn(&str) -> Option<OsString>) -> Self {
+        Self { mpirun: get("MPIRUN"), path: get("PATH") }
+    }
+}
+
+/// Finds `mpirun`: the launcher `lookup` names, else the first `mpirun` on its path.
+pub fn find_mpirun(lookup: &MpirunLookup) -> Result<PathBuf> {
+    if let Some(p) = lookup.mpirun.as_ref().filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = lookup.path.clone().unwrap_or_default();
     std::env::split_paths(&path).map(|d| d.join("mpirun")).find(|p| p.is_file()).ok_or_else(|| DistError::NotBuilt {
         what: "starting CPU ranks (mpirun is not on PATH)".into(),
         feature: "mpi",
@@ -24,8 +41,13 @@ pub fn find_mpirun() -> Result<PathBuf> {
 /// (`--oversubscribe`), ranks are not pinned to cores (they run their own thread pools), shared-memory transport
 /// without the kernel's cross-memory attach (refused inside most containers), and `--allow-run-as-root` when the
 /// caller is root (CI).
-pub fn mpirun_command(np: usize, program: impl AsRef<OsStr>, args: &[impl AsRef<OsStr>]) -> Result<Command> {
-    let mut cmd = Command::new(find_mpirun()?);
+pub fn mpirun_command(
+    lookup: &MpirunLookup,
+    np: usize,
+    program: impl AsRef<OsStr>,
+    args: &[impl AsRef<OsStr>],
+) -> Result<Command> {
+    let mut cmd = Command::new(find_mpirun(lookup)?);
     cmd.arg("-np").arg(np.to_string()).args(["--oversubscribe", "--bind-to", "none"]);
     cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
     // When mpirun aborts the job it sends its ranks SIGTERM, then SIGKILL after this many seconds: time for them

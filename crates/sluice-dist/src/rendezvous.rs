@@ -76,13 +76,8 @@ impl RendezvousConfig {
     }
 
     /// Applies `SLUICE_DIST_TIMEOUT_S` (the connect timeout), `SLUICE_HEARTBEAT_S`, `SLUICE_LOST_AFTER_S` and
-    /// `SLUICE_STALL_S`, in seconds (fractions allowed), from the process environment.
-    pub fn with_env_overrides(self) -> Result<Self> {
-        self.with_vars(|k| std::env::var(k).ok())
-    }
-
-    /// Like [`with_env_overrides`](Self::with_env_overrides), reading the variables through `get` (tests pass a
-    /// map). An empty value counts as unset.
+    /// `SLUICE_STALL_S`, in seconds (fractions allowed), read through `get` (the binary passes the process
+    /// environment, tests a map). An empty value counts as unset.
     pub fn with_vars(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let secs = |var: &str| -> Result<Option<Duration>> {
             let Some(v) = get(var).filter(|v| !v.trim().is_empty()) else { return Ok(None) };
@@ -733,7 +728,7 @@ fn host_name() -> String {
 
 #[cfg(not(unix))]
 fn host_name() -> String {
-    std::env::var("COMPUTERNAME").unwrap_or_else(|_| "unknown-host".into())
+    "unknown-host".into()
 }
 
 fn frame(tag: u8, body: &[u8]) -> Vec<u8> {

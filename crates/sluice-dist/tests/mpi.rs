@@ -1,11 +1,12 @@
 //! The MPI engine across real processes: `mpirun -np N` on the probe binary, every collective checked.
 #![cfg(feature = "mpi")]
 
-use sluice_dist::mpirun::mpirun_command;
+use sluice_dist::mpirun::{MpirunLookup, mpirun_command};
 
 fn run(np: usize) {
     let probe = env!("CARGO_BIN_EXE_sluice-dist-mpi-check");
-    let out = mpirun_command(np, probe, &[] as &[&str]).expect("mpirun").output().expect("running mpirun");
+    let lookup = MpirunLookup::from_vars(|k| std::env::var_os(k));
+    let out = mpirun_command(&lookup, np, probe, &[] as &[&str]).expect("mpirun").output().expect("running mpirun");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "np {np}: {:?}\n{stdout}\n{stderr}", out.status);

@@ -18,27 +18,29 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Keeps freed memory mapped instead of purging it after mimalloc's default 10 ms. The process keeps its peak
 /// footprint, which a training run reaches in its first steps anyway. `MIMALLOC_PURGE_DELAY` in the environment
-/// still wins. It only has an effect when [`MiMalloc`] is the global allocator.
+/// (read through `env`: the binary passes the process environment) still wins. It only has an effect when
+/// [`MiMalloc`] is the global allocator.
 ///
 /// # Safety
 /// Call it first in `main` (or a bench's entry point), before any other thread exists: `mi_option_set` is not
 /// thread safe.
-pub unsafe fn keep_freed_memory() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+pub unsafe fn keep_freed_memory(env: &dyn Fn(&str) -> Option<String>) {
+    if env("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: the caller guarantees no other thread exists yet.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     }
 }
 
 /// The whole CPU process policy in one call, for entry points: [`keep_freed_memory`] and
-/// [`crate::threads::tame_candle_pools`].
+/// [`crate::threads::tame_candle_pools`], with the process environment read through `env` (an entry point passes
+/// `&|k| std::env::var(k).ok()`).
 ///
 /// # Safety
 /// As both: first thing in `main`, before any other thread exists and before candle runs.
-pub unsafe fn setup_process() -> crate::threads::ThreadPolicy {
+pub unsafe fn setup_process(env: &dyn Fn(&str) -> Option<String>) -> crate::threads::ThreadPolicy {
     // SAFETY: forwarded from the caller.
     unsafe {
-        keep_freed_memory();
-        crate::threads::tame_candle_pools()
+        keep_freed_memory(env);
+        crate::threads::tame_candle_pools(env)
     }
 }

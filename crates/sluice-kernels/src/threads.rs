@@ -41,15 +41,15 @@ pub fn policy_for(cores: usize, num_threads: Option<&str>, spin: Option<&str>) -
 }
 
 /// Applies [`policy_for`] this machine to the process environment, where candle reads it when its first
-/// element-wise op creates the barrier pool.
+/// element-wise op creates the barrier pool; `env` gives the variables' current values (a user's setting wins).
 ///
 /// # Safety
 /// Changes the process environment: call it at the start of `main`, before any other thread exists (the
 /// requirement of [`std::env::set_var`]) and before the first candle operation.
-pub unsafe fn tame_candle_pools() -> ThreadPolicy {
+pub unsafe fn tame_candle_pools(env: &dyn Fn(&str) -> Option<String>) -> ThreadPolicy {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let num = std::env::var("CANDLE_NUM_THREADS").ok();
-    let spin = std::env::var("CANDLE_BARRIER_POOL_SPIN_LIMIT").ok();
+    let num = env("CANDLE_NUM_THREADS");
+    let spin = env("CANDLE_BARRIER_POOL_SPIN_LIMIT");
     let p = policy_for(cores, num.as_deref(), spin.as_deref());
     if let (Some(v), None) = (&p.candle_threads, &num) {
         // SAFETY: the caller guarantees that no other thread runs yet.

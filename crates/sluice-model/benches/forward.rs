@@ -53,7 +53,7 @@ static GLOBAL: sluice_kernels::memory::MiMalloc = sluice_kernels::memory::MiMall
 
 fn main() {
     // SAFETY: first in `main`, before criterion or candle start any thread.
-    unsafe { sluice_kernels::memory::setup_process() };
+    unsafe { sluice_kernels::memory::setup_process(&|k| std::env::var(k).ok()) };
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

@@ -3,7 +3,7 @@
 //! One iteration = every sample once; the consumer touches one byte per 64 (every cache line), as a decoder
 //! would read them all. Throughput in bytes (MB/s).
 //!
-//! Images: `images/train2017` of coco128 where `sluice_core::locations` finds it (`$SLUICE_COCO128`, by default
+//! Images: `images/train2017` of coco128 where `sluice_testkit::locations` finds it (`$SLUICE_COCO128`, by default
 //! `$SLUICE_DATASETS/coco128`, by default under `../shared` beside the repository), else the JPEGs committed in
 //! `crates/sluice-decode/tests/data`. Run: `cargo bench -p sluice-storage`.
 
@@ -16,7 +16,7 @@ use sluice_core::Reader;
 use sluice_storage::{CachedReader, FileReader, PackedReader, Verify, pack_files};
 
 fn images() -> Vec<PathBuf> {
-    let coco = sluice_core::locations::coco128_dir().join("images/train2017");
+    let coco = sluice_testkit::locations::coco128_dir().join("images/train2017");
     let fallback = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sluice-decode/tests/data");
     let dir = if coco.is_dir() { coco } else { fallback };
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)

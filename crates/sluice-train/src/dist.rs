@@ -57,29 +57,30 @@ impl Dist {
         }
     }
 
-    /// The ranks as the environment describes them (torchrun or Sluice's launcher, `mpirun`, `srun`; one rank when
-    /// none of them started the process), joined by the engine for `device`: MPI for CPU ranks (feature `mpi`,
-    /// started by `mpirun`), NCCL for CUDA ranks (feature `nccl`). The ranks first meet over TCP at rank 0's
-    /// address (`MASTER_ADDR:MASTER_PORT`; under `mpirun` without them, rank 0 picks a port and MPI carries it),
-    /// which carries NCCL's id and then the heartbeat.
-    pub fn from_env(device: &Device) -> Result<Self> {
-        let launch = Launch::from_env()?;
+    /// The ranks as the launcher's variables describe them, read through `vars` (the binary passes the process
+    /// environment: torchrun or Sluice's launcher, `mpirun`, `srun`; one rank when none of them started the
+    /// process), joined by the engine for `device`: MPI for CPU ranks (feature `mpi`, started by `mpirun`), NCCL for
+    /// CUDA ranks (feature `nccl`). The ranks first meet over TCP at rank 0's address (`MASTER_ADDR:MASTER_PORT`;
+    /// under `mpirun` without them, rank 0 picks a port and MPI carries it), which carries NCCL's id and then the
+    /// heartbeat; `vars` also gives the rendezvous's timeouts ([`sluice_dist::RendezvousConfig::with_vars`]).
+    pub fn from_vars(device: &Device, vars: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let launch = Launch::from_vars(vars)?;
         // A launcher's single rank still goes through the engine (one NCCL rank checks the GPU path end to end).
         if launch.launcher == sluice_dist::Launcher::Single {
             return Ok(Self::single());
         }
-        let mut d = if device.is_cuda() { Self::nccl(launch, device)? } else { Self::mpi(launch)? };
+        let mut d = if device.is_cuda() { Self::nccl(launch, device, vars)? } else { Self::mpi(launch, vars)? };
         d.device = Some(device.clone());
         Ok(d)
     }
 
-    /// The device [`Dist::from_env`] joined the ranks on.
+    /// The device [`Dist::from_vars`] joined the ranks on.
     pub fn device(&self) -> Option<&Device> {
         self.device.as_ref()
     }
 
     #[cfg(feature = "mpi")]
-    fn mpi(launch: Launch) -> Result<Self> {
+    fn mpi(launch: Launch, vars: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         use sluice_dist::Mpi;
         let mpi = Mpi::init()?;
         crate::ensure!(
@@ -103,7 +104,7 @@ impl Dist {
                 (String::from_utf8_lossy(&addr).into_owned(), listener)
             }
         };
-        let cfg = sluice_dist::RendezvousConfig::new(addr, launch.rank, launch.world).with_env_overrides()?;
+        let cfg = sluice_dist::RendezvousConfig::new(addr, launch.rank, launch.world).with_vars(vars)?;
         let (rendezvous, _) = Rendezvous::join(&cfg, listener, &[])?;
         let mut d = Self::new(Arc::new(mpi), launch)?;
         d.progress = rendezvous.progress();
@@ -112,7 +113,7 @@ impl Dist {
     }
 
     #[cfg(not(feature = "mpi"))]
-    fn mpi(launch: Launch) -> Result<Self> {
+    fn mpi(launch: Launch, _vars: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         Err(DistError::NotBuilt {
             what: format!("training on {} CPU ranks", launch.world),
             feature: "mpi",
@@ -122,13 +123,13 @@ impl Dist {
     }
 
     #[cfg(feature = "nccl")]
-    fn nccl(launch: Launch, device: &Device) -> Result<Self> {
+    fn nccl(launch: Launch, device: &Device, vars: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         let addr = launch.master.clone().ok_or_else(|| DistError::Env {
             var: "MASTER_ADDR".into(),
             reason: format!("not set: GPU ranks started by {} meet at rank 0's address", launch.launcher.name()),
         })?;
         let id = if launch.rank == 0 { sluice_dist::nccl::unique_id()?.to_vec() } else { Vec::new() };
-        let cfg = sluice_dist::RendezvousConfig::new(addr, launch.rank, launch.world).with_env_overrides()?;
+        let cfg = sluice_dist::RendezvousConfig::new(addr, launch.rank, launch.world).with_vars(vars)?;
         let (rendezvous, id) = Rendezvous::join(&cfg, None, &id)?;
         let nccl = Arc::new(sluice_dist::Nccl::new(device, launch.rank, launch.world, &id)?);
         let mut d = Self::new(Arc::clone(&nccl) as Arc<dyn Collective>, launch)?;
@@ -139,7 +140,7 @@ impl Dist {
     }
 
     #[cfg(not(feature = "nccl"))]
-    fn nccl(launch: Launch, _device: &Device) -> Result<Self> {
+    fn nccl(launch: Launch, _device: &Device, _vars: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         Err(DistError::NotBuilt {
             what: format!("training on {} GPU ranks", launch.world),
             feature: "nccl",

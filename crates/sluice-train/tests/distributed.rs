@@ -6,7 +6,8 @@
 #[test]
 fn two_ranks_sum_gradients_as_ddp_and_stay_bit_equal() {
     let rank = env!("CARGO_BIN_EXE_sluice-train-dist-check");
-    let out = sluice_dist::mpirun::mpirun_command(2, rank, &[] as &[&str])
+    let lookup = sluice_dist::mpirun::MpirunLookup::from_vars(|k| std::env::var_os(k));
+    let out = sluice_dist::mpirun::mpirun_command(&lookup, 2, rank, &[] as &[&str])
         .expect("mpirun")
         .env("CANDLE_NUM_THREADS", "1")
         .output()

@@ -305,7 +305,7 @@ pub(crate) fn print_summary(s: &TrainSummary) {
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
-    let launch = sluice_dist::Launch::from_env()?;
+    let launch = sluice_dist::Launch::from_vars(|k| std::env::var(k).ok())?;
     // The checkpoint to resume and the configuration the run will have.
     let (resume, cfg) = match &args.resume {
         Some(p) => {
@@ -336,7 +336,8 @@ pub(crate) fn run(args: Args) -> Result<()> {
     let dist = if launch.launcher != sluice_dist::Launcher::Single {
         let device = sluice_train::train::rank_device(&cfg.device, launch.local_rank)?;
         let device = sluice_train::train::device_of(&device)?;
-        let dist = Dist::from_env(&device).with_context(|| format!("rank {} of {}", launch.rank, launch.world))?;
+        let dist = Dist::from_vars(&device, &|k| std::env::var(k).ok())
+            .with_context(|| format!("rank {} of {}", launch.rank, launch.world))?;
         // A rank blocked in a collective cannot return: the heartbeat's thread ends the process.
         let rank = launch.rank;
         dist.on_lost(Box::new(move |e| {
@@ -445,7 +446,8 @@ fn worker_args() -> Vec<std::ffi::OsString> {
 /// Starts `n` CPU ranks of this command under mpirun and waits for them.
 fn launch_mpi(n: usize) -> Result<()> {
     let exe = std::env::current_exe().context("finding the sluice binary")?;
-    let mut cmd = sluice_dist::mpirun::mpirun_command(n, &exe, &worker_args())?;
+    let lookup = sluice_dist::mpirun::MpirunLookup::from_vars(|k| std::env::var_os(k));
+    let mut cmd = sluice_dist::mpirun::mpirun_command(&lookup, n, &exe, &worker_args())?;
     // The ranks share the machine's cores (as torchrun sets OMP_NUM_THREADS): each one's compute pool gets its
     // share, unless the user set it.
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {

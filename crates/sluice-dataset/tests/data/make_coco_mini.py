@@ -3,7 +3,7 @@ ground truth written from coco128's YOLO labels by the fixture generator m10_met
 images of coco128-mini, with the crowd flag of coco128train_gt_crowd.json. Run from this folder:
     python3 make_coco_mini.py [FIXTURES_EVAL_DIR]
 The folder defaults to $SLUICE_FIXTURES/eval, where SLUICE_FIXTURES defaults to $SLUICE_SHARED/fixtures and
-SLUICE_SHARED to ../shared beside the repository (the same rule as sluice_core::locations).
+SLUICE_SHARED to ../shared beside the repository (the same rule as sluice_testkit::locations).
 """
 
 import json

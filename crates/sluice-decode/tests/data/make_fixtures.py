@@ -4,7 +4,7 @@ Run from this folder with Pillow and opencv-python-headless installed:
     python make_fixtures.py [COCO128_TRAIN_IMAGES_DIR]
 The folder defaults to $SLUICE_COCO128/images/train2017, where SLUICE_COCO128 defaults to $SLUICE_DATASETS/coco128,
 SLUICE_DATASETS to $SLUICE_SHARED/datasets and SLUICE_SHARED to ../shared beside the repository (the same rule as
-sluice_core::locations).
+sluice_testkit::locations).
 References are what Pillow (libjpeg-turbo inside) and OpenCV (as Ultralytics' load_image) produce.
 """
 import os

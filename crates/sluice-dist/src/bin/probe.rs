@@ -24,7 +24,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), DistError> {
-    let launch = Launch::from_env()?;
+    let launch = Launch::from_vars(|k| std::env::var(k).ok())?;
     let addr = launch.master.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let listener = if launch.rank == 0 {
         let l = Rendezvous::bind(&addr)?;
@@ -36,7 +36,7 @@ fn run() -> Result<(), DistError> {
         None
     };
     let addr = listener.as_ref().map_or(addr, |(_, a)| a.clone());
-    let cfg = RendezvousConfig::new(addr, launch.rank, launch.world).with_env_overrides()?;
+    let cfg = RendezvousConfig::new(addr, launch.rank, launch.world).with_vars(|k| std::env::var(k).ok())?;
     let (rdv, _) = Rendezvous::join(&cfg, listener.map(|(l, _)| l), b"probe")?;
     println!("ready");
     let start = Instant::now();

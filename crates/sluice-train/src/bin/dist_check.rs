@@ -135,7 +135,7 @@ fn run(dist: &Dist, report: &mut dyn FnMut(&str, bool, String)) -> Result<(), St
 }
 
 fn main() -> ExitCode {
-    let dist = match Dist::from_env(&Device::Cpu) {
+    let dist = match Dist::from_vars(&Device::Cpu, &|k| std::env::var(k).ok()) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("FAIL start: {e}");

@@ -14,7 +14,7 @@
 
 use std::path::PathBuf;
 
-/// The repository root, from this crate's location at build time (`crates/sluice-core` → two levels up).
+/// The repository root, from this crate's location at build time (`crates/sluice-testkit` → two levels up).
 pub fn repo_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().and_then(|p| p.parent()).map(PathBuf::from).unwrap_or(manifest)
@@ -59,7 +59,7 @@ mod tests {
     #[test]
     fn repo_root_holds_the_workspace_manifest() {
         assert!(repo_root().join("Cargo.toml").is_file());
-        assert!(repo_root().join("crates").join("sluice-core").is_dir());
+        assert!(repo_root().join("crates").join("sluice-testkit").is_dir());
     }
 
     #[test]

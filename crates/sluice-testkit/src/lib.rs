@@ -1,0 +1,7 @@
+//! Development helpers shared by tests, benches and `xtask`, never by the product: [`locations`] finds the data
+//! that lives outside the repository (the shared datasets, reference fixtures and peers' scripts). It bakes the
+//! checkout's path in at build time and reads the environment, which is why it lives here and not in a library
+//! crate the `sluice` binary ships.
+#![warn(missing_docs)]
+
+pub mod locations;
