@@ -188,22 +188,6 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8, half: false });
     assert_eq!((v.report.map50, v.report.map50_95), (map50, map50_95));
     assert_eq!((v.images, v.skipped.skipped), (4, 0));
-    // NMS where the predictions are (the device kernels' host twin here), only the kept rows handed to the
-    // workers: the same detections, so the same report to the last bit.
-    let (d, _, _) = validate_weights(&ValRequest { paths: parse_device_paths("device_nms").unwrap(), ..req }).unwrap();
-    assert!(v.stats.detections > 0, "the pass must have detections to compare");
-    assert_eq!(d.stats.detections, v.stats.detections);
-    assert_eq!((d.report, d.loss, d.images), (v.report.clone(), v.loss, v.images));
-    // Ultralytics' `half` (which `sluice val` asks for on a GPU; the library honours it anywhere): the folded model
-    // in float16, its outputs back in f32: the same pass within half precision.
-    let (h, _, used) = validate_weights(&ValRequest { half: true, ..req }).unwrap();
-    assert!(used.half);
-    assert_eq!(h.images, v.images);
-    assert_ne!(h.loss, v.loss, "the half pass must have run in f16");
-    for (a, b) in h.loss.iter().zip(&v.loss) {
-        assert!((a - b).abs() <= 2e-3 * b.abs().max(1.0), "loss {:?} vs {:?}", h.loss, v.loss);
-    }
-    assert!((h.report.map50_95 - v.report.map50_95).abs() < 0.02, "{} vs {}", h.report.map50_95, v.report.map50_95);
 
     // Val images that no longer decode are left out, counted and named: one whose header is gone (indexing leaves
     // it out) and one cut before its scan (its header reads, the pass fails to decode it); with `strict` they stop the pass.
@@ -231,6 +215,73 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
     }
     let e = validate_weights(&ValRequest { strict: true, ..req }).unwrap_err();
     assert!(format!("{e:#}").contains("not a jpeg") || format!("{e:#}").contains(".jpg"), "{e:#}");
+}
+
+/// The EMA of the embedded default's YOLOv8-tiny (trained on the shapes generator at 192, stored in float16), which
+/// finds the generator's shapes: the start of the tests whose metrics must not be zero to mean anything.
+fn trained_tiny() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../sluice-cli/tests/data/tiny_synthetic_f16.safetensors")
+}
+
+/// From a trained checkpoint, one epoch on fresh shapes: the trainer's final validation finds them (mAP50 above
+/// 0.3, as the distributed test of the same fixture), `sluice val` of `best` repeats it to the last digit, NMS
+/// where the predictions are keeps the same detections, and Ultralytics' `half` stays within half precision of it.
+#[test]
+fn a_trained_checkpoint_validates_the_same_in_the_trainer_in_val_on_device_nms_and_in_half() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth =
+        SynthConfig { out: dir.path().join("data"), seed: 11, train: 32, val: 24, ..SynthConfig::quick(dir.path()) };
+    let data = generate(&synth).unwrap().data_yaml;
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/models/yolov8-tiny.yaml");
+    let c = TrainConfig {
+        model: model.to_string_lossy().into_owned(),
+        weights: Some(trained_tiny()),
+        epochs: 1,
+        imgsz: 192,
+        multi_scale: 0.0,
+        batch: 8,
+        ..config(&data, &dir.path().join("runs"), "tuned")
+    };
+    let mut rec = Record::default();
+    let summary = Trainer::new(c).unwrap().run(&mut rec).unwrap();
+    let (_, map50, map50_95) = rec.final_evals[0];
+    assert!(map50 > 0.3 && map50_95 > 0.1, "the trained model finds the shapes: {map50} / {map50_95}");
+    let req = ValRequest {
+        weights: &summary.best,
+        model: None,
+        data: None,
+        split: Split::Val,
+        imgsz: None,
+        batch: None,
+        workers: 2,
+        strict: false,
+        end2end: false,
+        device: "cpu",
+        paths: DevicePaths::default(),
+        half: false,
+    };
+    let (v, _, used) = validate_weights(&req).unwrap();
+    assert_eq!((used.imgsz, used.batch), (192, 16));
+    assert_eq!((v.report.map50, v.report.map50_95), (map50, map50_95));
+    assert_eq!((v.images, v.skipped.skipped), (24, 0));
+    // NMS where the predictions are (the device kernels' host twin here), only the kept rows handed to the
+    // workers: the same detections, so the same report to the last bit.
+    let (d, _, _) = validate_weights(&ValRequest { paths: parse_device_paths("device_nms").unwrap(), ..req }).unwrap();
+    assert!(v.stats.detections > 0, "the pass must have detections to compare");
+    assert_eq!(d.stats.detections, v.stats.detections);
+    assert_eq!((d.report, d.loss, d.images), (v.report.clone(), v.loss, v.images));
+    // Ultralytics' `half` (which `sluice val` asks for on a GPU; the library honours it anywhere): the folded model
+    // in float16, its outputs back in f32: the same pass within half precision.
+    let (h, _, used) = validate_weights(&ValRequest { half: true, ..req }).unwrap();
+    assert!(used.half);
+    assert_eq!(h.images, v.images);
+    assert_ne!(h.loss, v.loss, "the half pass must have run in f16");
+    for (a, b) in h.loss.iter().zip(&v.loss) {
+        assert!((a - b).abs() <= 2e-3 * b.abs().max(1.0), "loss {:?} vs {:?}", h.loss, v.loss);
+    }
+    for (a, b) in [(h.report.map50, v.report.map50), (h.report.map50_95, v.report.map50_95)] {
+        assert!((a - b).abs() < 0.02, "half {a} vs f32 {b}");
+    }
 }
 
 #[test]
