@@ -41,8 +41,6 @@ const ENTRY_LEN: usize = 40;
 const ABSENT: u64 = u64::MAX;
 const CRC_AT: usize = 48;
 const FILE_LEN_AT: usize = 56;
-/// The environment variable naming the folder of node caches (see [`NodeCache::default_path`]).
-pub const DIR_ENV: &str = "SLUICE_NODE_CACHE_DIR";
 
 /// One image of the node cache: a view into the mapped file.
 #[derive(Debug, Clone, Copy)]
@@ -303,12 +301,11 @@ impl NodeCache {
         h.0
     }
 
-    /// Where the node cache with `key` lives: in `$SLUICE_NODE_CACHE_DIR` when set, else in `/dev/shm` when it is a
-    /// folder (shared memory: the file is its own page cache, nothing goes to disk), else in the system's
-    /// temporary folder.
-    pub fn default_path(key: u64) -> PathBuf {
-        let dir = match std::env::var_os(DIR_ENV) {
-            Some(d) if !d.is_empty() => PathBuf::from(d),
+    /// Where the node cache with `key` lives: in `dir` when given, else in `/dev/shm` when it is a folder (shared
+    /// memory: the file is its own page cache, nothing goes to disk), else in the system's temporary folder.
+    pub fn default_path(dir: Option<&Path>, key: u64) -> PathBuf {
+        let dir = match dir {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ if Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
             _ => std::env::temp_dir(),
         };
@@ -580,7 +577,8 @@ mod tests {
 
     #[test]
     fn default_path_names_the_key() {
-        let p = NodeCache::default_path(0xab);
+        let p = NodeCache::default_path(None, 0xab);
         assert_eq!(p.file_name().and_then(|n| n.to_str()), Some("sluice-node-cache-00000000000000ab.bin"));
+        assert_eq!(NodeCache::default_path(Some(Path::new("/c")), 1).parent(), Some(Path::new("/c")));
     }
 }
