@@ -383,7 +383,8 @@ fn a_run_from_a_packed_shard_equals_the_run_from_files() {
 fn a_run_with_cache_disk_equals_the_run_with_cache_ram() {
     let dir = tempfile::tempdir().unwrap();
     let synth =
-        SynthConfig { out: dir.path().join("data"), seed: 4, train: 8, val: 4, imgsz: 64, ..Default::default() };
+        // Larger than `imgsz`, so every image is resized (with the training or the validation interpolation).
+        SynthConfig { out: dir.path().join("data"), seed: 4, train: 8, val: 4, imgsz: 96, ..Default::default() };
     let data = generate(&synth).unwrap().data_yaml;
     let project = dir.path().join("runs");
     let run = |name: &str, cache: CacheMode| {
