@@ -220,6 +220,10 @@ impl DecodedSource {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => Some(e.to_string()),
         };
+        // A `cache_dir` named for the first time may not exist yet.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
+        }
         let cache = NodeCache::build_with_progress(path, self, key, usize::MAX, progress)?;
         Ok((cache, CacheFile::Built { replaced: rebuilt }))
     }

@@ -104,6 +104,11 @@ fn disk_batches_equal_ram_batches_and_read_the_map_in_place() {
     let disk_val = ValLoader::new(Arc::new(src), config());
     assert_eq!(val_pass(&disk_val), val_pass(&ram_val), "validation: disk vs ram");
 
+    // A folder named for the cache is made when missing.
+    let elsewhere = disk_cache_path(&train, IMGSZ, true, Some(&dir.path().join("new/cache"))).expect("path");
+    let (src, how) = disk(&train, true, &elsewhere);
+    assert_eq!((how, src.stats().node_cache_images), (CacheFile::Built { replaced: None }, 12));
+
     // A later run reuses the file.
     let (again, how) = disk(&train, true, &train_path);
     assert_eq!(how, CacheFile::Reused);

@@ -306,9 +306,9 @@ fn disk_source(
     let builder = !dist.is_distributed() || dist.launch().local_rank == 0;
     let built = if builder {
         let t0 = std::time::Instant::now();
-        let (cache, how) = src
-            .open_or_build_disk_cache(&path, &mut |_, _| {})
-            .with_context(|| format!("cache=disk: {split} images into {}", path.display()))?;
+        let (cache, how) = src.open_or_build_disk_cache(&path, &mut |_, _| {}).with_context(|| {
+            format!("cache=disk: {split} images into {} (cache_dir names another folder)", path.display())
+        })?;
         let held = format!("{} images, {:.1} MB", cache.images(), cache.len() as f64 / 1e6);
         notes.push(Note::Info(match how {
             CacheFile::Reused => format!("cache=disk: {split} images from {} ({held})", path.display()),
