@@ -244,9 +244,10 @@ pub(crate) fn source(
 /// `cfg.imgsz` with `cfg.cache`:
 /// - `cache=disk`: the images come from the split's disk cache file ([`disk_source`]);
 /// - `cache=ram` in a data-parallel run: the decoded images live in one node cache per machine
-///   (`sluice_loader::NodeCache`, a file in shared memory that every rank of the node maps), built by the node's
-///   local rank 0 while the others wait, its budget counted once, in `cfg.cache_dir` or else in `/dev/shm`. Once every rank has it mapped the file is
-///   unlinked, so the memory goes back to the system when the last rank ends, however it ends;
+///   (`sluice_loader::NodeCache`, a file in shared memory that every rank of the node maps, in `cfg.cache_dir` or
+///   else in `/dev/shm`), built by the node's local rank 0 while the others wait, its budget counted once. Once
+///   every rank has it mapped the file is unlinked, so the memory goes back to the system when the last rank
+///   ends, however it ends;
 /// - otherwise each process's own [`source`].
 pub(super) fn node_source(
     dist: &crate::dist::Dist,
