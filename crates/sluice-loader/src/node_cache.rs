@@ -164,10 +164,12 @@ impl NodeCache {
         let io = |e: std::io::Error| Error::Io { path: path.to_path_buf(), source: e };
         let samples = source.index().len();
         let table_end = (HEADER_LEN + samples * ENTRY_LEN) as u64;
+        // The temporary file is named after the cache so a leftover of a killed build says what it was, and the
+        // next build of the same file can remove it.
+        let name = path.file_name().map_or_else(|| "sluice-node-cache".into(), |n| n.to_string_lossy().into_owned());
+        remove_stale_temps(dir, &name);
         let need = table_end.saturating_add(estimated_pixel_bytes(source).min(budget_bytes as u64));
         check_free_space(dir, need)?;
-        // The temporary file is named after the cache so a leftover of a killed build says what it was.
-        let name = path.file_name().map_or_else(|| "sluice-node-cache".into(), |n| n.to_string_lossy().into_owned());
         let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir).map_err(io)?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         let table = write_body(&mut out, source, budget_bytes, progress).map_err(io)?;
@@ -382,6 +384,28 @@ impl NodeCache {
     /// The file's size: the pixels plus the header and table.
     pub fn file_len(&self) -> usize {
         self.map.len()
+    }
+}
+
+/// How long a temporary file of a build may go unmodified before another build of the same cache takes it for the
+/// leftover of a killed build. A live build writes continuously, so its file is never this old.
+const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes the temporary files of killed builds of the cache `name` in `dir` (`.NAME.*.tmp`, unmodified for
+/// [`STALE_TEMP`]), so they do not fill the disk. Best effort: a file that cannot be removed only costs space.
+fn remove_stale_temps(dir: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let prefix = format!(".{name}.");
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        if !(file.starts_with(&prefix) && file.ends_with(".tmp")) {
+            continue;
+        }
+        let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|a| a >= STALE_TEMP) {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 

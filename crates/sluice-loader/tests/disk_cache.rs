@@ -125,13 +125,21 @@ fn a_killed_build_is_rebuilt() {
     NodeCache::build(&whole, &src, src.node_cache_key(), usize::MAX).expect("build");
     let bytes = std::fs::read(&whole).expect("read");
 
-    // A build killed before its rename leaves a temporary file beside the cache and nothing under its name.
+    // A build killed before its rename leaves a temporary file beside the cache and nothing under its name. The
+    // next build removes it once it has gone unmodified long enough that no live build can own it.
     let name = path.file_name().expect("name").to_string_lossy().into_owned();
     let stray = path.with_file_name(format!(".{name}.killed.tmp"));
-    std::fs::write(&stray, &bytes[..bytes.len() / 2]).expect("stray");
+    let live = path.with_file_name(format!(".{name}.live.tmp"));
+    for p in [&stray, &live] {
+        std::fs::write(p, &bytes[..bytes.len() / 2]).expect("stray");
+    }
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options().write(true).open(&stray).and_then(|f| f.set_modified(old)).expect("mtime");
     let (cached, how) = disk(&train, true, &path);
     assert_eq!(how, CacheFile::Built { replaced: None });
     assert_same_images(&plain(&train, true, 0), &cached);
+    assert!(!stray.exists(), "the leftover of a killed build is removed");
+    assert!(live.exists(), "a temporary file written recently may be another build's");
 
     // A file written in place and cut short under the final name (another tool, a copy interrupted).
     for cut in [bytes.len() / 2, 100, bytes.len() - 1] {
