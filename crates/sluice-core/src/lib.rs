@@ -21,7 +21,7 @@ pub mod telemetry;
 pub use batch::{Batch, BatchShape, Target, TargetTable};
 pub use error::{Error, Result};
 pub use geometry::BoxXyxy;
-pub use image::ImageRgb8;
+pub use image::{ImageRgb8, SharedBytes};
 pub use labels::{ClassId, Detection, ImageLabels, Label, SampleId};
 pub use pool::{Pool, Pooled};
 pub use runner::{CancelSource, CancelToken, Pipeline, PipelineIter, StageCtx};

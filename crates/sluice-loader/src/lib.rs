@@ -20,8 +20,8 @@ mod source;
 pub mod split;
 pub mod telemetry;
 
-pub use cache::{CacheMode, ParseCacheModeError, ParseReadFromError, ReadFrom};
+pub use cache::{CacheMode, ParseCacheModeError, ParseReadFromError, ReadFrom, disk_cache_path};
 pub use loader::{LoaderConfig, STRIDE, SkipReport, TrainLoader, ValLoader, default_workers};
 pub use node_cache::NodeCache;
-pub use source::{DecodedSource, RAM_CACHE_BYTES, SourceKind, SourceStats};
+pub use source::{CacheFile, DecodedSource, RAM_CACHE_BYTES, SourceKind, SourceStats};
 pub use split::{DataError, LoadedSplit, load_split, pack_index};

@@ -13,7 +13,9 @@
 //! | 24..32 | samples in the index (table entries) |
 //! | 32..40 | images held |
 //! | 40..48 | pixel bytes held |
-//! | 48..64 | zero |
+//! | 48..52 | CRC-32 of the header (these four bytes taken as zero) and the table |
+//! | 52..56 | zero |
+//! | 56..64 | the file's length in bytes |
 //! | 64.. | one entry per sample: offset (u64, `u64::MAX` when absent), byte length (u64), row stride (u64), width, height, original width, original height (u32 each) |
 //! | then | the pixels, each image's whole backing buffer (rows `stride` bytes apart) |
 
@@ -22,21 +24,23 @@ use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
+use std::sync::Arc;
+
 use memmap2::Mmap;
 use rayon::prelude::*;
-use sluice_core::{Error, Result, SampleId};
+use sluice_core::{Error, ImageRgb8, Result, SampleId, SharedBytes};
 use sluice_dataset::SampleIndex;
 
 use crate::DecodedSource;
 
 const MAGIC: [u8; 8] = *b"SLUINODE";
 /// The file format version a reader accepts; bump it whenever the layout changes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER_LEN: usize = 64;
 const ENTRY_LEN: usize = 40;
 const ABSENT: u64 = u64::MAX;
-/// The environment variable naming the folder of node caches (see [`NodeCache::default_path`]).
-pub const DIR_ENV: &str = "SLUICE_NODE_CACHE_DIR";
+const CRC_AT: usize = 48;
+const FILE_LEN_AT: usize = 56;
 
 /// One image of the node cache: a view into the mapped file.
 #[derive(Debug, Clone, Copy)]
@@ -114,7 +118,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// and renames it), and a rebuild replaces the name, leaving the mapped inode intact.
 pub struct NodeCache {
     path: PathBuf,
-    map: Mmap,
+    map: Arc<Mmap>,
     key: u64,
     samples: usize,
     images: usize,
@@ -140,15 +144,35 @@ impl NodeCache {
     /// The file appears under `path` atomically (written beside it, then renamed), so a process that opens `path`
     /// never maps a half-written file; the result is the mapped file.
     pub fn build(path: &Path, source: &DecodedSource, key: u64, budget_bytes: usize) -> Result<Self> {
+        Self::build_with_progress(path, source, key, budget_bytes, &mut |_, _| {})
+    }
+
+    /// As [`NodeCache::build`], calling `progress(done, total)` after each group of samples is written. Before
+    /// writing it checks that the file system holding `path` has room for the file (an estimate from the index's
+    /// image sizes, capped by the budget) and fails naming the folder and the bytes needed when it has not.
+    pub fn build_with_progress(
+        path: &Path,
+        source: &DecodedSource,
+        key: u64,
+        budget_bytes: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
         let io = |e: std::io::Error| Error::Io { path: path.to_path_buf(), source: e };
-        let tmp = tempfile::Builder::new().prefix(".sluice-node-cache").tempfile_in(dir).map_err(io)?;
         let samples = source.index().len();
+        let table_end = (HEADER_LEN + samples * ENTRY_LEN) as u64;
+        // The temporary file is named after the cache so a leftover of a killed build says what it was, and the
+        // next build of the same file can remove it.
+        let name = path.file_name().map_or_else(|| "sluice-node-cache".into(), |n| n.to_string_lossy().into_owned());
+        remove_stale_temps(dir, &name);
+        let need = table_end.saturating_add(estimated_pixel_bytes(source).min(budget_bytes as u64));
+        check_free_space(dir, need)?;
+        let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir).map_err(io)?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
-        let table = write_body(&mut out, source, budget_bytes).map_err(io)?;
+        let table = write_body(&mut out, source, budget_bytes, progress).map_err(io)?;
         let (images, bytes) =
             table.iter().filter(|e| e.offset != ABSENT).fold((0u64, 0u64), |(n, b), e| (n + 1, b + e.len));
         let mut head = [0u8; HEADER_LEN];
@@ -159,11 +183,13 @@ impl NodeCache {
         head[24..32].copy_from_slice(&(samples as u64).to_le_bytes());
         head[32..40].copy_from_slice(&images.to_le_bytes());
         head[40..48].copy_from_slice(&bytes.to_le_bytes());
+        head[FILE_LEN_AT..FILE_LEN_AT + 8].copy_from_slice(&(table_end + bytes).to_le_bytes());
+        let table: Vec<u8> = table.iter().flat_map(|e| e.to_bytes()).collect();
+        let crc = checksum(&head, &table);
+        head[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
         out.seek(SeekFrom::Start(0)).map_err(io)?;
         out.write_all(&head).map_err(io)?;
-        for e in &table {
-            out.write_all(&e.to_bytes()).map_err(io)?;
-        }
+        out.write_all(&table).map_err(io)?;
         let tmp = out.into_inner().map_err(|e| io(e.into_error()))?;
         // No fsync: the file is a cache that any crash invalidates anyway (the next run rebuilds it), and on
         // /dev/shm there is no disk to reach.
@@ -171,8 +197,9 @@ impl NodeCache {
         Self::open(path, key)
     }
 
-    /// Maps the finished file at `path`, checking its magic, version and that it was built for `key`, and that
-    /// every table entry lies inside the file (so [`NodeCache::get`] cannot read out of bounds).
+    /// Maps the finished file at `path`, checking its magic, version, that it was built for `key`, its exact length,
+    /// the checksum of its header and table, and that every table entry lies inside the file (so
+    /// [`NodeCache::get`] cannot read out of bounds). A truncated, extended or damaged file is an error naming it.
     pub fn open(path: &Path, key: u64) -> Result<Self> {
         let io = |e: std::io::Error| Error::Io { path: path.to_path_buf(), source: e };
         let bad =
@@ -205,12 +232,24 @@ impl NodeCache {
                 "built for key {found:016x}, expected {key:016x} (another dataset, image size, augmentation or decoder)"
             )));
         }
+        let want_len = u64_at(&map, FILE_LEN_AT);
+        if want_len != map.len() as u64 {
+            return Err(bad(format!("{} bytes, the header says {want_len} (truncated or partly written)", map.len())));
+        }
         let samples = usize::try_from(u64_at(&map, 24)).map_err(|_| bad("sample count overflows".into()))?;
         let table_end = samples
             .checked_mul(ENTRY_LEN)
             .and_then(|t| t.checked_add(HEADER_LEN))
             .filter(|&end| end <= map.len())
             .ok_or_else(|| bad(format!("{} bytes, too short for a table of {samples} samples", map.len())))?;
+        let mut head = [0u8; HEADER_LEN];
+        head.copy_from_slice(&map[..HEADER_LEN]);
+        let want_crc = u32_at(&head, CRC_AT);
+        head[CRC_AT..CRC_AT + 4].fill(0);
+        let crc = checksum(&head, &map[HEADER_LEN..table_end]);
+        if crc != want_crc {
+            return Err(bad(format!("header and table checksum {crc:08x}, the file says {want_crc:08x} (damaged)")));
+        }
         let (mut images, mut bytes) = (0u64, 0u64);
         for (i, chunk) in map[HEADER_LEN..table_end].chunks_exact(ENTRY_LEN).enumerate() {
             let e = Entry::from_bytes(chunk);
@@ -228,7 +267,7 @@ impl NodeCache {
             )));
         }
         let (images, bytes) = (images as usize, bytes as usize);
-        Ok(Self { path: path.to_path_buf(), map, key, samples, images, bytes })
+        Ok(Self { path: path.to_path_buf(), map: Arc::new(map), key, samples, images, bytes })
     }
 
     /// The key of a node cache for `index` decoded to `imgsz` with Ultralytics' interpolation for training
@@ -264,12 +303,11 @@ impl NodeCache {
         h.0
     }
 
-    /// Where the node cache with `key` lives: in `$SLUICE_NODE_CACHE_DIR` when set, else in `/dev/shm` when it is a
-    /// folder (shared memory: the file is its own page cache, nothing goes to disk), else in the system's
-    /// temporary folder.
-    pub fn default_path(key: u64) -> PathBuf {
-        let dir = match std::env::var_os(DIR_ENV) {
-            Some(d) if !d.is_empty() => PathBuf::from(d),
+    /// Where the node cache with `key` lives: in `dir` when given, else in `/dev/shm` when it is a folder (shared
+    /// memory: the file is its own page cache, nothing goes to disk), else in the system's temporary folder.
+    pub fn default_path(dir: Option<&Path>, key: u64) -> PathBuf {
+        let dir = match dir {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ if Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
             _ => std::env::temp_dir(),
         };
@@ -279,12 +317,7 @@ impl NodeCache {
     /// The sample `id`'s image, or `None` when the cache does not hold it (outside the budget, failed to decode,
     /// or not in the index).
     pub fn get(&self, id: SampleId) -> Option<CachedImage<'_>> {
-        let i = usize::try_from(id).ok().filter(|&i| i < self.samples)?;
-        let at = HEADER_LEN + i * ENTRY_LEN;
-        let e = Entry::from_bytes(&self.map[at..at + ENTRY_LEN]);
-        if e.offset == ABSENT {
-            return None;
-        }
+        let e = self.entry(id)?;
         // `open` checked that every present entry lies inside the map.
         let (start, len) = (e.offset as usize, e.len as usize);
         Some(CachedImage {
@@ -295,6 +328,27 @@ impl NodeCache {
             orig_width: e.orig_width,
             orig_height: e.orig_height,
         })
+    }
+
+    /// The sample `id`'s image as an [`ImageRgb8`] that reads the mapped bytes in place (no copy; the image keeps
+    /// the map alive), with the original width and height the labels refer to; `None` as for [`NodeCache::get`].
+    pub fn image(&self, id: SampleId) -> Option<Result<(ImageRgb8, u32, u32)>> {
+        let e = self.entry(id)?;
+        let (start, len) = (e.offset as usize, e.len as usize);
+        let shared: SharedBytes = Arc::clone(&self.map) as SharedBytes;
+        let image = ImageRgb8::from_shared(e.width, e.height, e.stride as usize, shared, start..start + len);
+        Some(image.map(|i| (i, e.orig_width, e.orig_height)).map_err(|e| Error::Invalid {
+            what: "node cache",
+            reason: format!("{}: sample {id}: {e}", self.path.display()),
+        }))
+    }
+
+    /// The table entry of a present sample `id`.
+    fn entry(&self, id: SampleId) -> Option<Entry> {
+        let i = usize::try_from(id).ok().filter(|&i| i < self.samples)?;
+        let at = HEADER_LEN + i * ENTRY_LEN;
+        let e = Entry::from_bytes(&self.map[at..at + ENTRY_LEN]);
+        (e.offset != ABSENT).then_some(e)
     }
 
     /// The file.
@@ -333,6 +387,83 @@ impl NodeCache {
     }
 }
 
+/// How long a temporary file of a build may go unmodified before another build of the same cache takes it for the
+/// leftover of a killed build. A live build writes continuously, so its file is never this old.
+const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes the temporary files of killed builds of the cache `name` in `dir` (`.NAME.*.tmp`, unmodified for
+/// [`STALE_TEMP`]), so they do not fill the disk. Best effort: a file that cannot be removed only costs space.
+fn remove_stale_temps(dir: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let prefix = format!(".{name}.");
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        if !(file.starts_with(&prefix) && file.ends_with(".tmp")) {
+            continue;
+        }
+        let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|a| a >= STALE_TEMP) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// CRC-32 of a header (with its checksum field zero) and a table.
+fn checksum(head: &[u8], table: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(head);
+    h.update(table);
+    h.finalize()
+}
+
+/// The pixel bytes `source`'s images take at the training size, estimated from the sizes the index records (a
+/// sample whose size is unknown counts as a full `imgsz` square; a source of unknown size counts nothing).
+fn estimated_pixel_bytes(source: &DecodedSource) -> u64 {
+    let Some(imgsz) = source.target_size() else { return 0 };
+    let imgsz = u64::from(imgsz);
+    source
+        .index()
+        .samples
+        .iter()
+        .map(|s| {
+            let (w, h) = (u64::from(s.labels.width), u64::from(s.labels.height));
+            if w == 0 || h == 0 {
+                return imgsz * imgsz * 3;
+            }
+            let long = w.max(h);
+            let (nw, nh) = ((w * imgsz).div_ceil(long).clamp(1, imgsz), (h * imgsz).div_ceil(long).clamp(1, imgsz));
+            nw * nh * 3
+        })
+        .sum()
+}
+
+/// Fails when the file system holding `dir` has fewer than `need` bytes free for an unprivileged writer.
+#[cfg(unix)]
+fn check_free_space(dir: &Path, need: u64) -> Result<()> {
+    let st =
+        rustix::fs::statvfs(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: std::io::Error::from(e) })?;
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    if free < need {
+        return Err(Error::Invalid {
+            what: "cache space",
+            reason: format!(
+                "{}: {free} bytes free, the decoded-image cache needs about {need} bytes ({:.2} GB); free space or \
+                 choose another folder (cache_dir)",
+                dir.display(),
+                need as f64 / 1e9
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Free space is not checked on this platform: a full disk surfaces as a write error naming the file.
+#[cfg(not(unix))]
+fn check_free_space(_dir: &Path, _need: u64) -> Result<()> {
+    Ok(())
+}
+
 /// Why a present entry cannot be served, if it cannot.
 fn check_entry(e: &Entry, data_start: u64, file_len: u64) -> std::result::Result<(), String> {
     let end = e.offset.checked_add(e.len).ok_or("offset + length overflows")?;
@@ -356,7 +487,12 @@ fn check_entry(e: &Entry, data_start: u64, file_len: u64) -> std::result::Result
 
 /// Writes placeholders for the header and table, then the pixels of the samples that fit the budget; returns the
 /// table to write over the placeholders.
-fn write_body<W: Write>(out: &mut W, source: &DecodedSource, budget: usize) -> std::io::Result<Vec<Entry>> {
+fn write_body<W: Write>(
+    out: &mut W,
+    source: &DecodedSource,
+    budget: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> std::io::Result<Vec<Entry>> {
     let samples = source.index().len();
     let mut table = vec![Entry::ABSENT; samples];
     out.write_all(&[0u8; HEADER_LEN])?;
@@ -369,7 +505,8 @@ fn write_body<W: Write>(out: &mut W, source: &DecodedSource, budget: usize) -> s
     // every core decodes.
     let chunk = rayon::current_num_threads().max(1) * 2;
     let ids: Vec<SampleId> = (0..samples as SampleId).collect();
-    for ids in ids.chunks(chunk) {
+    for (n, ids) in ids.chunks(chunk).enumerate() {
+        progress(n * chunk, samples);
         let decoded: Vec<_> = ids.par_iter().map(|&id| source.decode(id)).collect();
         for (&id, result) in ids.iter().zip(decoded) {
             // A sample that fails stays absent: the source decodes it again on use and reports the error then,
@@ -393,6 +530,7 @@ fn write_body<W: Write>(out: &mut W, source: &DecodedSource, budget: usize) -> s
             used += size;
         }
     }
+    progress(samples, samples);
     Ok(table)
 }
 
@@ -452,9 +590,19 @@ mod tests {
         assert!(check_entry(&Entry { stride: u64::MAX / 2, ..ok }, 100, u64::MAX).is_err());
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn too_little_free_space_is_an_error_naming_the_folder_and_the_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(check_free_space(dir.path(), 1).is_ok());
+        let err = check_free_space(dir.path(), u64::MAX).expect_err("no file system has 16 EiB free").to_string();
+        assert!(err.contains(&dir.path().display().to_string()) && err.contains(&u64::MAX.to_string()), "{err}");
+    }
+
     #[test]
     fn default_path_names_the_key() {
-        let p = NodeCache::default_path(0xab);
+        let p = NodeCache::default_path(None, 0xab);
         assert_eq!(p.file_name().and_then(|n| n.to_str()), Some("sluice-node-cache-00000000000000ab.bin"));
+        assert_eq!(NodeCache::default_path(Some(Path::new("/c")), 1).parent(), Some(Path::new("/c")));
     }
 }

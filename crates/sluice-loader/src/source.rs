@@ -2,7 +2,8 @@
 //! into the decoded frame, with a RAM cache under a byte budget (Ultralytics' `cache=ram`, one copy for all
 //! workers). A budget of 0 disables caching (`cache=none`). The bytes come from the reader the user chose
 //! ([`SourceKind`]): the image files one by one, or the records of a packed shard (slices of its mmap). With a
-//! [`NodeCache`] attached, the images come first from that file shared by every rank of the machine.
+//! [`NodeCache`] attached (the node cache of a data-parallel run, or the `cache: disk` file), the images come first
+//! from that mapped file, read in place.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -71,6 +72,19 @@ impl SourceKind {
     }
 }
 
+/// How [`DecodedSource::open_or_build_disk_cache`] came by its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheFile {
+    /// The file held this source's images already.
+    Reused,
+    /// The file was built now; `replaced` says why the file found under its name could not be used (`None` when
+    /// there was none).
+    Built {
+        /// Why the previous file was rejected.
+        replaced: Option<String>,
+    },
+}
+
 /// What the cache did so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct SourceStats {
@@ -84,9 +98,10 @@ pub struct SourceStats {
     pub cached_bytes: usize,
     /// This process's cache's byte budget (0 with a node cache, whose budget replaces it).
     pub budget_bytes: usize,
-    /// Images held in the node cache (shared by every rank of the machine: count them once per machine).
+    /// Images held in the node cache or the `cache: disk` file (mapped, shared by every rank of the machine:
+    /// count them once per machine).
     pub node_cache_images: usize,
-    /// Pixel bytes held in the node cache (shared by every rank of the machine: count them once per machine).
+    /// Pixel bytes held in the node cache or the `cache: disk` file (count them once per machine).
     pub node_cache_bytes: usize,
     /// Seconds spent reading, summed over threads.
     pub read_s: f64,
@@ -161,6 +176,16 @@ impl DecodedSource {
         Ok(Self { target: Some(opts), ..Self::new(Arc::new(index), reader, decoder, budget_bytes) })
     }
 
+    /// The training size when [`DecodedSource::open`] built the decoder (`None` for [`DecodedSource::new`]).
+    pub fn target_size(&self) -> Option<u32> {
+        self.target.map(|t| t.imgsz)
+    }
+
+    /// Whether the decoder resizes with the training interpolation (`None` for [`DecodedSource::new`]).
+    pub fn augment(&self) -> Option<bool> {
+        self.target.map(|t| t.augment)
+    }
+
     /// The key of this source's node cache ([`NodeCache::key_of`] over the index, the training size, the
     /// augmentation and the decoder's name), computed once. For a source made with [`DecodedSource::new`] the
     /// size and augmentation are unknown and the decoder's name alone must tell its outputs apart.
@@ -177,6 +202,30 @@ impl DecodedSource {
     /// [`DecodedSource::with_node_cache`].
     pub fn build_node_cache(&self, path: &Path, budget_bytes: usize) -> Result<NodeCache> {
         NodeCache::build(path, self, self.node_cache_key(), budget_bytes)
+    }
+
+    /// The `cache: disk` file at `path`: opened when it holds this source's images (same key), else built there
+    /// (decoding every sample; `progress(done, total)` follows the build) and opened. A file that fails to open
+    /// (another key, truncated, damaged, another format version) is replaced, and the returned [`CacheFile`] says
+    /// why. The build writes a temporary file beside `path` and renames it, so a killed build leaves no file under
+    /// `path` and the next run builds again.
+    pub fn open_or_build_disk_cache(
+        &self,
+        path: &Path,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(NodeCache, CacheFile)> {
+        let key = self.node_cache_key();
+        let rebuilt = match NodeCache::open(path, key) {
+            Ok(cache) => return Ok((cache, CacheFile::Reused)),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => Some(e.to_string()),
+        };
+        // A `cache_dir` named for the first time may not exist yet.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
+        }
+        let cache = NodeCache::build_with_progress(path, self, key, usize::MAX, progress)?;
+        Ok((cache, CacheFile::Built { replaced: rebuilt }))
     }
 
     /// Serves images from `cache` first. Its budget replaces this source's own: the private cache is turned off
@@ -261,15 +310,14 @@ impl DecodedSource {
         Ok(SourceImage { image, labels })
     }
 
-    /// Sample `id` from the node cache, if it holds it: a copy of its pixels, so the image lives on however the
-    /// augmentation keeps it, and the labels scaled exactly as [`DecodedSource::load`] scales them.
+    /// Sample `id` from the node cache, if it holds it: an image that reads the mapped pixels in place and keeps
+    /// the map alive however long the augmentation holds it, and the labels scaled exactly as
+    /// [`DecodedSource::load`] scales them.
     fn node_image(&self, id: SampleId) -> Result<Option<SourceImage>> {
         let Some(node) = &self.node else { return Ok(None) };
-        let Some(hit) = node.get(id) else { return Ok(None) };
-        let image = ImageRgb8::from_raw(hit.width, hit.height, hit.stride, hit.pixels.to_vec()).map_err(|e| {
-            Error::Invalid { what: "node cache", reason: format!("{}: sample {id}: {e}", node.path().display()) }
-        })?;
-        let labels = scaled_labels(self.sample(id)?, &image, hit.orig_width, hit.orig_height);
+        let Some(hit) = node.image(id) else { return Ok(None) };
+        let (image, w0, h0) = hit?;
+        let labels = scaled_labels(self.sample(id)?, &image, w0, h0);
         Ok(Some(SourceImage { image, labels }))
     }
 }

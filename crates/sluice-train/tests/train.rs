@@ -15,8 +15,8 @@ use sluice_model::{Arch, Family, Scale};
 use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
-    BatchEvent, DevicePaths, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer,
-    ValRequest, ValSettings, load_model, parse_device_paths, validate_weights,
+    BatchEvent, CacheMode, DevicePaths, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary,
+    Trainer, ValRequest, ValSettings, load_model, parse_device_paths, validate_weights,
 };
 
 #[derive(Default)]
@@ -426,6 +426,40 @@ fn a_run_from_a_packed_shard_equals_the_run_from_files() {
         rows.iter().map(|r| (r.epoch, r.train_loss, r.metrics, r.val_loss)).collect::<Vec<_>>()
     };
     assert_eq!(metrics(&files_rows), metrics(&packed_rows));
+}
+
+/// `cache: disk` trains exactly as `cache: ram`: the same loss sequence bit for bit and the same validation
+/// metrics, from one file per split beside its label cache; a second run reuses both files.
+#[test]
+fn a_run_with_cache_disk_equals_the_run_with_cache_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth =
+        // Larger than `imgsz`, so every image is resized (with the training or the validation interpolation).
+        SynthConfig { out: dir.path().join("data"), seed: 4, train: 8, val: 4, imgsz: 96, ..Default::default() };
+    let data = generate(&synth).unwrap().data_yaml;
+    let project = dir.path().join("runs");
+    let run = |name: &str, cache: CacheMode| {
+        let mut rec = Record::default();
+        let c = TrainConfig { cache, multi_scale: 0.0, ..config(&data, &project, name) };
+        let mut t = Trainer::new(c).unwrap();
+        t.run(&mut rec).unwrap();
+        (rec.losses, ResultsCsv::read(&t.paths().results).unwrap(), rec.infos)
+    };
+    let (ram_losses, ram_rows, _) = run("ram", CacheMode::Ram);
+    let (disk_losses, disk_rows, infos) = run("disk", CacheMode::Disk);
+    let files: Vec<_> =
+        walk(dir.path()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "imgcache")).collect();
+    assert_eq!(files.len(), 2, "one file per split: {files:?}");
+    assert_eq!(infos.iter().filter(|l| l.starts_with("cache=disk: decoded")).count(), 2, "{infos:?}");
+    assert_eq!(ram_losses.len(), 4);
+    assert_eq!(ram_losses, disk_losses);
+    let metrics = |rows: &[sluice_train::train::results::EpochRow]| {
+        rows.iter().map(|r| (r.epoch, r.train_loss, r.metrics, r.val_loss)).collect::<Vec<_>>()
+    };
+    assert_eq!(metrics(&ram_rows), metrics(&disk_rows));
+    let (again, _, infos) = run("again", CacheMode::Disk);
+    assert_eq!(again, ram_losses);
+    assert_eq!(infos.iter().filter(|l| l.starts_with("cache=disk:") && l.contains(" from ")).count(), 2, "{infos:?}");
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -50,9 +50,12 @@ struct LoaderArgs {
     /// Epochs (at least 2; the first is cold).
     #[arg(long, default_value_t = 3)]
     epochs: u32,
-    /// ram or none.
+    /// ram, disk or none (disk: the split's cache file is opened, or built first, before the first epoch).
     #[arg(long, default_value = "none")]
     cache: CacheMode,
+    /// The folder of `--cache disk`'s file (default: beside the split's label cache).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
     /// train (TrainLoader on the train split) or val (ValLoader on the val split).
     #[arg(long, default_value = "train")]
     mode: LoaderMode,
@@ -135,6 +138,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 workers: a.workers,
                 epochs: a.epochs,
                 cache: a.cache,
+                cache_dir: a.cache_dir,
                 seed: a.seed,
             };
             let report = sluice_loader::bench::loader::run(&opts)

@@ -44,9 +44,14 @@ pub(crate) struct Args {
     /// Loader workers per stage (0: about 80% of the cores).
     #[arg(long)]
     workers: Option<usize>,
-    /// ram or none.
+    /// ram, disk or none (disk: decoded images in one memory-mapped file per split and image size, reused by
+    /// later runs).
     #[arg(long)]
     cache: Option<CacheMode>,
+    /// The folder of the decoded-image cache files: `--cache disk`'s (default: beside each split's label cache),
+    /// and `--cache ram`'s node cache in a data-parallel run (default: /dev/shm).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
     /// files (the image files, or the shard a split of the data YAML names) or packed (each split packed into a
     /// `.sluice` shard beside its label cache, then read from it).
     #[arg(long)]
@@ -139,6 +144,9 @@ impl Args {
         }
         if let Some(cache) = self.cache {
             c.cache = cache;
+        }
+        if let Some(dir) = &self.cache_dir {
+            c.cache_dir = Some(dir.clone());
         }
         if let Some(source) = self.source {
             c.source = source;

@@ -5,7 +5,9 @@
 //!
 //! The first epoch is *cold*: the loader, its pools and its (empty) decoded-image cache are fresh, so every
 //! image is read and decoded, and its time includes starting the stage threads. Later epochs are *warm*: with
-//! `--cache ram` they only compose batches from the cache; with `--cache none` they read and decode again.
+//! `--cache ram` they only compose batches from the cache; with `--cache none` they read and decode again. With
+//! `--cache disk` the split's cache file is opened (or built, timed apart) before the first epoch, so every epoch
+//! composes batches from the mapped file: run it twice to measure a file already in the page cache.
 //! Figures: images/s of the cold epoch, of the first two epochs together (the definition of Ultralytics' cold
 //! figure: a fresh loader, two epochs, worker start-up included), and the median, min and max over the warm
 //! epochs, plus the trainer's per-stage telemetry of the cold and the last warm epoch (busy share of read,
@@ -23,7 +25,7 @@ use sluice_dataset::{IndexOptions, Split};
 use super::{BenchError, Result, Spread, rate, touch};
 use crate::split::load_split;
 use crate::telemetry::{EpochShares, LoopTimes};
-use crate::{CacheMode, DecodedSource, LoaderConfig, SourceStats, TrainLoader, ValLoader};
+use crate::{CacheFile, CacheMode, DecodedSource, LoaderConfig, SourceStats, TrainLoader, ValLoader, disk_cache_path};
 
 /// The consumer reads one byte per page of every batch: the pixels are really there, and the consumer stays as
 /// cheap as Ultralytics' benchmark loop (which looks only at the batch's shape).
@@ -86,8 +88,21 @@ pub struct LoaderBenchOptions {
     pub epochs: u32,
     /// Decoded-image cache.
     pub cache: CacheMode,
+    /// The folder of `cache: disk`'s file (default: beside the split's label cache).
+    pub cache_dir: Option<PathBuf>,
     /// Run seed (order and augmentation).
     pub seed: u64,
+}
+
+/// The `cache: disk` file of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DiskCacheFigures {
+    /// The file.
+    pub path: PathBuf,
+    /// Whether an existing file was reused (else it was built now).
+    pub reused: bool,
+    /// Seconds to open or build it.
+    pub seconds: f64,
 }
 
 /// One epoch's figures.
@@ -144,6 +159,8 @@ pub struct LoaderBenchReport {
     pub skipped: u64,
     /// The decoded-image cache at the end.
     pub cache_stats: SourceStats,
+    /// The `cache: disk` file (`None` in the other modes).
+    pub disk_cache: Option<DiskCacheFigures>,
     /// Stage shares and bottleneck of the cold epoch (stages `read`, `decode`, `augment`).
     pub cold_telemetry: EpochShares,
     /// Stage shares and bottleneck of the last warm epoch.
@@ -210,13 +227,19 @@ pub fn run(opts: &LoaderBenchOptions) -> Result<LoaderBenchReport> {
     let loaded = load_split(&opts.data, split, &IndexOptions { cache: true, find_orphans: false }, true)?;
     let split_images = loaded.index().len();
     let train = opts.mode == LoaderMode::Train;
-    let source = Arc::new(DecodedSource::open(
-        &loaded.source,
-        loaded.indexed.index,
-        opts.imgsz,
-        train,
-        opts.cache.budget_bytes(),
-    )?);
+    let mut source =
+        DecodedSource::open(&loaded.source, loaded.indexed.index, opts.imgsz, train, opts.cache.budget_bytes())?;
+    let mut disk_cache = None;
+    if opts.cache == CacheMode::Disk
+        && let Some(path) = disk_cache_path(source.index(), opts.imgsz, train, opts.cache_dir.as_deref())
+    {
+        let t0 = Instant::now();
+        let (cache, how) = source.open_or_build_disk_cache(&path, &mut |_, _| {})?;
+        let seconds = t0.elapsed().as_secs_f64();
+        source = source.with_node_cache(cache)?;
+        disk_cache = Some(DiskCacheFigures { path, reused: how == CacheFile::Reused, seconds });
+    }
+    let source = Arc::new(source);
     let cfg = LoaderConfig { workers: opts.workers, ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
     let loader = match opts.mode {
         // Ultralytics' default hyp; mosaic in every epoch, as in the peer's loader (close_mosaic is the trainer's).
@@ -277,6 +300,7 @@ pub fn run(opts: &LoaderBenchOptions) -> Result<LoaderBenchReport> {
         warm_max: warm.max,
         skipped: loader.skipped(),
         cache_stats: source.stats(),
+        disk_cache,
         bottleneck: warm_telemetry.bottleneck.clone(),
         cold_telemetry,
         warm_telemetry,
@@ -314,6 +338,16 @@ impl LoaderBenchReport {
                 s += &format!(" {} {:.0}%/{}w", st.stage, st.busy_fraction * 100.0, st.workers);
             }
             s += &format!(" · bottleneck: {} ({})\n", t.bottleneck, t.hint);
+        }
+        if let Some(d) = &self.disk_cache {
+            let how = if d.reused { "opened" } else { "built" };
+            s += &format!(
+                "  disk cache {} ({} images, {:.1} MB) {how} in {:.2} s\n",
+                d.path.display(),
+                self.cache_stats.node_cache_images,
+                self.cache_stats.node_cache_bytes as f64 / 1e6,
+                d.seconds
+            );
         }
         if self.skipped > 0 {
             s += &format!("  skipped {} bad samples\n", self.skipped);

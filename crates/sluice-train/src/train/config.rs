@@ -113,8 +113,13 @@ pub struct TrainConfig {
     pub batch: usize,
     /// Loader workers per stage (0 = about 80% of the cores).
     pub workers: usize,
-    /// Decoded-image cache.
+    /// Decoded-image cache: `none`, `ram` (in memory) or `disk` (one memory-mapped file per split and image size,
+    /// beside the split's label cache or in `cache_dir`, reused by later runs while the images are unchanged).
     pub cache: CacheMode,
+    /// The folder of the decoded-image cache files: `cache: disk`'s, instead of beside each split's label cache
+    /// (e.g. a fast local disk, or when the dataset's folder is read-only), and the node cache of `cache: ram` in a
+    /// data-parallel run, instead of `/dev/shm`.
+    pub cache_dir: Option<PathBuf>,
     /// Where the images' bytes are read from: `files` (the image files, or the shard a split of the data YAML
     /// names) or `packed` (each split packed into a shard beside its label cache first, then read from it).
     pub source: ReadFrom,
@@ -254,6 +259,7 @@ impl Default for TrainConfig {
             batch: 16,
             workers: 0,
             cache: CacheMode::None,
+            cache_dir: None,
             source: ReadFrom::Files,
             device: "cpu".into(),
             seed: 0,
@@ -365,7 +371,10 @@ mod tests {
         assert_eq!("ram".parse::<CacheMode>(), Ok(CacheMode::Ram));
         assert_eq!("true".parse::<CacheMode>(), Ok(CacheMode::Ram));
         assert_eq!("none".parse::<CacheMode>(), Ok(CacheMode::None));
-        assert!("disk".parse::<CacheMode>().is_err_and(|e| e.to_string().contains("expected ram or none")));
+        assert_eq!("disk".parse::<CacheMode>(), Ok(CacheMode::Disk));
+        assert!("ssd".parse::<CacheMode>().is_err_and(|e| e.to_string().contains("expected ram, disk or none")));
+        let c = TrainConfig::from_yaml_str("cache: disk\ncache_dir: /fast/cache\n").unwrap();
+        assert_eq!((c.cache, c.cache_dir.as_deref()), (CacheMode::Disk, Some(std::path::Path::new("/fast/cache"))));
         assert_eq!(CacheMode::None.budget_bytes(), 0);
         assert!(CacheMode::Ram.budget_bytes() > 0);
         assert_eq!(CacheMode::Ram.to_string(), "ram");

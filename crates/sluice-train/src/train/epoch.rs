@@ -17,7 +17,8 @@ use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::run::Trainer;
 use super::state::Metrics;
 use super::telemetry::{
-    EpochTelemetry, LoopTimes, LossScaleTelemetry, PoolTelemetry, StepSpread, SyncTelemetry, ValTelemetry,
+    CacheTelemetry, EpochTelemetry, LoopTimes, LossScaleTelemetry, PoolTelemetry, StepSpread, SyncTelemetry,
+    ValTelemetry,
 };
 use super::validate::{ValOptions, validate_on};
 use crate::error::{Context, Result};
@@ -296,6 +297,7 @@ impl Trainer {
         tel.step_interval_ms = StepSpread::of(&pass.batch_ends);
         tel.loss_scale = pass.loss_scale.map(|(scale, overflow_steps)| LossScaleTelemetry { scale, overflow_steps });
         tel.skipped_samples = self.train.skips().skipped - pass.skipped_before;
+        tel.cache = CacheTelemetry::since(&pass.source_before, &src);
         tel
     }
 

@@ -199,7 +199,7 @@ impl Trainer {
             );
         }
         let train = TrainLoader::new(
-            node_source(&dist, &train_split.source, train_index, cfg.imgsz, true, cfg.cache)?,
+            node_source(&dist, &train_split.source, train_index, true, &cfg, &mut notes)?,
             lcfg,
             cfg.hyp,
         )?
@@ -208,7 +208,7 @@ impl Trainer {
         // Ultralytics validates with twice the (per-rank) training batch, at `imgsz` (multi-scale is for training
         // only). Each rank validates a contiguous share of the rect plan's batches.
         let vcfg = LoaderConfig { batch: local_batch * 2, multi_scale: 0.0, ..lcfg };
-        let val = ValLoader::new(node_source(&dist, &val_split.source, val_index, cfg.imgsz, false, cfg.cache)?, vcfg)
+        let val = ValLoader::new(node_source(&dist, &val_split.source, val_index, false, &cfg, &mut notes)?, vcfg)
             .with_left_out(val_left_out);
         let val = {
             let share = sluice_dist::contiguous_share(val.len(), rank, world);

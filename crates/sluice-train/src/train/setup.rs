@@ -8,12 +8,15 @@ use rand::seq::SliceRandom;
 use sluice_core::sample_rng;
 use sluice_dataset::{IndexOptions, SampleIndex, Split};
 use sluice_loader::split::load_split;
-use sluice_loader::{CacheMode, DecodedSource, LoaderConfig, SourceKind, ValLoader, default_workers};
+use sluice_loader::{
+    CacheFile, CacheMode, DecodedSource, LoaderConfig, NodeCache, SourceKind, ValLoader, default_workers,
+};
 use sluice_model::candle_core::{DType, Device};
 use sluice_model::{DetectionLoss, LoadMode, YoloV8};
 use sluice_transfer::DeviceTransfer;
 
 use super::config::{Amp, TrainConfig};
+use super::run::Note;
 use super::state::read_meta;
 use super::validate::{ValOptions, ValResult, validate};
 use crate::error::{Context, Result};
@@ -234,24 +237,33 @@ pub(crate) fn source(
     Ok(Arc::new(DecodedSource::open(kind, index, imgsz, augment, cache.budget_bytes())?))
 }
 
-/// [`source`] for a data-parallel run: with `cache=ram` the decoded images live in one node cache per machine
-/// (`sluice_loader::NodeCache`, a file in shared memory that every rank of the node maps), built by the node's
-/// local rank 0 while the others wait, its budget counted once. Once every rank has it mapped the file is
-/// unlinked, so the memory goes back to the system when the last rank ends, however it ends.
-pub(crate) fn node_source(
+/// The decoded-image source of a split of the run `cfg` describes, for training (`augment`) or validation, at
+/// `cfg.imgsz` with `cfg.cache`:
+/// - `cache=disk`: the images come from the split's disk cache file ([`disk_source`]);
+/// - `cache=ram` in a data-parallel run: the decoded images live in one node cache per machine
+///   (`sluice_loader::NodeCache`, a file in shared memory that every rank of the node maps, in `cfg.cache_dir` or
+///   else in `/dev/shm`), built by the node's local rank 0 while the others wait, its budget counted once. Once
+///   every rank has it mapped the file is unlinked, so the memory goes back to the system when the last rank
+///   ends, however it ends;
+/// - otherwise each process's own [`source`].
+pub(super) fn node_source(
     dist: &crate::dist::Dist,
     kind: &SourceKind,
     index: SampleIndex,
-    imgsz: u32,
     augment: bool,
-    cache: CacheMode,
+    cfg: &TrainConfig,
+    notes: &mut Vec<Note>,
 ) -> Result<Arc<DecodedSource>> {
+    let (imgsz, cache) = (cfg.imgsz, cfg.cache);
+    if cache == CacheMode::Disk {
+        return disk_source(dist, kind, index, augment, cfg, notes);
+    }
     if !dist.is_distributed() || cache == CacheMode::None {
         return source(kind, index, imgsz, augment, cache);
     }
     let src = DecodedSource::open(kind, index, imgsz, augment, 0)?;
     let key = src.node_cache_key();
-    let path = sluice_loader::NodeCache::default_path(key);
+    let path = NodeCache::default_path(cfg.cache_dir.as_deref(), key);
     let builder = dist.launch().local_rank == 0;
     let built = if builder {
         Some(
@@ -264,13 +276,58 @@ pub(crate) fn node_source(
     dist.barrier().context("waiting for the node cache")?;
     let node = match built {
         Some(c) => c,
-        None => sluice_loader::NodeCache::open(&path, key).with_context(|| format!("opening {}", path.display()))?,
+        None => NodeCache::open(&path, key).with_context(|| format!("opening {}", path.display()))?,
     };
     dist.barrier().context("waiting for every rank to map the node cache")?;
     if builder {
         std::fs::remove_file(&path).with_context(|| format!("unlinking {}", path.display()))?;
     }
     Ok(Arc::new(src.with_node_cache(node)?))
+}
+
+/// `cache=disk`: the split's decoded images in one mapped file beside its label cache (or in `cfg.cache_dir`),
+/// reused while its key matches and rebuilt when not. One process per machine (local rank 0) opens or builds it
+/// while the node's other ranks wait, then they map the finished file. An empty split has no file.
+fn disk_source(
+    dist: &crate::dist::Dist,
+    kind: &SourceKind,
+    index: SampleIndex,
+    augment: bool,
+    cfg: &TrainConfig,
+    notes: &mut Vec<Note>,
+) -> Result<Arc<DecodedSource>> {
+    let src = DecodedSource::open(kind, index, cfg.imgsz, augment, 0)?;
+    let Some(path) = sluice_loader::disk_cache_path(src.index(), cfg.imgsz, augment, cfg.cache_dir.as_deref()) else {
+        return Ok(Arc::new(src));
+    };
+    let split = if augment { "train" } else { "val" };
+    let builder = !dist.is_distributed() || dist.launch().local_rank == 0;
+    let built = if builder {
+        let t0 = std::time::Instant::now();
+        let (cache, how) = src.open_or_build_disk_cache(&path, &mut |_, _| {}).with_context(|| {
+            format!("cache=disk: {split} images into {} (cache_dir names another folder)", path.display())
+        })?;
+        let held = format!("{} images, {:.1} MB", cache.images(), cache.len() as f64 / 1e6);
+        notes.push(Note::Info(match how {
+            CacheFile::Reused => format!("cache=disk: {split} images from {} ({held})", path.display()),
+            CacheFile::Built { replaced } => {
+                let why = replaced.map_or_else(String::new, |r| format!("; replaced the previous file: {r}"));
+                let s = t0.elapsed().as_secs_f64();
+                format!("cache=disk: decoded {split} images into {} ({held}) in {s:.1} s{why}", path.display())
+            }
+        }));
+        Some(cache)
+    } else {
+        None
+    };
+    if dist.is_distributed() {
+        dist.barrier().context("waiting for the disk cache")?;
+    }
+    let cache = match built {
+        Some(c) => c,
+        None => NodeCache::open(&path, src.node_cache_key()).with_context(|| format!("opening {}", path.display()))?,
+    };
+    Ok(Arc::new(src.with_node_cache(cache)?))
 }
 
 #[cfg(test)]

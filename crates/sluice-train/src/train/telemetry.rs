@@ -196,6 +196,51 @@ impl StepSpread {
     }
 }
 
+/// The decoded-image cache during one epoch of training: lookups served from it and decoded instead, and what it
+/// holds (`cache: ram` in memory; `cache: disk`, or a data-parallel run's node cache, in a mapped file).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CacheTelemetry {
+    /// Images served from the cache this epoch.
+    pub hits: u64,
+    /// Images read and decoded this epoch.
+    pub misses: u64,
+    /// Images held in this process's memory.
+    pub memory_images: usize,
+    /// Bytes held in this process's memory.
+    pub memory_bytes: usize,
+    /// Images held in the mapped cache file (shared by every rank of a machine).
+    pub file_images: usize,
+    /// Pixel bytes held in the mapped cache file.
+    pub file_bytes: usize,
+}
+
+impl CacheTelemetry {
+    /// The epoch's figures from the source's counters at its start (`before`) and end (`now`).
+    pub fn since(before: &sluice_loader::SourceStats, now: &sluice_loader::SourceStats) -> Self {
+        Self {
+            hits: now.hits - before.hits,
+            misses: now.misses - before.misses,
+            memory_images: now.cached_images,
+            memory_bytes: now.cached_bytes,
+            file_images: now.node_cache_images,
+            file_bytes: now.node_cache_bytes,
+        }
+    }
+
+    /// The table's line, `None` when nothing is cached.
+    fn line(&self) -> Option<String> {
+        let mut held = Vec::new();
+        if self.memory_images > 0 {
+            held.push(format!("{} images, {:.1} MB in memory", self.memory_images, self.memory_bytes as f64 / 1e6));
+        }
+        if self.file_images > 0 {
+            held.push(format!("{} images, {:.1} MB in a mapped file", self.file_images, self.file_bytes as f64 / 1e6));
+        }
+        (!held.is_empty())
+            .then(|| format!("  image cache: {} hits, {} misses · {}", self.hits, self.misses, held.join(" + ")))
+    }
+}
+
 /// Dynamic loss scaling in one epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LossScaleTelemetry {
@@ -218,6 +263,8 @@ pub struct EpochTelemetry {
     pub nonfinite_steps: u64,
     /// Samples the loader skipped for bad input (this epoch).
     pub skipped_samples: u64,
+    /// The decoded-image cache of the training split this epoch.
+    pub cache: CacheTelemetry,
     /// Float16 mixed precision: the loss scale and its overflow skips (`None` without loss scaling).
     pub loss_scale: Option<LossScaleTelemetry>,
     /// Median, shortest and longest step interval of the epoch.
@@ -241,6 +288,7 @@ impl EpochTelemetry {
             val_s: 0.0,
             nonfinite_steps: 0,
             skipped_samples: 0,
+            cache: CacheTelemetry::default(),
             loss_scale: None,
             step_interval_ms: None,
             val: None,
@@ -271,6 +319,9 @@ impl EpochTelemetry {
                 "\n  step interval median {:.1} ms (range {:.1}–{:.1}, {} steps)",
                 st.median, st.min, st.max, st.steps
             );
+        }
+        if let Some(line) = self.cache.line() {
+            let _ = write!(s, "\n{line}");
         }
         if let Some(v) = &self.val {
             let _ = write!(s, "\n{}", v.line());
@@ -320,6 +371,23 @@ mod tests {
     /// `sluice_loader::telemetry`'s to test.
     fn report(bottleneck: &str) -> PipelineReport {
         PipelineReport { bottleneck: bottleneck.into(), ..PipelineReport::default() }
+    }
+
+    #[test]
+    fn the_cache_line_counts_the_epoch_and_names_where_images_are_held() {
+        let before = sluice_loader::SourceStats { hits: 10, misses: 4, ..Default::default() };
+        let now = sluice_loader::SourceStats {
+            hits: 138,
+            misses: 4,
+            node_cache_images: 128,
+            node_cache_bytes: 118_000_000,
+            ..Default::default()
+        };
+        let c = CacheTelemetry::since(&before, &now);
+        assert_eq!((c.hits, c.misses, c.file_images, c.memory_images), (128, 0, 128, 0));
+        let line = c.line().expect("a line");
+        assert!(line.contains("128 hits, 0 misses") && line.contains("118.0 MB in a mapped file"), "{line}");
+        assert_eq!(CacheTelemetry::since(&before, &before).line(), None);
     }
 
     #[test]
