@@ -86,6 +86,25 @@ fn config(data: &Path, project: &Path, name: &str) -> TrainConfig {
     c
 }
 
+/// `sluice val` of `weights` on the CPU with every other setting from the checkpoint (its data, imgsz and
+/// validation batch).
+fn cpu_val(weights: &Path) -> ValRequest<'_> {
+    ValRequest {
+        weights,
+        model: None,
+        data: None,
+        split: Split::Val,
+        imgsz: None,
+        batch: None,
+        workers: 2,
+        strict: false,
+        end2end: false,
+        device: "cpu",
+        paths: DevicePaths::default(),
+        half: false,
+    }
+}
+
 #[test]
 fn two_epochs_checkpoint_and_an_exact_resume() {
     let dir = tempfile::tempdir().unwrap();
@@ -170,20 +189,7 @@ fn two_epochs_checkpoint_and_an_exact_resume() {
 
     // `sluice val` of `best` with no other setting takes the checkpoint's data, imgsz and validation batch, and
     // repeats the trainer's final validation.
-    let req = ValRequest {
-        weights: &summary.best,
-        model: None,
-        data: None,
-        split: Split::Val,
-        imgsz: None,
-        batch: None,
-        workers: 2,
-        strict: false,
-        end2end: false,
-        device: "cpu",
-        paths: DevicePaths::default(),
-        half: false,
-    };
+    let req = cpu_val(&summary.best);
     let (v, _, used) = validate_weights(&req).unwrap();
     assert_eq!(used, ValSettings { data: data.clone(), imgsz: 64, batch: 8, half: false });
     assert_eq!((v.report.map50, v.report.map50_95), (map50, map50_95));
@@ -246,20 +252,7 @@ fn a_trained_checkpoint_validates_the_same_in_the_trainer_in_val_on_device_nms_a
     let summary = Trainer::new(c).unwrap().run(&mut rec).unwrap();
     let (_, map50, map50_95) = rec.final_evals[0];
     assert!(map50 > 0.3 && map50_95 > 0.1, "the trained model finds the shapes: {map50} / {map50_95}");
-    let req = ValRequest {
-        weights: &summary.best,
-        model: None,
-        data: None,
-        split: Split::Val,
-        imgsz: None,
-        batch: None,
-        workers: 2,
-        strict: false,
-        end2end: false,
-        device: "cpu",
-        paths: DevicePaths::default(),
-        half: false,
-    };
+    let req = cpu_val(&summary.best);
     let (v, _, used) = validate_weights(&req).unwrap();
     assert_eq!((used.imgsz, used.batch), (192, 16));
     assert_eq!((v.report.map50, v.report.map50_95), (map50, map50_95));
@@ -317,20 +310,7 @@ fn new_family_trains(model: &str, family: Family) {
         Predictor::load(&summary.best, Arch::v8(Scale::N), None, PredictOptions { imgsz: 64, ..Default::default() })
             .unwrap();
     assert_eq!(p.num_classes(), 6);
-    let req = ValRequest {
-        weights: &summary.best,
-        model: None,
-        data: None,
-        split: Split::Val,
-        imgsz: None,
-        batch: None,
-        workers: 2,
-        strict: false,
-        end2end: false,
-        device: "cpu",
-        paths: DevicePaths::default(),
-        half: false,
-    };
+    let req = cpu_val(&summary.best);
     let (r, _, settings) = validate_weights(&req).unwrap();
     assert_eq!(settings.imgsz, 64);
     assert_eq!((r.report.map50, r.report.map50_95), (summary.best_metrics.map50, summary.best_metrics.map50_95));
