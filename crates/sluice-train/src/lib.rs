@@ -8,6 +8,7 @@ pub mod dist;
 pub mod error;
 pub mod optim;
 pub mod predict;
+pub mod step_cost;
 pub mod train;
 
 pub use error::{Error, Result};

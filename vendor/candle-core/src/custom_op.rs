@@ -9,6 +9,11 @@ pub trait CustomOp1 {
     // Box<dyn> does not support const yet, so use a function to get the name.
     fn name(&self) -> &'static str;
 
+    /// Kernel launches the op's CUDA path makes, for the op ledger ([`crate::ledger`]).
+    fn ledger_launches(&self) -> u64 {
+        1
+    }
+
     /// The forward pass, as run on a cpu device. Note that the storage can use arbitrary strides,
     /// offsets etc so the associated layout should be used to access it.
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)>;
@@ -43,6 +48,11 @@ pub trait CustomOp1 {
 
 pub trait CustomOp2 {
     fn name(&self) -> &'static str;
+
+    /// Kernel launches the op's CUDA path makes, for the op ledger ([`crate::ledger`]).
+    fn ledger_launches(&self) -> u64 {
+        1
+    }
 
     /// The forward pass, as run on a cpu device. Note that the storage can use arbitrary strides,
     /// offsets etc so the associated layout should be used to access it.
@@ -95,6 +105,11 @@ pub trait CustomOp2 {
 
 pub trait CustomOp3 {
     fn name(&self) -> &'static str;
+
+    /// Kernel launches the op's CUDA path makes, for the op ledger ([`crate::ledger`]).
+    fn ledger_launches(&self) -> u64 {
+        1
+    }
 
     /// The forward pass, as run on a cpu device. Note that the storage can use arbitrary strides,
     /// offsets etc so the associated layout should be used to access it.
@@ -661,9 +676,7 @@ impl Tensor {
             let s = match (&guards[i], rels[i]) {
                 (Some(g), None) => Src::Distinct(&**g),
                 (None, Some(rel)) => Src::Aliased(rel),
-                _ => unreachable!(
-                    "Source is either distinct or aliased. Other match patterns should be impossible"
-                ),
+                _ => unreachable!("Source is either distinct or aliased. Other match patterns should be impossible"),
             };
             (s, srcs[i].layout())
         });

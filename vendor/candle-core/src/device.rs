@@ -428,7 +428,7 @@ impl Device {
         self.rand_normal_f64(mean.to_f64(), std.to_f64(), shape, T::DTYPE)
     }
 
-    pub(crate) fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Storage> {
+    fn zeros_unrecorded(&self, shape: &Shape, dtype: DType) -> Result<Storage> {
         match self {
             Device::Cpu => {
                 let storage = CpuDevice.zeros_impl(shape, dtype)?;
@@ -445,7 +445,7 @@ impl Device {
         }
     }
 
-    pub(crate) unsafe fn alloc_uninit(&self, shape: &Shape, dtype: DType) -> Result<Storage> {
+    unsafe fn alloc_uninit_unrecorded(&self, shape: &Shape, dtype: DType) -> Result<Storage> {
         match self {
             Device::Cpu => {
                 let storage = CpuDevice.alloc_uninit(shape, dtype)?;
@@ -462,7 +462,7 @@ impl Device {
         }
     }
 
-    pub(crate) fn storage_from_slice<D: WithDType>(&self, data: &[D]) -> Result<Storage> {
+    fn storage_from_slice_unrecorded<D: WithDType>(&self, data: &[D]) -> Result<Storage> {
         match self {
             Device::Cpu => Ok(Storage::Cpu(data.to_cpu_storage())),
             Device::Cuda(device) => {
@@ -476,7 +476,7 @@ impl Device {
         }
     }
 
-    pub(crate) fn storage<A: NdArray>(&self, array: A) -> Result<Storage> {
+    fn storage_unrecorded<A: NdArray>(&self, array: A) -> Result<Storage> {
         match self {
             Device::Cpu => Ok(Storage::Cpu(array.to_cpu_storage())),
             Device::Cuda(device) => {
@@ -492,7 +492,7 @@ impl Device {
         }
     }
 
-    pub(crate) fn storage_owned<S: WithDType>(&self, data: Vec<S>) -> Result<Storage> {
+    fn storage_owned_unrecorded<S: WithDType>(&self, data: Vec<S>) -> Result<Storage> {
         match self {
             Device::Cpu => Ok(Storage::Cpu(S::to_cpu_storage_owned(data))),
             Device::Cuda(device) => {
@@ -506,6 +506,40 @@ impl Device {
                 Ok(Storage::Metal(storage))
             }
         }
+    }
+
+    pub(crate) fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Storage> {
+        let s = self.zeros_unrecorded(shape, dtype)?;
+        crate::ledger::alloc("zeros", shape.dims(), dtype, 1);
+        Ok(s)
+    }
+
+    pub(crate) unsafe fn alloc_uninit(&self, shape: &Shape, dtype: DType) -> Result<Storage> {
+        let s = self.alloc_uninit_unrecorded(shape, dtype)?;
+        crate::ledger::alloc("alloc", shape.dims(), dtype, 0);
+        Ok(s)
+    }
+
+    pub(crate) fn storage_from_slice<D: WithDType>(&self, data: &[D]) -> Result<Storage> {
+        let s = self.storage_from_slice_unrecorded(data)?;
+        crate::ledger::alloc("from_host", &[data.len()], D::DTYPE, 1);
+        Ok(s)
+    }
+
+    pub(crate) fn storage<A: NdArray>(&self, array: A) -> Result<Storage> {
+        let s = self.storage_unrecorded(array)?;
+        if crate::ledger::recording() {
+            let shape = crate::Shape::from(vec![s.ledger_elems()]);
+            crate::ledger::alloc("from_host", shape.dims(), s.dtype(), 1);
+        }
+        Ok(s)
+    }
+
+    pub(crate) fn storage_owned<S: WithDType>(&self, data: Vec<S>) -> Result<Storage> {
+        let n = data.len();
+        let s = self.storage_owned_unrecorded(data)?;
+        crate::ledger::alloc("from_host", &[n], S::DTYPE, 1);
+        Ok(s)
     }
 
     pub fn synchronize(&self) -> Result<()> {

@@ -67,6 +67,7 @@ mod dummy_metal_backend;
 pub mod error;
 mod indexer;
 pub mod layout;
+pub mod ledger;
 #[cfg(feature = "metal")]
 pub mod metal_backend;
 #[cfg(feature = "mkl")]

@@ -1,5 +1,6 @@
 use crate::backend::BackendStorage;
 use crate::custom_op::{all_distinct, InplaceOpN, Src};
+use crate::ledger;
 use crate::op::{self, CmpOp, ReduceOp};
 use crate::scalar::Scalar;
 use crate::{CpuStorage, CudaStorage, DType, Device, Error, Layout, MetalStorage, Result, Shape};
@@ -79,7 +80,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn const_set(&mut self, v: Scalar, l: &Layout) -> Result<()> {
+    fn const_set_unrecorded(&mut self, v: Scalar, l: &Layout) -> Result<()> {
         match self {
             Storage::Cpu(storage) => storage.const_set(v, l),
             Storage::Cuda(storage) => storage.const_set(v, l),
@@ -87,7 +88,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn affine(&self, layout: &Layout, mul: f64, add: f64) -> Result<Self> {
+    fn affine_unrecorded(&self, layout: &Layout, mul: f64, add: f64) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.affine(layout, mul, add)?;
@@ -104,7 +105,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn powf(&self, layout: &Layout, alpha: f64) -> Result<Self> {
+    fn powf_unrecorded(&self, layout: &Layout, alpha: f64) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.powf(layout, alpha)?;
@@ -121,7 +122,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn elu(&self, layout: &Layout, alpha: f64) -> Result<Self> {
+    fn elu_unrecorded(&self, layout: &Layout, alpha: f64) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.elu(layout, alpha)?;
@@ -138,7 +139,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn cmp(
+    fn cmp_unrecorded(
         &self,
         op: CmpOp,
         rhs: &Self,
@@ -173,7 +174,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn reduce_op(&self, op: ReduceOp, layout: &Layout, s: &[usize]) -> Result<Self> {
+    fn reduce_op_unrecorded(&self, op: ReduceOp, layout: &Layout, s: &[usize]) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.reduce_op(op, layout, s)?;
@@ -190,7 +191,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
+    fn to_dtype_unrecorded(&self, layout: &Layout, dtype: DType) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.to_dtype(layout, dtype)?;
@@ -207,7 +208,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn apply_op1(&self, l: &Layout, c: &dyn CustomOp1) -> Result<(Self, Shape)> {
+    fn apply_op1_unrecorded(&self, l: &Layout, c: &dyn CustomOp1) -> Result<(Self, Shape)> {
         match self {
             Self::Cpu(storage) => {
                 let (storage, shape) = c.cpu_fwd(storage, l)?;
@@ -224,7 +225,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn apply_op2(
+    fn apply_op2_unrecorded(
         &self,
         l1: &Layout,
         t2: &Self,
@@ -249,7 +250,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn apply_op3(
+    fn apply_op3_unrecorded(
         &self,
         l1: &Layout,
         t2: &Self,
@@ -282,7 +283,7 @@ impl Storage {
     /// [`Src::Aliased`] use the same underlying storage as `self`, while [`Src::Distinct`] does not.
     /// If there are aliases present the aliased forward function on `InplaceOpN` is called. Otherwise
     /// the normal forward function can be used.
-    pub(crate) fn inplace_op<const N: usize, C: InplaceOpN<N>>(
+    fn inplace_op_unrecorded<const N: usize, C: InplaceOpN<N>>(
         &mut self,
         dst_l: &Layout,
         srcs: [(Src<'_, Storage>, &Layout); N],
@@ -323,7 +324,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn unary_impl<B: op::UnaryOpT>(&self, layout: &Layout) -> Result<Self> {
+    fn unary_impl_unrecorded<B: op::UnaryOpT>(&self, layout: &Layout) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.unary_impl::<B>(layout)?;
@@ -340,7 +341,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn binary_impl<B: op::BinaryOpT>(
+    fn binary_impl_unrecorded<B: op::BinaryOpT>(
         &self,
         rhs: &Self,
         lhs_layout: &Layout,
@@ -374,7 +375,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn conv1d(
+    fn conv1d_unrecorded(
         &self,
         l: &Layout,
         kernel: &Self,
@@ -405,7 +406,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn conv_transpose1d(
+    fn conv_transpose1d_unrecorded(
         &self,
         l: &Layout,
         kernel: &Self,
@@ -436,7 +437,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn conv2d(
+    fn conv2d_unrecorded(
         &self,
         l: &Layout,
         kernel: &Self,
@@ -467,7 +468,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn conv_transpose2d(
+    fn conv_transpose2d_unrecorded(
         &self,
         l: &Layout,
         kernel: &Self,
@@ -498,7 +499,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn avg_pool2d(
+    fn avg_pool2d_unrecorded(
         &self,
         layout: &Layout,
         kernel_size: (usize, usize),
@@ -520,7 +521,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn max_pool2d(
+    fn max_pool2d_unrecorded(
         &self,
         layout: &Layout,
         kernel_size: (usize, usize),
@@ -542,7 +543,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn upsample_nearest1d(&self, layout: &Layout, sz: usize) -> Result<Self> {
+    fn upsample_nearest1d_unrecorded(&self, layout: &Layout, sz: usize) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.upsample_nearest1d(layout, sz)?;
@@ -559,7 +560,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn upsample_nearest2d(&self, layout: &Layout, h: usize, w: usize) -> Result<Self> {
+    fn upsample_nearest2d_unrecorded(&self, layout: &Layout, h: usize, w: usize) -> Result<Self> {
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.upsample_nearest2d(layout, h, w)?;
@@ -576,7 +577,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn upsample_bilinear2d(
+    fn upsample_bilinear2d_unrecorded(
         &self,
         layout: &Layout,
         h: usize,
@@ -604,7 +605,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn where_cond(
+    fn where_cond_unrecorded(
         &self,
         layout: &Layout,
         t: &Self,
@@ -637,7 +638,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn gather(
+    fn gather_unrecorded(
         &self,
         l: &Layout,
         indexes: &Self,
@@ -662,7 +663,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn scatter_set(
+    fn scatter_set_unrecorded(
         &mut self,
         l: &Layout,
         indexes: &Self,
@@ -688,7 +689,7 @@ impl Storage {
         Ok(())
     }
 
-    pub(crate) fn scatter_add(
+    fn scatter_add_unrecorded(
         &mut self,
         l: &Layout,
         indexes: &Self,
@@ -714,7 +715,7 @@ impl Storage {
         Ok(())
     }
 
-    pub(crate) fn index_add(
+    fn index_add_unrecorded(
         &self,
         l: &Layout,
         indexes: &Self,
@@ -742,7 +743,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn index_select(
+    fn index_select_unrecorded(
         &self,
         rhs: &Self,
         lhs_l: &Layout,
@@ -772,7 +773,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn matmul(
+    fn matmul_unrecorded(
         &self,
         rhs: &Self,
         bmnk: (usize, usize, usize, usize),
@@ -804,7 +805,7 @@ impl Storage {
     }
 
     // self, the source can be strided whereas dst is contiguous.
-    pub(crate) fn copy_strided_src(
+    fn copy_strided_src_unrecorded(
         &self,
         dst: &mut Self,
         dst_offset: usize,
@@ -826,7 +827,7 @@ impl Storage {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn copy2d(
+    fn copy2d_unrecorded(
         &self,
         dst: &mut Self,
         d1: usize,
@@ -851,5 +852,511 @@ impl Storage {
             }
             .bt()),
         }
+    }
+}
+
+/// The recorded ops: each dispatches as before and adds its entry to the [`crate::ledger`] when one is recording.
+impl Storage {
+    /// Bytes of the buffer (a CPU storage's length; the ledger records on the CPU backend, so other backends
+    /// report 0 here).
+    fn ledger_bytes(&self) -> u64 {
+        match self {
+            Self::Cpu(s) => {
+                let n = match s {
+                    CpuStorage::U8(v)
+                    | CpuStorage::F6E2M3(v)
+                    | CpuStorage::F6E3M2(v)
+                    | CpuStorage::F4(v)
+                    | CpuStorage::F8E8M0(v) => v.len(),
+                    CpuStorage::U32(v) => v.len() * 4,
+                    CpuStorage::I16(v) => v.len() * 2,
+                    CpuStorage::I32(v) => v.len() * 4,
+                    CpuStorage::I64(v) => v.len() * 8,
+                    CpuStorage::BF16(v) => v.len() * 2,
+                    CpuStorage::F16(v) => v.len() * 2,
+                    CpuStorage::F32(v) => v.len() * 4,
+                    CpuStorage::F64(v) => v.len() * 8,
+                    CpuStorage::F8E4M3(v) => v.len(),
+                };
+                n as u64
+            }
+            _ => 0,
+        }
+    }
+
+    /// Elements of the buffer (see [`Storage::ledger_bytes`]).
+    pub(crate) fn ledger_elems(&self) -> usize {
+        (self.ledger_bytes() as usize) / self.dtype().size_in_bytes().max(1)
+    }
+
+    fn fresh(&self, name: impl FnOnce() -> String, inputs: &[(&Layout, DType)], launches: u64) {
+        if ledger::recording() {
+            ledger::op(
+                name,
+                self.dtype(),
+                inputs,
+                self.ledger_bytes(),
+                true,
+                launches,
+            )
+        }
+    }
+
+    pub(crate) fn const_set(&mut self, v: Scalar, l: &Layout) -> Result<()> {
+        self.const_set_unrecorded(v, l)?;
+        let d = self.dtype();
+        ledger::op(
+            || "const_set".into(),
+            d,
+            &[],
+            ledger::layout_bytes(l, d),
+            false,
+            1,
+        );
+        Ok(())
+    }
+
+    pub(crate) fn affine(&self, layout: &Layout, mul: f64, add: f64) -> Result<Self> {
+        let out = self.affine_unrecorded(layout, mul, add)?;
+        out.fresh(|| "affine".into(), &[(layout, self.dtype())], 1);
+        Ok(out)
+    }
+
+    pub(crate) fn powf(&self, layout: &Layout, alpha: f64) -> Result<Self> {
+        let out = self.powf_unrecorded(layout, alpha)?;
+        out.fresh(|| "powf".into(), &[(layout, self.dtype())], 1);
+        Ok(out)
+    }
+
+    pub(crate) fn elu(&self, layout: &Layout, alpha: f64) -> Result<Self> {
+        let out = self.elu_unrecorded(layout, alpha)?;
+        out.fresh(|| "elu".into(), &[(layout, self.dtype())], 1);
+        Ok(out)
+    }
+
+    pub(crate) fn cmp(
+        &self,
+        op: CmpOp,
+        rhs: &Self,
+        lhs_layout: &Layout,
+        rhs_layout: &Layout,
+    ) -> Result<Self> {
+        let out = self.cmp_unrecorded(op, rhs, lhs_layout, rhs_layout)?;
+        let d = self.dtype();
+        let name = match op {
+            CmpOp::Eq => "cmp:eq",
+            CmpOp::Ne => "cmp:ne",
+            CmpOp::Le => "cmp:le",
+            CmpOp::Ge => "cmp:ge",
+            CmpOp::Lt => "cmp:lt",
+            CmpOp::Gt => "cmp:gt",
+        };
+        out.fresh(
+            || name.into(),
+            &[(lhs_layout, d), (rhs_layout, rhs.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn reduce_op(&self, op: ReduceOp, layout: &Layout, s: &[usize]) -> Result<Self> {
+        let out = self.reduce_op_unrecorded(op, layout, s)?;
+        out.fresh(
+            || format!("reduce:{}", op.name()),
+            &[(layout, self.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
+        let out = self.to_dtype_unrecorded(layout, dtype)?;
+        out.fresh(
+            || format!("to_dtype:{}", dtype.as_str()),
+            &[(layout, self.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn apply_op1(&self, l: &Layout, c: &dyn CustomOp1) -> Result<(Self, Shape)> {
+        let out = self.apply_op1_unrecorded(l, c)?;
+        out.0.fresh(
+            || format!("custom:{}", c.name()),
+            &[(l, self.dtype())],
+            c.ledger_launches(),
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn apply_op2(
+        &self,
+        l1: &Layout,
+        t2: &Self,
+        l2: &Layout,
+        c: &dyn CustomOp2,
+    ) -> Result<(Self, Shape)> {
+        let out = self.apply_op2_unrecorded(l1, t2, l2, c)?;
+        let inputs = [(l1, self.dtype()), (l2, t2.dtype())];
+        out.0.fresh(
+            || format!("custom:{}", c.name()),
+            &inputs,
+            c.ledger_launches(),
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn apply_op3(
+        &self,
+        l1: &Layout,
+        t2: &Self,
+        l2: &Layout,
+        t3: &Self,
+        l3: &Layout,
+        c: &dyn CustomOp3,
+    ) -> Result<(Self, Shape)> {
+        let out = self.apply_op3_unrecorded(l1, t2, l2, t3, l3, c)?;
+        let inputs = [(l1, self.dtype()), (l2, t2.dtype()), (l3, t3.dtype())];
+        out.0.fresh(
+            || format!("custom:{}", c.name()),
+            &inputs,
+            c.ledger_launches(),
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn inplace_op<const N: usize, C: InplaceOpN<N>>(
+        &mut self,
+        dst_l: &Layout,
+        srcs: [(Src<'_, Storage>, &Layout); N],
+        c: &C,
+    ) -> Result<()> {
+        let d = self.dtype();
+        let read: Vec<(&Layout, DType)> = if ledger::recording() {
+            srcs.iter()
+                .map(|(s, l)| {
+                    (
+                        *l,
+                        if let Src::Distinct(s) = s {
+                            s.dtype()
+                        } else {
+                            d
+                        },
+                    )
+                })
+                .chain(std::iter::once((dst_l, d)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.inplace_op_unrecorded(dst_l, srcs, c)?;
+        let written = ledger::layout_bytes(dst_l, d);
+        ledger::op(
+            || format!("inplace:{}", c.name()),
+            d,
+            &read,
+            written,
+            false,
+            1,
+        );
+        Ok(())
+    }
+
+    pub(crate) fn unary_impl<B: op::UnaryOpT>(&self, layout: &Layout) -> Result<Self> {
+        let out = self.unary_impl_unrecorded::<B>(layout)?;
+        out.fresh(
+            || format!("unary:{}", B::NAME),
+            &[(layout, self.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn binary_impl<B: op::BinaryOpT>(
+        &self,
+        rhs: &Self,
+        lhs_layout: &Layout,
+        rhs_layout: &Layout,
+    ) -> Result<Self> {
+        let out = self.binary_impl_unrecorded::<B>(rhs, lhs_layout, rhs_layout)?;
+        let inputs = [(lhs_layout, self.dtype()), (rhs_layout, rhs.dtype())];
+        out.fresh(|| format!("binary:{}", B::NAME), &inputs, 1);
+        Ok(out)
+    }
+
+    pub(crate) fn conv1d(
+        &self,
+        l: &Layout,
+        kernel: &Self,
+        kernel_l: &Layout,
+        params: &crate::conv::ParamsConv1D,
+    ) -> Result<Self> {
+        let out = self.conv1d_unrecorded(l, kernel, kernel_l, params)?;
+        out.fresh(
+            || "conv1d".into(),
+            &[(l, self.dtype()), (kernel_l, kernel.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn conv_transpose1d(
+        &self,
+        l: &Layout,
+        kernel: &Self,
+        kernel_l: &Layout,
+        params: &crate::conv::ParamsConvTranspose1D,
+    ) -> Result<Self> {
+        let out = self.conv_transpose1d_unrecorded(l, kernel, kernel_l, params)?;
+        out.fresh(
+            || "conv_transpose1d".into(),
+            &[(l, self.dtype()), (kernel_l, kernel.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn conv2d(
+        &self,
+        l: &Layout,
+        kernel: &Self,
+        kernel_l: &Layout,
+        params: &crate::conv::ParamsConv2D,
+    ) -> Result<Self> {
+        let out = self.conv2d_unrecorded(l, kernel, kernel_l, params)?;
+        out.fresh(
+            || "conv2d".into(),
+            &[(l, self.dtype()), (kernel_l, kernel.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn conv_transpose2d(
+        &self,
+        l: &Layout,
+        kernel: &Self,
+        kernel_l: &Layout,
+        params: &crate::conv::ParamsConvTranspose2D,
+    ) -> Result<Self> {
+        let out = self.conv_transpose2d_unrecorded(l, kernel, kernel_l, params)?;
+        out.fresh(
+            || "conv_transpose2d".into(),
+            &[(l, self.dtype()), (kernel_l, kernel.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn avg_pool2d(
+        &self,
+        layout: &Layout,
+        kernel_size: (usize, usize),
+        stride: (usize, usize),
+    ) -> Result<Self> {
+        let out = self.avg_pool2d_unrecorded(layout, kernel_size, stride)?;
+        out.fresh(|| "avg_pool2d".into(), &[(layout, self.dtype())], 1);
+        Ok(out)
+    }
+
+    pub(crate) fn max_pool2d(
+        &self,
+        layout: &Layout,
+        kernel_size: (usize, usize),
+        stride: (usize, usize),
+    ) -> Result<Self> {
+        let out = self.max_pool2d_unrecorded(layout, kernel_size, stride)?;
+        out.fresh(|| "max_pool2d".into(), &[(layout, self.dtype())], 1);
+        Ok(out)
+    }
+
+    pub(crate) fn upsample_nearest1d(&self, layout: &Layout, sz: usize) -> Result<Self> {
+        let out = self.upsample_nearest1d_unrecorded(layout, sz)?;
+        out.fresh(|| "upsample_nearest1d".into(), &[(layout, self.dtype())], 1);
+        Ok(out)
+    }
+
+    pub(crate) fn upsample_nearest2d(&self, layout: &Layout, h: usize, w: usize) -> Result<Self> {
+        let out = self.upsample_nearest2d_unrecorded(layout, h, w)?;
+        out.fresh(|| "upsample_nearest2d".into(), &[(layout, self.dtype())], 1);
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn upsample_bilinear2d(
+        &self,
+        layout: &Layout,
+        h: usize,
+        w: usize,
+        align_corners: bool,
+        scale_h: Option<f64>,
+        scale_w: Option<f64>,
+    ) -> Result<Self> {
+        let out =
+            self.upsample_bilinear2d_unrecorded(layout, h, w, align_corners, scale_h, scale_w)?;
+        out.fresh(
+            || "upsample_bilinear2d".into(),
+            &[(layout, self.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn where_cond(
+        &self,
+        layout: &Layout,
+        t: &Self,
+        layout_t: &Layout,
+        f: &Self,
+        layout_f: &Layout,
+    ) -> Result<Self> {
+        let out = self.where_cond_unrecorded(layout, t, layout_t, f, layout_f)?;
+        let inputs = [
+            (layout, self.dtype()),
+            (layout_t, t.dtype()),
+            (layout_f, f.dtype()),
+        ];
+        out.fresh(|| "where_cond".into(), &inputs, 1);
+        Ok(out)
+    }
+
+    pub(crate) fn gather(
+        &self,
+        l: &Layout,
+        indexes: &Self,
+        indexes_l: &Layout,
+        d: usize,
+    ) -> Result<Self> {
+        let out = self.gather_unrecorded(l, indexes, indexes_l, d)?;
+        // Reads one element per index, not the whole source.
+        let inputs = [(indexes_l, indexes.dtype()), (indexes_l, self.dtype())];
+        out.fresh(|| "gather".into(), &inputs, 1);
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn scatter_set(
+        &mut self,
+        l: &Layout,
+        indexes: &Self,
+        indexes_l: &Layout,
+        source: &Self,
+        source_l: &Layout,
+        d: usize,
+    ) -> Result<()> {
+        self.scatter_set_unrecorded(l, indexes, indexes_l, source, source_l, d)?;
+        let dt = self.dtype();
+        let inputs = [(indexes_l, indexes.dtype()), (source_l, source.dtype())];
+        let written = ledger::layout_bytes(source_l, dt);
+        ledger::op(|| "scatter_set".into(), dt, &inputs, written, false, 1);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn scatter_add(
+        &mut self,
+        l: &Layout,
+        indexes: &Self,
+        indexes_l: &Layout,
+        source: &Self,
+        source_l: &Layout,
+        d: usize,
+    ) -> Result<()> {
+        self.scatter_add_unrecorded(l, indexes, indexes_l, source, source_l, d)?;
+        let dt = self.dtype();
+        let inputs = [(indexes_l, indexes.dtype()), (source_l, source.dtype())];
+        let written = ledger::layout_bytes(source_l, dt);
+        ledger::op(|| "scatter_add".into(), dt, &inputs, written, false, 1);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn index_add(
+        &self,
+        l: &Layout,
+        indexes: &Self,
+        indexes_l: &Layout,
+        source: &Self,
+        source_l: &Layout,
+        d: usize,
+    ) -> Result<Self> {
+        let out = self.index_add_unrecorded(l, indexes, indexes_l, source, source_l, d)?;
+        let inputs = [
+            (l, self.dtype()),
+            (indexes_l, indexes.dtype()),
+            (source_l, source.dtype()),
+        ];
+        out.fresh(|| "index_add".into(), &inputs, 1);
+        Ok(out)
+    }
+
+    pub(crate) fn index_select(
+        &self,
+        rhs: &Self,
+        lhs_l: &Layout,
+        rhs_l: &Layout,
+        d: usize,
+    ) -> Result<Self> {
+        let out = self.index_select_unrecorded(rhs, lhs_l, rhs_l, d)?;
+        out.fresh(
+            || "index_select".into(),
+            &[(lhs_l, self.dtype()), (rhs_l, rhs.dtype())],
+            1,
+        );
+        Ok(out)
+    }
+
+    pub(crate) fn matmul(
+        &self,
+        rhs: &Self,
+        bmnk: (usize, usize, usize, usize),
+        lhs_layout: &Layout,
+        rhs_layout: &Layout,
+    ) -> Result<Self> {
+        let out = self.matmul_unrecorded(rhs, bmnk, lhs_layout, rhs_layout)?;
+        let inputs = [(lhs_layout, self.dtype()), (rhs_layout, rhs.dtype())];
+        out.fresh(|| "matmul".into(), &inputs, 1);
+        Ok(out)
+    }
+
+    pub(crate) fn copy_strided_src(
+        &self,
+        dst: &mut Self,
+        dst_offset: usize,
+        src_l: &Layout,
+    ) -> Result<()> {
+        self.copy_strided_src_unrecorded(dst, dst_offset, src_l)?;
+        let d = self.dtype();
+        let written = (src_l.shape().elem_count() * d.size_in_bytes()) as u64;
+        ledger::op(
+            || "copy_strided".into(),
+            d,
+            &[(src_l, d)],
+            written,
+            false,
+            1,
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn copy2d(
+        &self,
+        dst: &mut Self,
+        d1: usize,
+        d2: usize,
+        src_s: usize,
+        dst_s: usize,
+        src_o: usize,
+        dst_o: usize,
+    ) -> Result<()> {
+        self.copy2d_unrecorded(dst, d1, d2, src_s, dst_s, src_o, dst_o)?;
+        if ledger::recording() {
+            let d = self.dtype();
+            let rows = Layout::contiguous((d1, d2));
+            let bytes = (d1 * d2 * d.size_in_bytes()) as u64;
+            ledger::op(|| "copy2d".into(), d, &[(&rows, d)], bytes, false, 1);
+        }
+        Ok(())
     }
 }

@@ -670,6 +670,7 @@ impl Tensor {
             }
             .bt())?
         }
+        crate::ledger::host_read(self.layout(), self.dtype());
         let from_cpu_storage = |cpu_storage: &crate::CpuStorage| {
             let data = S::cpu_storage_as_slice(cpu_storage)?;
             Ok::<_, Error>(data[self.layout().start_offset()])
@@ -1972,6 +1973,7 @@ impl Tensor {
             };
             Ok::<Vec<_>, Error>(data)
         };
+        crate::ledger::host_read(self.layout(), self.dtype());
         match &*self.storage() {
             Storage::Cpu(storage) => from_cpu_storage(storage),
             Storage::Cuda(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
@@ -2003,6 +2005,7 @@ impl Tensor {
             }
             Ok(rows)
         };
+        crate::ledger::host_read(self.layout(), self.dtype());
         match &*self.storage() {
             Storage::Cpu(storage) => from_cpu_storage(storage),
             Storage::Cuda(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
@@ -2044,6 +2047,7 @@ impl Tensor {
             }
             Ok(top_rows)
         };
+        crate::ledger::host_read(self.layout(), self.dtype());
         match &*self.storage() {
             Storage::Cpu(storage) => from_cpu_storage(storage),
             Storage::Cuda(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
@@ -2977,9 +2981,7 @@ impl Tensor {
             sizes[dim]
         };
         if size > max_len {
-            bail!(
-                "unsqueeze: maximum size for tensor at dimension {dim} is {max_len} but size is {size}"
-            )
+            bail!("unsqueeze: maximum size for tensor at dimension {dim} is {max_len} but size is {size}")
         }
         sizes.push(size);
         strides.push(if self.dims().is_empty() {

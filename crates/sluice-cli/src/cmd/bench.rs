@@ -32,6 +32,9 @@ enum BenchCommand {
     Decode(DecodeArgs),
     /// Byte readers on the same records: files, a packed shard (checked and unchecked), a warm RAM cache (MB/s).
     Read(ReadArgs),
+    /// The op ledger of one training step and one validation batch, recorded on the CPU as a model of the CUDA
+    /// step: per phase the kernel launches, bytes moved, allocations and host reads, and the largest ops.
+    StepCost(super::step_cost::StepCostArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -129,6 +132,7 @@ fn print<T: Serialize>(report: &T, json: bool, text: impl FnOnce(&T) -> String) 
 pub(crate) fn run(args: Args) -> Result<()> {
     match args.command {
         BenchCommand::Model(a) => super::model::run_bench(a),
+        BenchCommand::StepCost(a) => super::step_cost::run(a),
         BenchCommand::Loader(a) => {
             let opts = LoaderBenchOptions {
                 data: a.data,

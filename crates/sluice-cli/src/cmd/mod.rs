@@ -9,5 +9,6 @@ pub(crate) mod info;
 pub(crate) mod model;
 pub(crate) mod pack;
 pub(crate) mod predict;
+pub(crate) mod step_cost;
 pub(crate) mod train;
 pub(crate) mod val;

@@ -321,6 +321,8 @@ impl Optimization {
         if !finite {
             return skip(self, None);
         }
+        // Phases of the op ledger (`sluice bench step-cost`); nothing unless one is recording.
+        candle_core::ledger::set_phase("backward");
         let grads = match &self.scaler {
             Some(s) => s.scale_loss(loss)?.backward()?,
             None => loss.backward()?,
@@ -342,6 +344,7 @@ impl Optimization {
         if (ni as i64) - self.last_opt_step < accumulate as i64 {
             return Ok(BatchOutcome::accumulated(accumulate));
         }
+        candle_core::ledger::set_phase("optimizer");
 
         if let Some(r) = self.grad_reduce.as_mut() {
             r.reduce(&mut self.pending, self.optimizer.groups().params())?;

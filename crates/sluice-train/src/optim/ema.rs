@@ -77,13 +77,21 @@ impl ModelEma {
     /// `updates += 1; d = decay(updates); ema = lerp(ema, model, 1 − d)` for every floating-point variable
     /// (parameters and running statistics; the integer `num_batches_tracked` counters are not averaged).
     pub fn update(&mut self, model: &YoloV8) -> Result<()> {
-        self.update_inner(model, None)
+        self.ledger_phase(|s| s.update_inner(model, None))
+    }
+
+    /// Runs `f` in the op ledger's `ema` phase, then back in `optimizer` (the EMA update ends an optimizer step).
+    fn ledger_phase<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        candle_core::ledger::set_phase("ema");
+        let out = f(self);
+        candle_core::ledger::set_phase("optimizer");
+        out
     }
 
     /// [`ModelEma::update`] kept only where `ok` (a scalar `u8` tensor on the model's device) is 1: the device-side
     /// skip of a non-finite step (the update counter advances either way).
     pub fn update_masked(&mut self, model: &YoloV8, ok: &Tensor) -> Result<()> {
-        self.update_inner(model, Some(ok))
+        self.ledger_phase(|s| s.update_inner(model, Some(ok)))
     }
 
     /// [`ModelEma::update_masked`] (or, with no `mask`, [`ModelEma::update`]) as one pass over every variable
@@ -94,13 +102,15 @@ impl ModelEma {
         mt: &mut sluice_kernels::multi_tensor::MultiTensor,
         mask: Option<&Tensor>,
     ) -> Result<()> {
-        let w = (1.0 - self.decay_at(self.updates + 1)) as f32;
-        let pairs = self.pairs(model)?;
-        let ema: Vec<&Var> = pairs.iter().map(|(e, _)| e).collect();
-        let src: Vec<&Tensor> = pairs.iter().map(|(_, m)| m).collect();
-        mt.ema(&ema, &src, w, mask)?;
-        self.updates += 1;
-        Ok(())
+        self.ledger_phase(|s| {
+            let w = (1.0 - s.decay_at(s.updates + 1)) as f32;
+            let pairs = s.pairs(model)?;
+            let ema: Vec<&Var> = pairs.iter().map(|(e, _)| e).collect();
+            let src: Vec<&Tensor> = pairs.iter().map(|(_, m)| m).collect();
+            mt.ema(&ema, &src, w, mask)?;
+            s.updates += 1;
+            Ok(())
+        })
     }
 
     /// Every floating-point EMA variable with the model's variable of the same name (detached).

@@ -141,7 +141,7 @@ impl ValResult {
 
 /// The shape of a packed batch in flight: shrunk predictions, or the rows an NMS on the device kept.
 #[derive(Debug, Clone, Copy)]
-enum Packed {
+pub(crate) enum Packed {
     Shrunk(PackedDims),
     Kept(KeptDims),
 }
@@ -202,9 +202,62 @@ fn gather_metric(mine: UltralyticsMetric, dist: &Dist) -> sluice_eval::Result<Ul
 }
 
 /// What crosses to the host for one batch.
-enum Out {
+pub(crate) enum Out {
     Shrunk(sluice_eval::Shrunk),
     Kept(sluice_eval::masknms::KeptRows),
+}
+
+impl Out {
+    /// The batch's output packed into one tensor for the read back to the host.
+    pub(crate) fn pack(&self) -> Result<(candle_core::Tensor, Packed)> {
+        Ok(match self {
+            Out::Shrunk(s) => s.pack().map(|(p, d)| (p, Packed::Shrunk(d)))?,
+            Out::Kept(k) => k.pack().map(|(p, d)| (p, Packed::Kept(d)))?,
+        })
+    }
+}
+
+/// How one validation batch runs on the device.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchWork {
+    pub device_nms: bool,
+    pub half: bool,
+    pub end2end: bool,
+    pub dense: bool,
+}
+
+/// One validation batch's device work: the forward, the loss and the shrink (or NMS) of the predictions, all on
+/// the model's device; nothing is read back here.
+pub(crate) fn batch_on_device(
+    model: &YoloV8,
+    loss: &DetectionLoss,
+    batch: &Batch,
+    x: &sluice_transfer::DeviceBatch,
+    work: BatchWork,
+    nms: &NmsParams,
+    shrink_params: &ShrinkParams,
+) -> Result<(super::loss_path::StepLoss, Out)> {
+    // The images in the model's dtype (a cast on the device for a half-precision copy).
+    let images = x.images.to_dtype(model.dtype())?;
+    let mut out = model.forward(&images)?;
+    // An end-to-end head's validation loss is Ultralytics' E2ELoss, whose items come from the one-to-one
+    // branches (the metrics use the one-to-many output, as Ultralytics' default `nms` does).
+    out.raw.one2one = model.forward_one2one(&out.feats, sluice_model::Mode::Eval)?.map(Box::new);
+    // The head's outputs back in f32.
+    let raw = if work.half { out.raw.to_dtype(DType::F32)? } else { out.raw };
+    let l = step_loss(loss, &raw, batch, x, work.dense)?;
+    // An end-to-end pass takes the one-to-one head's top 300 rows (one per object), laid out as the eval
+    // output, which the post-process passes through with no suppression.
+    let y = if work.end2end { model.forward_end2end_decoded(&images, 300)? } else { out.y };
+    let y = y.to_dtype(DType::F32)?;
+    // Only the anchors above the validation conf cross to the host (the whole head output stays put), or,
+    // with NMS on the device, only the rows it keeps.
+    let out = if work.device_nms {
+        Out::Kept(nms_tensor(&y, Layout::ChannelsFirst, nms)?)
+    } else {
+        Out::Shrunk(shrink(&y, shrink_params)?)
+    };
+    Ok((l, out))
 }
 
 /// Validates `model` over one pass of `loader`: inference on this thread, NMS and matching on `workers`
@@ -246,9 +299,6 @@ pub fn validate_on(
         folded = model.fuse().context("validation: folding BatchNorm into the convs")?;
         &folded
     };
-    // The images in the model's dtype (a cast on the device for a half-precision copy) and the head's outputs
-    // back in f32.
-    let input = |x: &candle_core::Tensor| -> candle_core::Result<candle_core::Tensor> { x.to_dtype(model.dtype()) };
     let nc = u32::try_from(loss.nc).context("class count")?;
     let keep_batches = usize::from(opts.keep_first_batch);
     let end2end = opts.end2end && model.config().family.end2end();
@@ -291,34 +341,13 @@ pub fn validate_on(
         let x = transfer.transfer(&batch).context("validation transfer")?;
         // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
         gpu.start()?;
-        let (l, out) = on_compute_pool(model.device(), || -> Result<_> {
-            let images = input(&x.images)?;
-            let mut out = model.forward(&images)?;
-            // An end-to-end head's validation loss is Ultralytics' E2ELoss, whose items come from the one-to-one
-            // branches (the metrics use the one-to-many output, as Ultralytics' default `nms` does).
-            out.raw.one2one = model.forward_one2one(&out.feats, sluice_model::Mode::Eval)?.map(Box::new);
-            let raw = if opts.half { out.raw.to_dtype(DType::F32)? } else { out.raw };
-            let l = step_loss(loss, &raw, &batch, &x, dense)?;
-            // An end-to-end pass takes the one-to-one head's top 300 rows (one per object), laid out as the eval
-            // output, which the post-process passes through with no suppression.
-            let y = if end2end { model.forward_end2end_decoded(&images, 300)? } else { out.y };
-            let y = y.to_dtype(DType::F32)?;
-            // Only the anchors above the validation conf cross to the host (the whole head output stays put), or,
-            // with NMS on the device, only the rows it keeps.
-            let out = if opts.device_nms {
-                Out::Kept(nms_tensor(&y, Layout::ChannelsFirst, &nms)?)
-            } else {
-                Out::Shrunk(shrink(&y, &shrink_params)?)
-            };
-            Ok((l, out))
-        })?;
+        let work = BatchWork { device_nms: opts.device_nms, half: opts.half, end2end, dense };
+        let (l, out) =
+            on_compute_pool(model.device(), || batch_on_device(model, loss, &batch, &x, work, &nms, &shrink_params))?;
         gpu.stop()?;
         model_s += t.elapsed().as_secs_f64();
         if dense {
-            let (packed, dims) = match &out {
-                Out::Shrunk(s) => s.pack().map(|(p, d)| (p, Packed::Shrunk(d)))?,
-                Out::Kept(k) => k.pack().map(|(p, d)| (p, Packed::Kept(d)))?,
-            };
+            let (packed, dims) = out.pack()?;
             if readback.submit(batches, &packed, &mut in_flight.host)?.is_some() {
                 in_flight.submit_oldest(&mut validator)?;
             }
