@@ -97,7 +97,7 @@ fn shrink_ops(y: &Tensor, p: &ShrinkParams, b: usize, rows: usize, a: usize) -> 
     // candle's CUDA argsort sorts at most 8192 columns (8400 anchors at 640 are more): longer rows are ranked by the
     // chunked `topk_last`, which keeps at most half that; beyond it the whole output is kept, which is exact,
     // only a larger copy.
-    let device_sort = !y.device().is_cpu() && a > MAX_DEVICE_SORT;
+    let device_sort = !sluice_kernels::ledger::host_paths(y.device()) && a > MAX_DEVICE_SORT;
     let k = if device_sort && 2 * k > MAX_DEVICE_SORT { a } else { k };
     if k == a {
         let anchors = Tensor::arange(0u32, a as u32, y.device())?.unsqueeze(0)?.broadcast_as((b, a))?.contiguous()?;

@@ -112,7 +112,7 @@ fn bias_conv(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize, silu
         bail!("conv2d: bias has shape {:?}, expected ({},)", b.dims(), geom.o);
     }
     let same = x.dtype() == w.dtype() && x.dtype() == b.dtype();
-    if !(same && x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)) {
+    if !(same && crate::ledger::host_paths(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64)) {
         let y = conv2d(x, w, stride, pad)?.broadcast_add(&b.reshape((1, geom.o, 1, 1))?)?;
         return if silu { y.silu() } else { Ok(y) };
     }

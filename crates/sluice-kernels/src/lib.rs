@@ -14,6 +14,7 @@
 pub mod conv;
 pub mod depthwise;
 pub mod dfl;
+pub mod ledger;
 pub mod loss;
 pub mod memory;
 pub mod multi_tensor;

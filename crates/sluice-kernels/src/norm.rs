@@ -35,7 +35,7 @@ mod math;
 mod planes;
 mod train;
 
-use candle_core::{CpuStorage, DType, Device, Layout, Result, Shape, Storage, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor, WithDType};
 
 pub use affine::{affine_silu, affine_silu_composed};
 pub use fold::{batch_norm_eval_affine, fold_batch_norm};
@@ -70,8 +70,10 @@ pub(crate) fn with_cpu_slice<T: WithDType, R>(
 }
 
 /// Whether the fused CPU kernels handle this tensor (CPU storage, f32 or f64).
+/// Off the CPU (and on it while the op ledger models a CUDA device, [`crate::ledger::model_cuda`]) they are candle's
+/// composed ops, as on CUDA.
 pub(crate) fn fused_supported(x: &Tensor) -> bool {
-    matches!(x.device(), Device::Cpu) && matches!(x.dtype(), DType::F32 | DType::F64)
+    crate::ledger::host_paths(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64)
 }
 
 /// `(n, c, h·w)` of an NCHW shape, or an error naming the op.
@@ -101,6 +103,7 @@ fn min_planes(hw: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     #[test]
     fn rejects_bad_shapes_and_dtypes() {

@@ -38,7 +38,9 @@ pub fn sgd_nesterov(
     buf: Option<&Tensor>,
     h: SgdStep,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
-    let ok = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous() && t.dims() == p.dims();
+    let ok = |t: &Tensor| {
+        crate::ledger::host_paths(t.device()) && t.dtype() == DType::F32 && t.is_contiguous() && t.dims() == p.dims()
+    };
     if !(ok(p) && ok(g) && buf.is_none_or(ok)) {
         return Ok(None);
     }

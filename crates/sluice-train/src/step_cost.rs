@@ -206,6 +206,19 @@ pub fn synthetic_batch(batch: usize, imgsz: usize, boxes: usize, nc: usize) -> R
 /// Records one training step (after one unrecorded step, so the optimizer's state and the loss scaler exist as in
 /// steady state) and one validation batch of the EMA model, and returns every record.
 pub fn record_step(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
+    // The ops take CUDA's paths on the CPU while recording, and the CPU's again afterwards (also on an error).
+    struct ModelCuda;
+    impl Drop for ModelCuda {
+        fn drop(&mut self) {
+            sluice_kernels::ledger::set_model_cuda(false);
+        }
+    }
+    sluice_kernels::ledger::set_model_cuda(true);
+    let _model_cuda = ModelCuda;
+    record_modelled(opts)
+}
+
+fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     crate::ensure!(ledger::AVAILABLE, "this build has no op ledger (candle-core's `ledger` feature)");
     crate::ensure!(opts.batch > 0 && opts.imgsz % 32 == 0 && opts.imgsz > 0, "imgsz must be a positive multiple of 32");
     let device = Device::Cpu;
@@ -226,16 +239,15 @@ pub fn record_step(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
         opt.set_loss_scaling(Some(ScalerSettings::default()), &model)?;
     }
     let loss = DetectionLoss::new(opts.nc);
-    let batch = synthetic_batch(opts.batch, opts.imgsz, opts.boxes_per_image, opts.nc)?;
     let transfer = DeviceTransfer::new(&device, DType::F32)?;
-    let x = transfer.transfer(&batch).context("transfer")?;
     let mut readback = Readback::new(&device)?;
     let mut landed = Vec::new();
-    let mut step = |opt: &mut Optimization, ni: usize| -> Result<()> {
+    let mut step = |opt: &mut Optimization, batch: &Batch, ni: usize| -> Result<()> {
+        let x = transfer.transfer(batch).context("transfer")?;
         ledger::set_phase("forward");
         let (raw, _) = model.forward_raw(&x.images, Mode::Train)?;
         ledger::set_phase("loss");
-        let l = step_loss(&loss, &raw, &batch, &x, true)?;
+        let l = step_loss(&loss, &raw, batch, &x, true)?;
         // The trainer queues the items for an asynchronous read.
         if let crate::train::loss_path::Items::Device(t) = &l.items {
             readback.submit(ni as u64, t, &mut landed)?;
@@ -244,9 +256,12 @@ pub fn record_step(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
         opt.batch_known_finite(&model, &l.total, true, ni, 0)?;
         Ok(())
     };
-    step(&mut opt, 0)?;
+    // The warm-up step creates the optimizer's state, which has the parameters' shapes whatever the batch: a small
+    // batch does it in a fraction of the time.
+    step(&mut opt, &synthetic_batch(2, 64, opts.boxes_per_image, opts.nc)?, 0)?;
+    let batch = synthetic_batch(opts.batch, opts.imgsz, opts.boxes_per_image, opts.nc)?;
     ledger::start("forward");
-    let recorded = step(&mut opt, 1);
+    let recorded = step(&mut opt, &batch, 1);
     let train = ledger::stop();
     recorded?;
 
@@ -263,6 +278,7 @@ pub fn record_step(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     let work = BatchWork { device_nms: opts.device_paths.device_nms, half: false, end2end: false, dense: true };
     let shrink_params = ShrinkParams { fit: false, ..ShrinkParams::default() };
     let nms = NmsParams::ultralytics_val();
+    let x = transfer.transfer(&batch).context("transfer")?;
     ledger::start("val");
     let val = (|| -> Result<()> {
         let (l, out) = batch_on_device(val_model, &loss, &batch, &x, work, &nms, &shrink_params)?;
@@ -332,4 +348,107 @@ pub fn summarize(opts: &StepCostOptions, records: &[OpRecord]) -> StepCost {
 pub fn step_cost(opts: &StepCostOptions) -> Result<StepCost> {
     let records = record_step(opts)?;
     Ok(summarize(opts, &records))
+}
+
+/// One op's totals in one phase (every shape), for the budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpTotal {
+    /// The phase.
+    pub phase: String,
+    /// The op.
+    pub op: String,
+    /// Times it ran.
+    pub count: u64,
+    /// Launches.
+    pub launches: u64,
+    /// Bytes read and written.
+    pub bytes: u64,
+}
+
+/// The committed budget of a ledger: per phase its totals and per (phase, op) its totals.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    /// The model.
+    pub model: String,
+    /// Input side.
+    pub imgsz: usize,
+    /// Batch.
+    pub batch: usize,
+    /// `f32`, `fp16` or `bf16`.
+    pub amp: String,
+    /// The optimizer.
+    pub optimizer: String,
+    /// [`PHASES`], in order.
+    pub phases: Vec<PhaseCost>,
+    /// Every (phase, op), sorted.
+    pub ops: Vec<OpTotal>,
+}
+
+/// The budget of `records` (from [`record_step`]).
+pub fn budget(opts: &StepCostOptions, records: &[OpRecord]) -> Budget {
+    let cost = summarize(opts, records);
+    let mut ops: BTreeMap<(String, String), OpTotal> = BTreeMap::new();
+    for r in records {
+        let t = ops.entry((r.phase.clone(), r.op.clone())).or_insert_with(|| OpTotal {
+            phase: r.phase.clone(),
+            op: r.op.clone(),
+            count: 0,
+            launches: 0,
+            bytes: 0,
+        });
+        t.count += 1;
+        t.launches += r.launches;
+        t.bytes += r.bytes_read + r.bytes_written;
+    }
+    Budget {
+        model: cost.model,
+        imgsz: cost.imgsz,
+        batch: cost.batch,
+        amp: cost.amp,
+        optimizer: cost.optimizer,
+        phases: cost.phases,
+        ops: ops.into_values().collect(),
+    }
+}
+
+/// Where `now` leaves `budget` by more than `tolerance` (0.02 is 2 %) in a phase's launches or bytes moved, up or
+/// down: one line per phase that moved, each followed by the ops whose count, launches or bytes changed. Empty
+/// when `now` keeps to the budget. A different model, size, batch, precision or optimizer is one line.
+pub fn budget_changes(budget: &Budget, now: &Budget, tolerance: f64) -> Vec<String> {
+    let key = |b: &Budget| (b.model.clone(), b.imgsz, b.batch, b.amp.clone(), b.optimizer.clone());
+    if key(budget) != key(now) {
+        return vec![format!("the budget is of {:?}, the ledger of {:?}", key(budget), key(now))];
+    }
+    let moved = |was: u64, is: u64| (is as f64 - was as f64).abs() > tolerance * (was.max(1) as f64);
+    let mut out = Vec::new();
+    for phase in PHASES {
+        let get = |b: &Budget| b.phases.iter().find(|p| p.phase == phase).cloned().unwrap_or_default();
+        let (was, is) = (get(budget), get(now));
+        if !(moved(was.launches, is.launches) || moved(was.bytes(), is.bytes())) {
+            continue;
+        }
+        out.push(format!(
+            "{phase}: launches {} → {}, bytes moved {} → {}",
+            was.launches,
+            is.launches,
+            was.bytes(),
+            is.bytes()
+        ));
+        let ops = |b: &Budget| -> BTreeMap<String, OpTotal> {
+            b.ops.iter().filter(|o| o.phase == phase).map(|o| (o.op.clone(), o.clone())).collect()
+        };
+        let (a, b) = (ops(budget), ops(now));
+        let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        for name in names {
+            let zero = OpTotal { phase: phase.into(), op: name.clone(), count: 0, launches: 0, bytes: 0 };
+            let (x, y) = (a.get(name).unwrap_or(&zero), b.get(name).unwrap_or(&zero));
+            if (x.count, x.launches, x.bytes) != (y.count, y.launches, y.bytes) {
+                out.push(format!(
+                    "  {name}: count {} → {}, launches {} → {}, bytes {} → {}",
+                    x.count, y.count, x.launches, y.launches, x.bytes, y.bytes
+                ));
+            }
+        }
+    }
+    out
 }

@@ -6,7 +6,7 @@
 use anyhow::Result;
 use sluice_model::candle_core::DType;
 use sluice_train::optim::OptimizerKind;
-use sluice_train::step_cost::{OpGroup, StepCost, StepCostOptions, step_cost};
+use sluice_train::step_cost::{OpGroup, StepCost, StepCostOptions, budget, record_step, summarize};
 use sluice_train::train::{DevicePaths, parse_device_paths};
 
 /// Arguments of `sluice bench step-cost`.
@@ -39,6 +39,9 @@ pub(crate) struct StepCostArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Print the ledger as a budget file (JSON: per phase and per op), the form the budget test compares with.
+    #[arg(long, conflicts_with = "json")]
+    budget: bool,
 }
 
 pub(crate) fn run(a: StepCostArgs) -> Result<()> {
@@ -58,7 +61,12 @@ pub(crate) fn run(a: StepCostArgs) -> Result<()> {
         device_paths: a.device_paths.unwrap_or_default(),
         ..StepCostOptions::new(&a.model)
     };
-    let cost = step_cost(&opts)?;
+    let records = record_step(&opts)?;
+    if a.budget {
+        println!("{}", serde_json::to_string_pretty(&budget(&opts, &records))?);
+        return Ok(());
+    }
+    let cost = summarize(&opts, &records);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&cost)?);
     } else {

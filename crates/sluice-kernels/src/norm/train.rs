@@ -10,7 +10,7 @@ use rayon::prelude::*;
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::planes::{plane_affine_silu, plane_dx, plane_dz, plane_moments};
-use super::{Elem, check_param, contiguous, fused_supported, min_planes, nchw, with_cpu_slice};
+use super::{Elem, check_param, contiguous, min_planes, nchw, with_cpu_slice};
 use crate::uninit::filled_vec;
 
 /// Per-channel statistics of one forward pass, saved for the backward pass and returned to the caller.
@@ -159,9 +159,18 @@ impl BnSiluTrain {
     }
 }
 
+/// The ledger's names of the CUDA path's backward and statistics copy.
+const BN_BWD_LEDGER: &str = "custom-bwd:batch_norm_silu_train";
+const BN_STATS_LEDGER: &str = "custom:batch_norm_stats_copy";
+
 impl CustomOp3 for BnSiluTrain {
     fn name(&self) -> &'static str {
         BN_OP
+    }
+
+    /// The CUDA path: partial statistics, their reduction, the normalisation (`cuda::forward`).
+    fn ledger_launches(&self) -> u64 {
+        3
     }
 
     fn cpu_fwd(
@@ -227,10 +236,19 @@ impl CustomOp3 for BnSiluTrain {
             let (dx, dgb) = cuda::backward(x, grad, gamma, st)?;
             return Ok((Some(dx), Some(dgb.narrow(0, 0, c)?), Some(dgb.narrow(0, c, c)?)));
         }
-        let [dx, dg, db] = match x.dtype() {
-            DType::F32 => self.bwd_typed::<f32>(x, gamma, beta, grad)?,
-            DType::F64 => self.bwd_typed::<f64>(x, gamma, beta, grad)?,
+        let twin = || match x.dtype() {
+            DType::F32 => self.bwd_typed::<f32>(x, gamma, beta, grad),
+            DType::F64 => self.bwd_typed::<f64>(x, gamma, beta, grad),
             d => candle_core::bail!("{BN_OP}: unsupported dtype {d:?}"),
+        };
+        let [dx, dg, db] = if crate::ledger::model_cuda() {
+            // The CUDA path's three kernels (`cuda::backward`: partial sums, their reduction, dx) writing dx and
+            // one (2C,) buffer of dγ, dβ.
+            let out = candle_core::ledger::paused(twin)?;
+            crate::ledger::record_kernel(BN_BWD_LEDGER, 3, &[x, grad, gamma], &[&out[0], &out[1], &out[2]]);
+            out
+        } else {
+            twin()?
         };
         Ok((Some(dx), Some(dg), Some(db)))
     }
@@ -267,7 +285,9 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
         let (y, mean, var) = batch_norm_silu_train(&x.to_dtype(DType::F32)?, gamma, beta, eps)?;
         return Ok((y.to_dtype(x.dtype())?, mean, var));
     }
-    if !fused_supported(x) {
+    // The CPU kernel also stands for the CUDA one while the op ledger models a CUDA device.
+    let cpu_kernel = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
+    if !cpu_kernel {
         return batch_norm_silu_train_composed(x, gamma, beta, eps);
     }
     let stats = Arc::new(OnceLock::new());
@@ -281,8 +301,19 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
     let Some(st) = stats.get() else {
         candle_core::bail!("{BN_OP}: the forward pass left no statistics");
     };
-    let mean = Tensor::new(st.mean.as_slice(), &Device::Cpu)?.to_dtype(x.dtype())?;
-    let var = Tensor::new(st.var.as_slice(), &Device::Cpu)?.to_dtype(x.dtype())?;
+    let stats = || -> Result<(Tensor, Tensor)> {
+        let mean = Tensor::new(st.mean.as_slice(), &Device::Cpu)?.to_dtype(x.dtype())?;
+        let var = Tensor::new(st.var.as_slice(), &Device::Cpu)?.to_dtype(x.dtype())?;
+        Ok((mean, var))
+    };
+    let (mean, var) = if crate::ledger::model_cuda() {
+        // On CUDA the statistics are one device copy (`cuda::mean_var`).
+        let (mean, var) = candle_core::ledger::paused(stats)?;
+        crate::ledger::record_kernel(BN_STATS_LEDGER, 1, &[], &[&mean, &var]);
+        (mean, var)
+    } else {
+        stats()?
+    };
     Ok((y, mean, var))
 }
 

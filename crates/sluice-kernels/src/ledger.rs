@@ -1,0 +1,51 @@
+//! The kernels' side of candle's op ledger ([`candle_core::ledger`], `sluice bench step-cost`). The ledger records
+//! a GPU step on the CPU build, so the ops must take the paths a CUDA device takes: with
+//! [`set_model_cuda`] on, [`host_paths`] answers `false` for the CPU too, and the ops that pick a CPU kernel, a
+//! CUDA kernel or candle's composed ops pick as on CUDA. Where the CUDA path is a kernel of its own with a CPU twin
+//! (the fused BatchNorm+SiLU), the twin runs unrecorded and [`record_kernel`] enters the launches the CUDA path
+//! makes. Off (the default), nothing changes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use candle_core::ledger::{self, OpRecord};
+use candle_core::{Device, Tensor};
+
+static MODEL_CUDA: AtomicBool = AtomicBool::new(false);
+
+/// Takes CUDA's op paths on the CPU (for the ledger), or not.
+pub fn set_model_cuda(on: bool) {
+    MODEL_CUDA.store(on, Ordering::SeqCst);
+}
+
+/// Whether the CPU takes CUDA's op paths.
+pub fn model_cuda() -> bool {
+    MODEL_CUDA.load(Ordering::Relaxed)
+}
+
+/// Whether ops on `device` take the host kernels: on the CPU, unless [`model_cuda`].
+pub fn host_paths(device: &Device) -> bool {
+    device.is_cpu() && !model_cuda()
+}
+
+/// Records `launches` kernels named `name` reading `inputs` and writing fresh `outputs` (for a CPU twin run under
+/// [`ledger::paused`]).
+pub fn record_kernel(name: &str, launches: u64, inputs: &[&Tensor], outputs: &[&Tensor]) {
+    if !ledger::recording() {
+        return;
+    }
+    let layouts: Vec<&candle_core::Layout> = inputs.iter().map(|t| t.layout()).collect();
+    let read = inputs.iter().map(|t| ledger::layout_bytes(t.layout(), t.dtype())).sum();
+    let written: u64 = outputs.iter().map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum();
+    ledger::record(OpRecord {
+        phase: String::new(),
+        op: name.to_string(),
+        dtype: outputs.first().or(inputs.first()).map_or(candle_core::DType::F32, |t| t.dtype()),
+        shapes: ledger::shapes_of(&layouts),
+        launches,
+        bytes_read: read,
+        bytes_written: written,
+        allocs: outputs.len() as u64,
+        alloc_bytes: written,
+        host_reads: 0,
+    });
+}
