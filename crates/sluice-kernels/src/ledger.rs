@@ -30,6 +30,15 @@ pub fn host_paths(device: &Device) -> bool {
 /// Records `launches` kernels named `name` reading `inputs` and writing fresh `outputs` (for a CPU twin run under
 /// [`ledger::paused`]).
 pub fn record_kernel(name: &str, launches: u64, inputs: &[&Tensor], outputs: &[&Tensor]) {
+    record(name, launches, inputs, outputs, true)
+}
+
+/// [`record_kernel`] for kernels writing `written` in place (no allocation).
+pub fn record_inplace(name: &str, launches: u64, inputs: &[&Tensor], written: &[&Tensor]) {
+    record(name, launches, inputs, written, false)
+}
+
+fn record(name: &str, launches: u64, inputs: &[&Tensor], outputs: &[&Tensor], fresh: bool) {
     if !ledger::recording() {
         return;
     }
@@ -44,8 +53,8 @@ pub fn record_kernel(name: &str, launches: u64, inputs: &[&Tensor], outputs: &[&
         launches,
         bytes_read: read,
         bytes_written: written,
-        allocs: outputs.len() as u64,
-        alloc_bytes: written,
+        allocs: if fresh { outputs.len() as u64 } else { 0 },
+        alloc_bytes: if fresh { written } else { 0 },
         host_reads: 0,
     });
 }

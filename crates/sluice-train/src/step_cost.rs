@@ -231,10 +231,8 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     let mut opt = Optimization::new(&model, &settings, shape)?;
     // The GPU's defaults: clipping and the skip on the device; the fused step only on request.
     opt.set_device_checks(true);
-    crate::ensure!(
-        !opts.device_paths.fused_step,
-        "the fused optimizer step runs its CPU twin on the host here; the ledger does not model it"
-    );
+    // The opt-in multi-tensor step, when asked for: its CPU twin stands for the CUDA kernels.
+    opt.set_fused_step(opts.device_paths.fused_step, &model)?;
     if opts.amp == Some(DType::F16) {
         opt.set_loss_scaling(Some(ScalerSettings::default()), &model)?;
     }

@@ -208,10 +208,19 @@ impl MultiTensor {
         if let Some(gpu) = self.gpu.as_mut() {
             return gpu.grad_norm(grads, scale, max_norm);
         }
-        let host_grads = grads.iter().map(|g| host(g)).collect::<Result<Vec<_>>>()?;
-        let views: Vec<&[f32]> = host_grads.iter().map(Vec::as_slice).collect();
-        let scale = scale.map(|s| s.to_dtype(DType::F32)?.flatten_all()?.get(0)?.to_scalar::<f32>()).transpose()?;
-        Tensor::new(&twin::norm(&views, scale, max_norm), &self.device)
+        let twin = || {
+            let host_grads = grads.iter().map(|g| host(g)).collect::<Result<Vec<_>>>()?;
+            let views: Vec<&[f32]> = host_grads.iter().map(Vec::as_slice).collect();
+            let scale = scale.map(|s| s.to_dtype(DType::F32)?.flatten_all()?.get(0)?.to_scalar::<f32>()).transpose()?;
+            Tensor::new(&twin::norm(&views, scale, max_norm), &self.device)
+        };
+        if !crate::ledger::model_cuda() {
+            return twin();
+        }
+        // The CUDA path: the tensor table's upload, the per-chunk partial sums and their reduction.
+        let out = candle_core::ledger::paused(twin)?;
+        crate::ledger::record_kernel("multi_tensor:grad_norm", 3, grads, &[&out]);
+        Ok(out)
     }
 
     /// The update of every parameter where `norm` (from [`MultiTensor::grad_norm`]) says the gradients are finite:
@@ -260,6 +269,31 @@ impl MultiTensor {
         if let Some(gpu) = self.gpu.as_mut() {
             return gpu.update(rule, params, grads, state0, state1, consts, norm);
         }
+        if crate::ledger::model_cuda() {
+            // The CUDA path: the table's upload and one kernel updating every tensor in place.
+            candle_core::ledger::paused(|| self.update_twin(rule, params, grads, state0, state1, consts, norm))?;
+            let mut read: Vec<&Tensor> = grads.to_vec();
+            let mut written: Vec<&Tensor> = params.iter().map(|p| p.as_tensor()).collect();
+            written.extend(state0.iter().chain(state1.iter()).flatten());
+            read.extend(written.iter().copied());
+            crate::ledger::record_inplace("multi_tensor:update", 2, &read, &written);
+            return Ok(());
+        }
+        self.update_twin(rule, params, grads, state0, state1, consts, norm)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn update_twin(
+        &mut self,
+        rule: Rule,
+        params: &[&Var],
+        grads: &[&Tensor],
+        state0: &mut [Option<Tensor>],
+        state1: &mut [Option<Tensor>],
+        consts: &[[f32; 8]],
+        norm: &Tensor,
+    ) -> Result<()> {
+        let (n, adam) = (params.len(), rule != Rule::SgdNesterov);
         let out = host(norm)?;
         let out = [out[0], out[1], out[2], out[3]];
         for i in 0..n {
@@ -298,16 +332,28 @@ impl MultiTensor {
         if let Some(gpu) = self.gpu.as_mut() {
             return gpu.ema(ema, model, w, mask);
         }
-        if let Some(mask) = mask
-            && host(mask)?[2] == 0.0
-        {
-            return Ok(());
+        let twin = || -> Result<()> {
+            if let Some(mask) = mask
+                && host(mask)?[2] == 0.0
+            {
+                return Ok(());
+            }
+            for (e, m) in ema.iter().zip(model) {
+                let mut ev = host(e.as_tensor())?;
+                twin::ema(&mut ev, &host(m)?, w);
+                e.set(&Tensor::from_vec(ev, e.dims(), &self.device)?)?;
+            }
+            Ok(())
+        };
+        if !crate::ledger::model_cuda() {
+            return twin();
         }
-        for (e, m) in ema.iter().zip(model) {
-            let mut ev = host(e.as_tensor())?;
-            twin::ema(&mut ev, &host(m)?, w);
-            e.set(&Tensor::from_vec(ev, e.dims(), &self.device)?)?;
-        }
+        // The CUDA path: the table's upload and one kernel updating every EMA tensor in place.
+        candle_core::ledger::paused(twin)?;
+        let written: Vec<&Tensor> = ema.iter().map(|e| e.as_tensor()).collect();
+        let mut read: Vec<&Tensor> = model.to_vec();
+        read.extend(written.iter().copied());
+        crate::ledger::record_inplace("multi_tensor:ema", 2, &read, &written);
         Ok(())
     }
 }
