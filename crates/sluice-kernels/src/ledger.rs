@@ -11,6 +11,7 @@ use candle_core::ledger::{self, OpRecord};
 use candle_core::{Device, Tensor};
 
 static MODEL_CUDA: AtomicBool = AtomicBool::new(false);
+static COMPOSED_BN: AtomicBool = AtomicBool::new(false);
 
 /// Takes CUDA's op paths on the CPU (for the ledger), or not.
 pub fn set_model_cuda(on: bool) {
@@ -20,6 +21,17 @@ pub fn set_model_cuda(on: bool) {
 /// Whether the CPU takes CUDA's op paths.
 pub fn model_cuda() -> bool {
     MODEL_CUDA.load(Ordering::Relaxed)
+}
+
+/// While modelling CUDA, takes candle's composed ops for the training BatchNorm+SiLU instead of its CUDA kernels
+/// (the step as it ran on a device before those kernels existed; for calibrating the ledger against that run).
+pub fn set_model_composed_batch_norm(on: bool) {
+    COMPOSED_BN.store(on, Ordering::SeqCst);
+}
+
+/// Whether the modelled CUDA step composes the training BatchNorm+SiLU.
+pub fn model_composed_batch_norm() -> bool {
+    model_cuda() && COMPOSED_BN.load(Ordering::Relaxed)
 }
 
 /// Whether ops on `device` take the host kernels: on the CPU, unless [`model_cuda`].

@@ -49,6 +49,9 @@ pub struct StepCostOptions {
     pub boxes_per_image: usize,
     /// The opt-in device paths to record instead of the verified defaults.
     pub device_paths: DevicePaths,
+    /// BatchNorm+SiLU composed from candle's ops instead of its CUDA kernels: the step of the first device run,
+    /// for calibrating the ledger against it.
+    pub composed_batch_norm: bool,
 }
 
 impl StepCostOptions {
@@ -63,6 +66,7 @@ impl StepCostOptions {
             optimizer: OptimizerKind::Sgd,
             boxes_per_image: 8,
             device_paths: DevicePaths::default(),
+            composed_batch_norm: false,
         }
     }
 }
@@ -211,15 +215,23 @@ pub fn record_step(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     impl Drop for ModelCuda {
         fn drop(&mut self) {
             sluice_kernels::ledger::set_model_cuda(false);
+            sluice_kernels::ledger::set_model_composed_batch_norm(false);
         }
     }
     sluice_kernels::ledger::set_model_cuda(true);
     let _model_cuda = ModelCuda;
+    sluice_kernels::ledger::set_model_composed_batch_norm(opts.composed_batch_norm);
     record_modelled(opts)
 }
 
 fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     crate::ensure!(ledger::AVAILABLE, "this build has no op ledger (candle-core's `ledger` feature)");
+    // Under autocast a CUDA step runs cuDNN's and the BatchNorm kernels' half-precision paths; their CPU twins are
+    // f32 only, so the CPU would take other ops than the device and the ledger would not model it.
+    crate::ensure!(
+        opts.amp.is_none(),
+        "the ledger models f32 steps only: the CPU has no twin of the half-precision cuDNN and BatchNorm paths"
+    );
     crate::ensure!(opts.batch > 0 && opts.imgsz % 32 == 0 && opts.imgsz > 0, "imgsz must be a positive multiple of 32");
     let device = Device::Cpu;
     let arch = sluice_model::parse_model(&opts.model)?;
@@ -334,7 +346,17 @@ pub fn summarize(opts: &StepCostOptions, records: &[OpRecord]) -> StepCost {
         batch: opts.batch,
         amp: amp_name(opts.amp).into(),
         optimizer: opts.optimizer.name().to_lowercase(),
-        device_model: "cuda (recorded on the cpu build)".into(),
+        device_model: {
+            let mut m = String::from("cuda (recorded on the cpu build)");
+            if opts.composed_batch_norm {
+                m.push_str(", BatchNorm+SiLU composed");
+            }
+            for p in opts.device_paths.enabled() {
+                m.push_str(", ");
+                m.push_str(p);
+            }
+            m
+        },
         phases,
         train_total,
         top_by_bytes: top(|g| g.bytes),

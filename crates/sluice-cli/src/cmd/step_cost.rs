@@ -36,6 +36,10 @@ pub(crate) struct StepCostArgs {
     /// Opt-in device paths to record instead of the verified defaults (`device_nms`).
     #[arg(long, value_name = "LIST", value_parser = parse_device_paths)]
     device_paths: Option<DevicePaths>,
+    /// Compose the training BatchNorm+SiLU from candle's ops instead of its CUDA kernels (the step of the first
+    /// device run, for calibration).
+    #[arg(long)]
+    composed_batch_norm: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -59,6 +63,7 @@ pub(crate) fn run(a: StepCostArgs) -> Result<()> {
         optimizer: a.optimizer,
         boxes_per_image: a.boxes,
         device_paths: a.device_paths.unwrap_or_default(),
+        composed_batch_norm: a.composed_batch_norm,
         ..StepCostOptions::new(&a.model)
     };
     let records = record_step(&opts)?;

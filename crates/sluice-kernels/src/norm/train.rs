@@ -287,7 +287,7 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
     }
     // The CPU kernel also stands for the CUDA one while the op ledger models a CUDA device.
     let cpu_kernel = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
-    if !cpu_kernel {
+    if !cpu_kernel || crate::ledger::model_composed_batch_norm() {
         return batch_norm_silu_train_composed(x, gamma, beta, eps);
     }
     let stats = Arc::new(OnceLock::new());
