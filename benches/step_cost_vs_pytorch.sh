@@ -88,14 +88,14 @@ def value(rows, ph, key):
 
 
 cols = (("launches", "launches", "{:.0f}"), ("bytes", "moved MB", "{:.1f}"), ("allocs", "allocs", "{:.0f}"))
-head = f"{'phase':<10}" + "".join(f"{name + ' s':>13}{name + ' pt':>13}{'ratio':>7}" for _, name, _ in cols)
+head = f"{'phase':<10}" + "".join(f"{name + ' s':>13}{name + ' pt':>13}{'ratio':>8}" for _, name, _ in cols)
 print(head)
 for ph in ("forward", "loss", "backward", "optimizer", "ema", "val", "train"):
     line = f"{ph:<10}"
     for key, _, fmt in cols:
         s, t = value(o, ph, key), value(p, ph, key)
         line += f"{fmt.format(s) if s is not None else '-':>13}{fmt.format(t) if t is not None else '-':>13}"
-        line += f"{s / t:>7.2f}" if s is not None and t else f"{'-':>7}"
+        line += f"{s / t:>8.2f}" if s is not None and t else f"{'-':>8}"
     print(line)
 hr = [(ph, value(o, ph, "host_reads"), value(p, ph, "host_reads")) for ph in ("train", "val")]
 print("host reads (sluice / pytorch): " + ", ".join(f"{ph} {s if s is not None else '-'} / {t}" for ph, s, t in hr))

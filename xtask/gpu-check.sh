@@ -30,6 +30,8 @@
 #   train_bf16/      the same with `--amp bf16`, for the f32 / fp16 / bf16 ratios
 #   train_nccl/      one epoch on the 64-image slice as one NCCL rank (torchrun's variables; a `nccl` build)
 #   train_yolo11n/, train_yolo26n/   one epoch on the 64-image slice with YOLO11n and YOLO26n
+#   step_cost_torch.json  Ultralytics' yolov8n step (640, batch 32, f32) priced by the op ledger's rules, with its
+#                    real CUDA kernel count per phase (`benches/step_cost_pytorch.py --device cuda`)
 #   steps.jsonl      one line per step: name, exit code, seconds (rc -1: skipped for the budget)
 #   matrix.jsonl     (opt-in: GPU_CHECK_ONLY="matrix") the training matrix: Sluice and Ultralytics back to back on a
 #                    2048-image set, f32 and AMP (float16), batch 32 and 64, 2 epochs each: per epoch the median and
@@ -178,6 +180,11 @@ if [ -n "$WHEELS" ]; then
   python3 -m pip install --quiet --no-deps --no-index --target "$HERE/pyul" $WHEELS >"$RES/ultralytics_install.txt" 2>&1
   PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step amp_torch 60 python3 "$HERE/amp_torch.py" "$RES/amp_torch.json"
   cat "$RES/amp_torch.out" 2>/dev/null
+  # Ultralytics' step priced by the op ledger's rules beside its real CUDA kernels per phase (the check of the
+  # ledger's launch counts, docs/step-cost.md).
+  PYTHONPATH="$HERE/pyul:${PYTHONPATH:-}" YOLO_OFFLINE=1 step step_cost_torch 60 python3 "$HERE/step_cost_torch.py" \
+    --model yolov8n --imgsz 640 --batch 32 --amp f32 --optimizer sgd --device cuda --json "$RES/step_cost_torch.json"
+  tail -n 12 "$RES/step_cost_torch.out" 2>/dev/null
 fi
 step convs 60 "$S" gpu convs --json "$RES/convs.json"
 cat "$RES/convs.out" 2>/dev/null

@@ -304,6 +304,8 @@ const UL_SCRIPT: &str = include_str!("../gpu-check-ultralytics.py");
 const CONVS_SCRIPT: &str = include_str!("../gpu-check-convs.py");
 const AMP_SCRIPT: &str = include_str!("../gpu-check-amp.py");
 const UL_MATRIX_SCRIPT: &str = include_str!("../gpu-check-ul-matrix.py");
+/// The PyTorch side of the step-cost ledger; on the device it also counts Ultralytics' real CUDA kernels per phase.
+const STEP_COST_SCRIPT: &str = include_str!("../../benches/step_cost_pytorch.py");
 /// Images of coco128 carried to the device (about 11 MB of JPEGs).
 const CHECK_IMAGES: usize = 64;
 /// The Ultralytics release the peers' figures were made with.
@@ -434,6 +436,7 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
     std::fs::write(dir.join("convs_torch.py"), CONVS_SCRIPT).context("writing convs_torch.py")?;
     std::fs::write(dir.join("amp_torch.py"), AMP_SCRIPT).context("writing amp_torch.py")?;
     std::fs::write(dir.join("ul_matrix.py"), UL_MATRIX_SCRIPT).context("writing ul_matrix.py")?;
+    std::fs::write(dir.join("step_cost_torch.py"), STEP_COST_SCRIPT).context("writing step_cost_torch.py")?;
     let wheels = dir.join("wheels");
     let mut pip = Command::new("python3");
     pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"]).arg(&wheels).arg(ULTRALYTICS);

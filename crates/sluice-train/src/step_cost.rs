@@ -232,7 +232,7 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
         opts.amp.is_none(),
         "the ledger models f32 steps only: the CPU has no twin of the half-precision cuDNN and BatchNorm paths"
     );
-    crate::ensure!(opts.batch > 0 && opts.imgsz % 32 == 0 && opts.imgsz > 0, "imgsz must be a positive multiple of 32");
+    crate::ensure!(opts.batch > 0 && opts.imgsz.is_multiple_of(32) && opts.imgsz > 0, "imgsz must be a positive multiple of 32");
     let device = Device::Cpu;
     let arch = sluice_model::parse_model(&opts.model)?;
     let model = YoloV8::new_seeded(arch.config(opts.nc), DType::F32, &device, 0)?;
@@ -334,7 +334,7 @@ pub fn summarize(opts: &StepCostOptions, records: &[OpRecord]) -> StepCost {
     let top = |key: fn(&OpGroup) -> u64| {
         let mut v = all.clone();
         // Ties in the order of the map's key (phase, op, dtype, shapes): deterministic.
-        v.sort_by(|a, b| key(b).cmp(&key(a)));
+        v.sort_by_key(|g| std::cmp::Reverse(key(g)));
         v.truncate(20);
         v
     };
