@@ -232,7 +232,10 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
         opts.amp.is_none(),
         "the ledger models f32 steps only: the CPU has no twin of the half-precision cuDNN and BatchNorm paths"
     );
-    crate::ensure!(opts.batch > 0 && opts.imgsz.is_multiple_of(32) && opts.imgsz > 0, "imgsz must be a positive multiple of 32");
+    crate::ensure!(
+        opts.batch > 0 && opts.imgsz.is_multiple_of(32) && opts.imgsz > 0,
+        "imgsz must be a positive multiple of 32"
+    );
     let device = Device::Cpu;
     let arch = sluice_model::parse_model(&opts.model)?;
     let model = YoloV8::new_seeded(arch.config(opts.nc), DType::F32, &device, 0)?;
