@@ -2,7 +2,7 @@
 # One optimizer step over yolov8n's parameters (3.0 M) on the CPU, Sluice against Ultralytics 8.4.190 on torch,
 # back to back with the same thread count: SGD (Nesterov), AdamW and MuSGD, each with the clip to norm 10 and the
 # EMA update. Peer: benches/optim_vs_ultralytics.py (Ultralytics' own build_optimizer and MuSGD, median of ITERS
-# after 3 warm-ups). Sluice: `cargo bench -p sluice-train --bench optim` (criterion, 20 samples; its median). Prints
+# after 3 warm-ups). Sluice: `cargo bench -p sluice-optim --bench optim` (criterion, 20 samples; its median). Prints
 # peer ms, sluice ms and peer / sluice (above 1: Sluice is faster). Run it on a quiet machine.
 #
 # Env: PEERS_VENV (default ~/.cache/sluice-peers/venv), THREADS (default 2: OMP/MKL threads of the peer, rayon's
@@ -21,7 +21,7 @@ echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== peer: Ultralytics $("$PY" -c 'import ultralytics; print(ultralytics.__version__)'), torch $("$PY" -c 'import torch; print(torch.__version__)')"
 peer=$("$PY" "$ROOT/benches/optim_vs_ultralytics.py" SGD AdamW MuSGD | grep "\"rule\"")
 echo "$peer"
-echo "== sluice: cargo bench -p sluice-train --bench optim"
+echo "== sluice: cargo bench -p sluice-optim --bench optim"
 sluice=$(cd "$ROOT" && cargo bench -q -p sluice-train --bench optim 2>/dev/null | tr '\n' ' ')
 printf '%-8s %12s %12s %8s\n' rule "peer ms" "sluice ms" ratio
 for rule in SGD AdamW MuSGD; do

@@ -28,6 +28,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sluice-loader", &["sluice-core", "sluice-dataset", "sluice-storage", "sluice-decode", "sluice-augment"]),
     ("sluice-dist", &["sluice-core"]),
     ("sluice-export", &["sluice-core", "sluice-model"]),
+    ("sluice-optim", &["sluice-core", "sluice-kernels", "sluice-model"]),
     ("xtask", &[TESTKIT]),
 ];
 

@@ -35,7 +35,7 @@ import argparse
 import os
 import sys
 
-# Sluice training checkpoints carry this `format` metadata (sluice-train/src/optim/checkpoint.rs).
+# Sluice training checkpoints carry this `format` metadata (sluice-optim/src/checkpoint.rs).
 SLUICE_CHECKPOINT_FORMAT = "sluice-train-checkpoint/1"
 # The bias of the first class-branch output conv: its length is the class count.
 NC_KEY = "model.22.cv3.0.2.bias"

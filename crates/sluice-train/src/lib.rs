@@ -6,9 +6,10 @@
 
 pub mod dist;
 pub mod error;
-pub mod optim;
 pub mod predict;
 pub mod step_cost;
 pub mod train;
 
 pub use error::{Error, Result};
+/// Optimisation (the `sluice-optim` crate): the trainer's optimizer, schedule, EMA and checkpoints.
+pub use sluice_optim as optim;

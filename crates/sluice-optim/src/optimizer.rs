@@ -403,7 +403,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
-    use crate::optim::groups::{Group, Param};
+    use crate::groups::{Group, Param};
 
     /// Deterministic pseudo-random values in [−1, 1).
     fn values(n: usize, seed: u64) -> Vec<f64> {
@@ -589,12 +589,12 @@ mod tests {
     }
 
     /// Two MuSGD steps on a Muon group (a conv filter and a matrix) against Ultralytics 8.4.190's own `MuSGD` with
-    /// its `muon=0.2, sgd=1.0` (`tests/data/musgd_parity/make_musgd_one_step.py`): the Muon update weighted 0.2 and
+    /// its `muon=0.2, sgd=1.0` (`tests/data/musgd_one_step/make_musgd_one_step.py`): the Muon update weighted 0.2 and
     /// the Nesterov SGD update on the second buffer weighted 1.0, each step's update within the rounding Ultralytics'
     /// bfloat16 Newton-Schulz itself allows (the fixture's `spread`: its update against a float32 iteration's).
     #[test]
     fn musgd_muon_group_matches_ultralytics() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/musgd_parity/musgd_one_step.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/musgd_one_step/musgd_one_step.json");
         let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let floats = |v: &serde_json::Value| -> Vec<f32> {
             v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()

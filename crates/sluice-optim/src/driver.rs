@@ -670,8 +670,8 @@ mod tests {
     use sluice_model::{Scale, YoloConfig};
 
     use super::*;
-    use crate::optim::schedule::interp;
-    use crate::optim::settings::OptimizerKind;
+    use crate::schedule::interp;
+    use crate::settings::OptimizerKind;
 
     const BIAS: &str = "model.22.cv3.0.2.bias"; // a head conv bias: group pg2, one per class
 
@@ -848,7 +848,7 @@ mod tests {
     #[test]
     fn loss_scaling_matches_torch_grad_scaler() {
         let fixture: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/data/grad_scaler/grad_scaler.json")).unwrap();
+            serde_json::from_str(include_str!("../tests/data/grad_scaler/grad_scaler.json")).unwrap();
         let f32s = |v: &serde_json::Value| -> Vec<f32> {
             v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
         };

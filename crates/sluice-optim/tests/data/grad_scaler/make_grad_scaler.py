@@ -3,7 +3,7 @@
 Usage (from the repository root, with the peers' venv: Ultralytics 8.4.190 and torch on the CPU):
 
     export YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$HOME/.cache/sluice-peers/ultralytics_cfg
-    ~/.cache/sluice-peers/venv/bin/python crates/sluice-train/tests/data/grad_scaler/make_grad_scaler.py
+    ~/.cache/sluice-peers/venv/bin/python crates/sluice-optim/tests/data/grad_scaler/make_grad_scaler.py
 
 Writes grad_scaler.json beside this script. The run is Ultralytics 8.4's `optimizer_step` (`scaler.unscale_`,
 `clip_grad_norm_(max_norm=10)`, `scaler.step`, `scaler.update`, `zero_grad`) after `scaler.scale(loss).backward()`,

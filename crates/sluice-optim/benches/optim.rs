@@ -6,8 +6,8 @@
 use candle_core::{DType, Device, Tensor};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_model::{Scale, YoloConfig, YoloV8};
-use sluice_train::optim::optimizer::{GroupHyper, MAX_GRAD_NORM, clip_coefficient, scale_grads, total_grad_norm};
-use sluice_train::optim::{ModelEma, Optimizer, ParamGroups, Rule};
+use sluice_optim::optimizer::{GroupHyper, MAX_GRAD_NORM, clip_coefficient, scale_grads, total_grad_norm};
+use sluice_optim::{ModelEma, Optimizer, ParamGroups, Rule};
 
 fn step(c: &mut Criterion) {
     let dev = Device::Cpu;

@@ -9,7 +9,7 @@
 //! ```no_run
 //! use candle_core::{DType, Device};
 //! use sluice_model::{DetectionLoss, Mode, Scale, YoloConfig, YoloV8};
-//! use sluice_train::optim::{OptimSettings, Optimization, RunShape};
+//! use sluice_optim::{OptimSettings, Optimization, RunShape};
 //! # fn batches() -> Vec<(candle_core::Tensor, Vec<sluice_core::Target>)> { Vec::new() }
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let model = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu)?;
@@ -34,6 +34,8 @@
 //! model and the [`Optimization`] as for a new run and call [`Optimization::load_state`]. The checkpoint layout
 //! is described in the `checkpoint` module; `YoloV8::load_weights_prefixed(path, "ema.", LoadMode::Strict)`
 //! loads the EMA weights of a checkpoint for validation or prediction.
+
+#![warn(missing_docs)]
 
 mod checkpoint;
 mod driver;
