@@ -125,8 +125,8 @@ impl BatchNorm {
                 let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
                 let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
                 let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
-                self.running_mean.set(&rm)?;
-                self.running_var.set(&rv)?;
+                self.running_mean.set_owned(rm)?;
+                self.running_var.set_owned(rv)?;
                 match half {
                     Some(h) => y.to_dtype(h),
                     None => Ok(y),
@@ -152,8 +152,8 @@ impl BatchNorm {
                 let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
                 let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
                 let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
-                self.running_mean.set(&rm)?;
-                self.running_var.set(&rv)?;
+                self.running_mean.set_owned(rm)?;
+                self.running_var.set_owned(rv)?;
                 Ok(y)
             }
         }

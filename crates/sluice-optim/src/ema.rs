@@ -153,7 +153,8 @@ impl ModelEma {
                 Some(ok) => ok.broadcast_as(next.shape())?.where_cond(&next, e.as_tensor())?,
                 None => next,
             };
-            e.set(&next)?;
+            // A fresh tensor: the variable takes its buffer (no copy).
+            e.set_owned(next)?;
         }
         self.updates += 1;
         Ok(())

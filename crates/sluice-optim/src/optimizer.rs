@@ -171,7 +171,10 @@ impl Optimizer {
                 state.exp_avg = keep_opt(&state.exp_avg, &old.exp_avg)?;
                 state.exp_avg_sq = keep_opt(&state.exp_avg_sq, &old.exp_avg_sq)?;
             }
-            param.var.set(&keep(&new, &p)?)?;
+            // The variable takes the new tensor's buffer when nothing else holds it (no copy).
+            let next = keep(&new, &p)?;
+            drop(new);
+            param.var.set_owned(next)?;
         }
         Ok(())
     }

@@ -2794,6 +2794,11 @@ impl Tensor {
 
     /// Check if two tensors share the same underlying allocation.
     #[inline]
+    /// Whether this is the only handle of the tensor and of its buffer (no clone, no view, no detached copy).
+    pub(crate) fn sole_owner(&self) -> bool {
+        Arc::strong_count(&self.0) == 1 && Arc::strong_count(&self.storage) == 1
+    }
+
     pub(crate) fn same_storage(&self, rhs: &Self) -> bool {
         self.storage_key() == rhs.storage_key()
     }

@@ -125,6 +125,29 @@ impl Var {
         self.0
     }
 
+    /// [`Var::set`] taking `src` by value. When `src` is the only handle of its buffer, contiguous from its
+    /// start with the variable's shape, dtype and device, and the variable is contiguous from the start of its
+    /// own buffer, the two buffers are exchanged instead of copied: no kernel runs and no byte moves, and every
+    /// handle of the variable sees the new values as after a copy. Otherwise it copies, as `set` does.
+    pub fn set_owned(&self, src: Tensor) -> Result<()> {
+        let swappable = src.sole_owner()
+            && !self.same_storage(&src)
+            && src.layout().is_contiguous()
+            && src.layout().start_offset() == 0
+            && self.layout().is_contiguous()
+            && self.layout().start_offset() == 0
+            && src.shape() == self.shape()
+            && src.dtype() == self.dtype()
+            && src.device().same_device(self.device());
+        if !swappable {
+            return self.set(&src);
+        }
+        let mut dst = self.storage_mut();
+        let mut new = src.storage_mut();
+        std::mem::swap(&mut *dst, &mut *new);
+        Ok(())
+    }
+
     /// Sets the content of the inner tensor, this does not require a mutable reference as inner
     /// mutability is used.
     pub fn set(&self, src: &Tensor) -> Result<()> {
