@@ -119,6 +119,22 @@ impl PhaseCost {
     }
 }
 
+/// Records summed: how many, their launches and their bytes read and written.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    count: u64,
+    launches: u64,
+    bytes: u64,
+}
+
+impl Tally {
+    fn add(&mut self, r: &OpRecord) {
+        self.count += 1;
+        self.launches += r.launches;
+        self.bytes += r.bytes_read + r.bytes_written;
+    }
+}
+
 /// Ops of one kind in one phase (same op, dtype and input shapes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpGroup {
@@ -310,30 +326,32 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
 pub fn summarize(opts: &StepCostOptions, records: &[OpRecord]) -> StepCost {
     let mut phases: Vec<PhaseCost> =
         PHASES.iter().map(|p| PhaseCost { phase: (*p).to_string(), ..PhaseCost::default() }).collect();
-    let mut groups: BTreeMap<(String, String, String, String), OpGroup> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String, String, String), Tally> = BTreeMap::new();
     for r in records {
         if let Some(p) = phases.iter_mut().find(|p| p.phase == r.phase) {
             p.add(r);
         }
-        let key = (r.phase.clone(), r.op.clone(), r.dtype.as_str().to_string(), r.shapes.clone());
-        let g = groups.entry(key).or_insert_with(|| OpGroup {
-            phase: r.phase.clone(),
-            op: r.op.clone(),
-            dtype: r.dtype.as_str().to_string(),
-            shapes: r.shapes.clone(),
-            count: 0,
-            launches: 0,
-            bytes: 0,
-        });
-        g.count += 1;
-        g.launches += r.launches;
-        g.bytes += r.bytes_read + r.bytes_written;
+        groups
+            .entry((r.phase.clone(), r.op.clone(), r.dtype.as_str().to_string(), r.shapes.clone()))
+            .or_default()
+            .add(r);
     }
     let mut train_total = PhaseCost { phase: "train".into(), ..PhaseCost::default() };
     for p in phases.iter().filter(|p| p.phase != "val") {
         train_total.sum(p);
     }
-    let all: Vec<OpGroup> = groups.into_values().collect();
+    let all: Vec<OpGroup> = groups
+        .into_iter()
+        .map(|((phase, op, dtype, shapes), t)| OpGroup {
+            phase,
+            op,
+            dtype,
+            shapes,
+            count: t.count,
+            launches: t.launches,
+            bytes: t.bytes,
+        })
+        .collect();
     let top = |key: fn(&OpGroup) -> u64| {
         let mut v = all.clone();
         // Ties in the order of the map's key (phase, op, dtype, shapes): deterministic.
@@ -410,18 +428,9 @@ pub struct Budget {
 /// The budget of `records` (from [`record_step`]).
 pub fn budget(opts: &StepCostOptions, records: &[OpRecord]) -> Budget {
     let cost = summarize(opts, records);
-    let mut ops: BTreeMap<(String, String), OpTotal> = BTreeMap::new();
+    let mut ops: BTreeMap<(String, String), Tally> = BTreeMap::new();
     for r in records {
-        let t = ops.entry((r.phase.clone(), r.op.clone())).or_insert_with(|| OpTotal {
-            phase: r.phase.clone(),
-            op: r.op.clone(),
-            count: 0,
-            launches: 0,
-            bytes: 0,
-        });
-        t.count += 1;
-        t.launches += r.launches;
-        t.bytes += r.bytes_read + r.bytes_written;
+        ops.entry((r.phase.clone(), r.op.clone())).or_default().add(r);
     }
     Budget {
         model: cost.model,
@@ -430,7 +439,10 @@ pub fn budget(opts: &StepCostOptions, records: &[OpRecord]) -> Budget {
         amp: cost.amp,
         optimizer: cost.optimizer,
         phases: cost.phases,
-        ops: ops.into_values().collect(),
+        ops: ops
+            .into_iter()
+            .map(|((phase, op), t)| OpTotal { phase, op, count: t.count, launches: t.launches, bytes: t.bytes })
+            .collect(),
     }
 }
 
