@@ -95,6 +95,16 @@ impl Letterbox {
         let (l, t) = (self.pad[0] as f32, self.pad[1] as f32);
         BoxXyxy::new((b.x1 - l) / rx, (b.y1 - t) / ry, (b.x2 - l) / rx, (b.y2 - t) / ry)
     }
+
+    /// Maps a canvas box back to its `w0 x h0` source as Ultralytics 8.4's `scale_boxes` does for predictions:
+    /// each axis by the gain of the rounded resize (`new_unpad / source`, which differs from [`Self::ratio`] by the
+    /// rounding of the resized side), after removing the padding.
+    pub fn unmap_box_rounded(&self, b: &BoxXyxy, w0: u32, h0: u32) -> BoxXyxy {
+        let gx = (f64::from(self.new_unpad.0) / f64::from(w0.max(1))) as f32;
+        let gy = (f64::from(self.new_unpad.1) / f64::from(h0.max(1))) as f32;
+        let (l, t) = (self.pad[0] as f32, self.pad[1] as f32);
+        BoxXyxy::new((b.x1 - l) / gx, (b.y1 - t) / gy, (b.x2 - l) / gx, (b.y2 - t) / gy)
+    }
 }
 
 /// `BaseDataset.load_image`'s resize (`rect_mode`): the long side becomes `imgsz`, the other
@@ -123,8 +133,9 @@ pub fn letterbox_into(src: &ImageRgb8, lb: &Letterbox, out: &mut [u8]) {
     let Some(sampler) = Sampler::new(src) else { return };
     let (uw, uh) = lb.new_unpad;
     let (left, top) = (lb.pad[0] as usize, lb.pad[1] as usize);
-    let kx = src.width() as f32 / uw.max(1) as f32;
-    let ky = src.height() as f32 / uh.max(1) as f32;
+    // cv2.resize's scale and source positions, in double and rounded to float afterwards, as OpenCV computes them.
+    let kx = f64::from(src.width()) / f64::from(uw.max(1));
+    let ky = f64::from(src.height()) / f64::from(uh.max(1));
     let (rp, rest) = out.split_at_mut(plane);
     let (gp, bp) = rest.split_at_mut(plane);
     if (uw, uh) == (src.width(), src.height()) {
@@ -142,11 +153,12 @@ pub fn letterbox_into(src: &ImageRgb8, lb: &Letterbox, out: &mut [u8]) {
         return;
     }
     for v in 0..uh as usize {
-        let sy = ((v as f32 + 0.5) * ky - 0.5).clamp(0.0, sampler.max_y());
+        let sy = (((v as f64 + 0.5) * ky - 0.5) as f32).clamp(0.0, sampler.max_y());
         let row = (top + v) * cw + left;
         for u in 0..uw as usize {
-            let sx = ((u as f32 + 0.5) * kx - 0.5).clamp(0.0, sampler.max_x());
-            let px = sampler.sample_clamped(sx, sy);
+            let sx = (((u as f64 + 0.5) * kx - 0.5) as f32).clamp(0.0, sampler.max_x());
+            // cv2.resize's rounding, which Ultralytics' LetterBox uses (not the exact one of the warps).
+            let px = sampler.sample_resize(sx, sy);
             rp[row + u] = px[0];
             gp[row + u] = px[1];
             bp[row + u] = px[2];

@@ -103,3 +103,28 @@ fn pixels_match_ultralytics_letterbox() {
         assert!(mean_shifted > 2.0 * mean + 1.0, "image {i}: a one-row shift is not detectable ({mean_shifted})");
     }
 }
+
+/// The letterbox's resize equals `cv2.resize(INTER_LINEAR)` bit for bit at a scale whose weights show cv2's own
+/// rounding (64 x 80 → 51 x 64, Ultralytics' `LetterBox` at imgsz 64; `tests/data/make_resize_fixture.py`), and the
+/// padding around it is the fill value.
+#[test]
+fn resize_matches_cv2_bit_for_bit() {
+    let src = load_rgb(&data("resize_src_64x80.png"));
+    let want = load_rgb(&data("resize_cv2_51x64.png"));
+    let lb = Letterbox::new(64, 80, 64, 64, LetterboxOpts { auto: true, ..LetterboxOpts::default() });
+    assert_eq!((lb.new_unpad, lb.pad, lb.canvas), ((51, 64), [6, 0, 7, 0], (64, 64)));
+    let mut out = vec![0u8; 3 * 64 * 64];
+    letterbox_into(&src, &lb, &mut out);
+    let plane = 64 * 64;
+    let mut differ = 0;
+    for y in 0..64usize {
+        for x in 0..64usize {
+            for c in 0..3 {
+                let got = out[c * plane + y * 64 + x];
+                let expected = if (6..57).contains(&x) { want.row(y as u32)[(x - 6) * 3 + c] } else { FILL };
+                differ += usize::from(got != expected);
+            }
+        }
+    }
+    assert_eq!(differ, 0, "values differing from cv2.resize");
+}

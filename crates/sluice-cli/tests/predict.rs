@@ -161,36 +161,41 @@ fn a_cuda_device_in_a_cpu_build_is_a_clear_error() {
 
 /// `sluice predict --end2end` on a YOLO26 checkpoint: the one-to-one head's top-k rows with no NMS, mapped back to
 /// the image's pixels and cut at `--conf`, against Ultralytics 8.4.190's `predict(nms=False)` of the same
-/// checkpoint and image (`tests/data/predict_e2e/make_predict_e2e.py`; the checkpoint is the one
-/// `sluice-model`'s `.pt` tests load). Rows pair in order (descending score); each agrees in class, in score to
-/// 1e-5 of itself and in box to 1e-3 px (float32 rounding of an 80 px image; the measured errors are about 1e-7
-/// and 5e-6 px).
+/// checkpoint and images (`tests/data/predict_e2e/make_predict_e2e.py`; the checkpoint is the one `sluice-model`'s
+/// `.pt` tests load): a square image, and a wide one whose letterbox pads it and whose boxes go back by
+/// `scale_boxes`' per-axis gains. Rows pair in order (descending score); each agrees in class, in score to 1e-5 of
+/// itself and in box to 1e-3 px (float32 rounding of an 80 px image; the measured errors are about 1e-7 and 5e-6 px).
 #[test]
 fn predict_end2end_rows_match_ultralytics() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let data = here.join("tests/data/predict_e2e");
     let weights = here.join("../sluice-model/tests/fixtures/pt/y26t.pt");
-    let want: Value =
+    let fixture: Value =
         serde_json::from_slice(&std::fs::read(data.join("predict_e2e.json")).expect("fixture")).expect("json");
-    let want = want["rows"].as_array().expect("rows");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (w, s) = (weights.to_str().expect("utf-8"), data.join("img.png"));
-    let s = s.to_str().expect("utf-8");
-    let args = ["predict", "--weights", w, "--source", s, "--imgsz", "64", "--conf", "0.001", "--end2end", "--json"];
-    let out = sluice(&args, dir.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
-    let got = report["images"][0]["detections"].as_array().expect("detections");
-    assert!(want.len() > 10, "the fixture has rows to compare");
-    assert_eq!(got.len(), want.len(), "rows above conf 0.001");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g["class"].as_u64(), w["class"].as_u64(), "row {i} class");
-        let (gs, ws) = (num(&g["score"]), num(&w["score"]));
-        assert!((gs - ws).abs() <= 1e-5 * ws, "row {i} score {gs} vs {ws}");
-        let gb: Vec<f64> = g["bbox"].as_array().expect("bbox").iter().map(num).collect();
-        let wb: Vec<f64> = w["bbox"].as_array().expect("bbox").iter().map(num).collect();
-        for (a, b) in gb.iter().zip(&wb) {
-            assert!((a - b).abs() <= 1e-3, "row {i} box {gb:?} vs {wb:?}");
+    let w = weights.to_str().expect("utf-8");
+    for image in fixture["images"].as_array().expect("images") {
+        let file = image["file"].as_str().expect("file");
+        let want = image["rows"].as_array().expect("rows");
+        let s = data.join(file);
+        let s = s.to_str().expect("utf-8");
+        let args =
+            ["predict", "--weights", w, "--source", s, "--imgsz", "64", "--conf", "0.001", "--end2end", "--json"];
+        let out = sluice(&args, dir.path());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        let got = report["images"][0]["detections"].as_array().expect("detections");
+        assert!(want.len() > 10, "{file}: the fixture has rows to compare");
+        assert_eq!(got.len(), want.len(), "{file}: rows above conf 0.001");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g["class"].as_u64(), w["class"].as_u64(), "{file} row {i} class");
+            let (gs, ws) = (num(&g["score"]), num(&w["score"]));
+            assert!((gs - ws).abs() <= 1e-5 * ws, "{file} row {i} score {gs} vs {ws}");
+            let gb: Vec<f64> = g["bbox"].as_array().expect("bbox").iter().map(num).collect();
+            let wb: Vec<f64> = w["bbox"].as_array().expect("bbox").iter().map(num).collect();
+            for (a, b) in gb.iter().zip(&wb) {
+                assert!((a - b).abs() <= 1e-3, "{file} row {i} box {gb:?} vs {wb:?}");
+            }
         }
     }
 }

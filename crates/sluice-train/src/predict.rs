@@ -488,7 +488,9 @@ impl Predictor {
             .zip(images.iter().zip(lbs))
             .map(|(mut dets, ((image, _), lb))| {
                 for d in &mut dets {
-                    d.bbox = lb.unmap_box(&d.bbox).clip(image.width() as f32, image.height() as f32);
+                    // As Ultralytics' predictor maps boxes back (`scale_boxes`: each axis by its rounded gain).
+                    let (w, h) = (image.width(), image.height());
+                    d.bbox = lb.unmap_box_rounded(&d.bbox, w, h).clip(w as f32, h as f32);
                 }
                 (dets, lb)
             })
