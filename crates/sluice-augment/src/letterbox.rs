@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use sluice_core::{BoxXyxy, ImageRgb8};
 
-use crate::resample::Sampler;
+use crate::resample::{ResizeSplit, Sampler, resize_split};
 
 /// The grey of letterbox padding and of every border (Ultralytics' `padding_value`, `borderValue`).
 pub const FILL: u8 = 114;
@@ -152,18 +152,26 @@ pub fn letterbox_into(src: &ImageRgb8, lb: &Letterbox, out: &mut [u8]) {
         }
         return;
     }
-    for v in 0..uh as usize {
-        let sy = (((v as f64 + 0.5) * ky - 0.5) as f32).clamp(0.0, sampler.max_y());
-        let row = (top + v) * cw + left;
-        for u in 0..uw as usize {
-            let sx = (((u as f64 + 0.5) * kx - 0.5) as f32).clamp(0.0, sampler.max_x());
-            // cv2.resize's rounding, which Ultralytics' LetterBox uses (not the exact one of the warps).
-            let px = sampler.sample_resize(sx, sy);
-            rp[row + u] = px[0];
-            gp[row + u] = px[1];
-            bp[row + u] = px[2];
-        }
+    // The horizontal positions and weights are the same on every row: split once per call into a buffer kept by
+    // the thread (no allocation in steady state).
+    thread_local! {
+        static COLUMNS: std::cell::RefCell<Vec<ResizeSplit>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    COLUMNS.with_borrow_mut(|cols| {
+        cols.clear();
+        cols.extend((0..uw as usize).map(|u| resize_split(u, kx, src.width() as usize)));
+        for v in 0..uh as usize {
+            let ys = resize_split(v, ky, src.height() as usize);
+            let row = (top + v) * cw + left;
+            for (u, &xs) in cols.iter().enumerate() {
+                // cv2.resize's rounding, which Ultralytics' LetterBox uses (not the exact one of the warps).
+                let px = sampler.sample_resize(xs, ys);
+                rp[row + u] = px[0];
+                gp[row + u] = px[1];
+                bp[row + u] = px[2];
+            }
+        }
+    });
 }
 
 /// Rectangular batches (`YOLODataset.set_rectangle`): the visiting order and one canvas shape per batch.

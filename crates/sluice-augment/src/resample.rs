@@ -35,6 +35,27 @@ fn split(v: f32) -> (usize, u32) {
     (i as usize, w)
 }
 
+/// A source position of `cv2.resize` on one axis: the first pixel and the weights of it and the next.
+pub type ResizeSplit = (usize, i32, i32);
+
+/// `cv2.resize`'s `INTER_LINEAR` source position and 11-bit weights for destination index `d` at `scale` (source /
+/// destination), on an axis of `n_src` pixels: the position `(d + 0.5)·scale − 0.5` in double, rounded to float; its
+/// floor, clamped to the axis (with the weight of the next pixel then 0); `w0 = rint((1 − f)·2048)`, `w1 = 2048 −
+/// w0`.
+pub fn resize_split(d: usize, scale: f64, n_src: usize) -> ResizeSplit {
+    let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
+    let s = f.floor();
+    let (mut i, mut frac) = (s as i64, f - s);
+    if i < 0 {
+        (i, frac) = (0, 0.0);
+    }
+    if i >= n_src as i64 - 1 {
+        (i, frac) = ((n_src as i64 - 1).max(0), 0.0);
+    }
+    let w0 = ((1.0 - frac) * COEF_ONE as f32).round_ties_even() as i32;
+    (i as usize, w0, COEF_ONE as i32 - w0)
+}
+
 /// The two source rows and the vertical weight of one clamped `y`: what [`Sampler::sample_clamped`] reads at that
 /// `y` for every `x`, fetched once for a run of samples on the same source row (identical results).
 #[derive(Debug, Clone, Copy)]
@@ -210,19 +231,13 @@ impl<'a> Sampler<'a> {
     }
 
     /// [`Sampler::sample_clamped`] with `cv2.resize`'s own rounding (`INTER_LINEAR` on 8-bit images, as its
-    /// vectorised passes compute it on x86): weights `w0 = rint((1 − f)·2048)`, `w1 = 2048 − w0`; horizontal sums
-    /// kept whole; vertically `((b0·(t >> 4)) >> 16) + ((b1·(b >> 4)) >> 16)`, then `(s + 2) >> 2`. At scales whose
-    /// weights are multiples of 2⁴ this equals the exact rounding; at others (64 → 51 px) it differs by one level
-    /// in about a tenth of the pixels, which is what Ultralytics' `LetterBox` gets.
+    /// vectorised passes compute it on x86), at a position split by [`resize_split`] on each axis: horizontal sums
+    /// kept whole; vertically `((b0·(t >> 4)) >> 16) + ((b1·(b >> 4)) >> 16)`, then `(s + 2) >> 2`. At scales
+    /// whose weights are multiples of 2⁴ this equals the exact rounding; at others (64 → 51 px) it differs by one
+    /// level in about a tenth of the pixels, which is what Ultralytics' `LetterBox` gets.
     #[inline(always)]
-    pub fn sample_resize(&self, x: f32, y: f32) -> [u8; 3] {
-        debug_assert!((0.0..=self.max_x).contains(&x) && (0.0..=self.max_y).contains(&y), "{x} {y}");
-        let cv_split = |v: f32| {
-            let i = v as i32;
-            let w0 = ((1.0 - (v - i as f32)) * COEF_ONE as f32).round_ties_even() as i32;
-            (i as usize, w0, COEF_ONE as i32 - w0)
-        };
-        let ((x0, ax, wx), (y0, ay, wy)) = (cv_split(x), cv_split(y));
+    pub fn sample_resize(&self, x: ResizeSplit, y: ResizeSplit) -> [u8; 3] {
+        let ((x0, ax, wx), (y0, ay, wy)) = (x, y);
         let dx = if x0 < self.last_x { 3 } else { 0 };
         let dy = if y0 < self.last_y { self.stride } else { 0 };
         let i = y0 * self.stride + x0 * 3;
