@@ -208,6 +208,7 @@ impl DataConfig {
         let yaml_dir = resolve(yaml.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")));
         let root = match &doc.path {
             None => yaml_dir.clone(),
+            Some(p) if is_url(p) => yaml_dir.clone(),
             Some(p) => {
                 let p = PathBuf::from(p);
                 if p.is_absolute() {
@@ -219,8 +220,22 @@ impl DataConfig {
                 }
             }
         };
+        // A URL (`s3://bucket/coco/train.sluice`) is kept as written; a relative split under a URL `path:` joins
+        // it with a slash.
+        let url_root = doc.path.as_deref().filter(|p| is_url(p)).map(|p| p.trim_end_matches('/').to_string());
+        let place = |s: &str| -> Option<PathBuf> {
+            if is_url(s) {
+                Some(PathBuf::from(s))
+            } else {
+                url_root.as_ref().map(|r| PathBuf::from(format!("{r}/{}", s.trim_start_matches("./"))))
+            }
+        };
         let split = |spec: &SplitSpec| -> Vec<PathBuf> {
             match spec {
+                SplitSpec::One(s) if place(s).is_some() => place(s).into_iter().collect(),
+                SplitSpec::List(items) if items.iter().any(|s| place(s).is_some()) => {
+                    items.iter().map(|s| place(s).unwrap_or_else(|| resolve(&root.join(s)))).collect()
+                }
                 SplitSpec::One(s) => {
                     let mut x = resolve(&root.join(s));
                     if !x.exists()
@@ -319,6 +334,14 @@ impl DataConfig {
         }
         list_images(self.sources(split), &self.yaml)
     }
+}
+
+/// Whether a dataset YAML's path is a URL (`scheme://...`: `s3://`, `gs://`, `az://`, `https://`) rather than a
+/// local path.
+pub fn is_url(s: &str) -> bool {
+    s.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.len() > 1 && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
 }
 
 fn has_img_ext(p: &Path) -> bool {
@@ -422,6 +445,26 @@ mod tests {
             PathBuf::from("/images/x/labels/train/a.b.txt")
         );
         assert_eq!(img2label_path(Path::new("/d/pics/a.png")), PathBuf::from("/d/pics/a.txt"));
+    }
+
+    #[test]
+    fn url_splits_are_kept_as_written() {
+        for u in ["s3://bucket/a.sluice", "gs://b/x", "az://c/y", "https://host/z.sluice", "s3a://b/k"] {
+            assert!(is_url(u), "{u}");
+        }
+        for p in ["/data/train.sluice", "train.sluice", "C:\\data", "../x://y", "://x"] {
+            assert!(!is_url(p), "{p}");
+        }
+        let y = Path::new("/nonexistent/d.yaml");
+        let c = DataConfig::from_yaml_str("train: s3://b/coco/train.sluice\nval: ../val\nnames: [a]", y).unwrap();
+        assert_eq!(c.train, vec![PathBuf::from("s3://b/coco/train.sluice")]);
+        assert_eq!(c.train[0].to_str(), Some("s3://b/coco/train.sluice"));
+        assert!(c.val[0].ends_with("val") && !is_url(&c.val[0].to_string_lossy()));
+        let c =
+            DataConfig::from_yaml_str("path: gs://b/coco/\ntrain: train.sluice\nval: [./val.sluice]\nnames: [a]", y)
+                .unwrap();
+        assert_eq!(c.train[0].to_str(), Some("gs://b/coco/train.sluice"));
+        assert_eq!(c.val[0].to_str(), Some("gs://b/coco/val.sluice"));
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub mod problem;
 pub mod synth;
 
 pub use check::{CheckReport, check};
-pub use config::{DataConfig, DataYaml, IMG_FORMATS, MAX_CLASSES, Split, SplitSpec, img2label_path};
+pub use config::{DataConfig, DataYaml, IMG_FORMATS, MAX_CLASSES, Split, SplitSpec, img2label_path, is_url};
 pub use error::{DatasetError, Result};
 pub use header::{ImageFormat, ImageHeader, read_header};
 pub use index::{IndexOptions, IndexResult, Sample, SampleIndex};

@@ -169,7 +169,7 @@ impl NodeCache {
         let name = path.file_name().map_or_else(|| "sluice-node-cache".into(), |n| n.to_string_lossy().into_owned());
         remove_stale_temps(dir, &name);
         let need = table_end.saturating_add(estimated_pixel_bytes(source).min(budget_bytes as u64));
-        check_free_space(dir, need)?;
+        sluice_storage::ensure_free_space(dir, need, "the decoded-image cache (or choose another folder: cache_dir)")?;
         let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir).map_err(io)?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         let table = write_body(&mut out, source, budget_bytes, progress).map_err(io)?;
@@ -438,32 +438,6 @@ fn estimated_pixel_bytes(source: &DecodedSource) -> u64 {
         .sum()
 }
 
-/// Fails when the file system holding `dir` has fewer than `need` bytes free for an unprivileged writer.
-#[cfg(unix)]
-fn check_free_space(dir: &Path, need: u64) -> Result<()> {
-    let st =
-        rustix::fs::statvfs(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: std::io::Error::from(e) })?;
-    let free = st.f_bavail.saturating_mul(st.f_frsize);
-    if free < need {
-        return Err(Error::Invalid {
-            what: "cache space",
-            reason: format!(
-                "{}: {free} bytes free, the decoded-image cache needs about {need} bytes ({:.2} GB); free space or \
-                 choose another folder (cache_dir)",
-                dir.display(),
-                need as f64 / 1e9
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Free space is not checked on this platform: a full disk surfaces as a write error naming the file.
-#[cfg(not(unix))]
-fn check_free_space(_dir: &Path, _need: u64) -> Result<()> {
-    Ok(())
-}
-
 /// Why a present entry cannot be served, if it cannot.
 fn check_entry(e: &Entry, data_start: u64, file_len: u64) -> std::result::Result<(), String> {
     let end = e.offset.checked_add(e.len).ok_or("offset + length overflows")?;
@@ -588,15 +562,6 @@ mod tests {
         assert!(check_entry(&Entry { len: 23, ..ok }, 100, 200).is_err());
         assert!(check_entry(&Entry { offset: u64::MAX - 1, ..ok }, 100, u64::MAX).is_err());
         assert!(check_entry(&Entry { stride: u64::MAX / 2, ..ok }, 100, u64::MAX).is_err());
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn too_little_free_space_is_an_error_naming_the_folder_and_the_bytes() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        assert!(check_free_space(dir.path(), 1).is_ok());
-        let err = check_free_space(dir.path(), u64::MAX).expect_err("no file system has 16 EiB free").to_string();
-        assert!(err.contains(&dir.path().display().to_string()) && err.contains(&u64::MAX.to_string()), "{err}");
     }
 
     #[test]

@@ -42,6 +42,16 @@ pub enum DataError {
         /// Why.
         reason: String,
     },
+    /// A split named by URL could not be read (the message names the object and why).
+    #[error("{}: the {split} split: {reason}", data.display())]
+    Remote {
+        /// The dataset YAML.
+        data: PathBuf,
+        /// The split.
+        split: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
     /// The split has no usable image.
     #[error("{}: the {split} split has no usable images (see `sluice data check`)", data.display())]
     EmptySplit {
@@ -87,9 +97,33 @@ impl LoadedSplit {
     }
 }
 
-/// Loads `data` and indexes `split`; with `require_images`, an empty split is an error naming the file.
+/// How splits named by URL are reached: where their local copies go and the object store client's settings.
+#[derive(Debug, Clone, Default)]
+pub struct RemoteConfig {
+    /// The folder of the local copies; `None`: `.sluice-remote` beside the dataset YAML.
+    pub cache_dir: Option<PathBuf>,
+    /// The client's settings, `(key, value)` (see `sluice_storage::remote::RemoteOptions::settings`).
+    pub settings: Vec<(String, String)>,
+}
+
+/// Loads `data` and indexes `split`; with `require_images`, an empty split is an error naming the file. A split
+/// named by URL is read with the client's default settings (see [`load_split_with`]).
 pub fn load_split(data: &Path, split: Split, opts: &IndexOptions, require_images: bool) -> Result<LoadedSplit> {
-    let config = DataConfig::load(data)?;
+    load_split_with(data, split, opts, require_images, &RemoteConfig::default())
+}
+
+/// [`load_split`], with a split named by URL (`s3://bucket/coco/train.sluice`: one shard written by `sluice pack`)
+/// first copied to local disk as `remote` says (once per node; later runs reuse the copy while the object is
+/// unchanged), then read as a local shard.
+pub fn load_split_with(
+    data: &Path,
+    split: Split,
+    opts: &IndexOptions,
+    require_images: bool,
+    remote: &RemoteConfig,
+) -> Result<LoadedSplit> {
+    let mut config = DataConfig::load(data)?;
+    stage_remote(&mut config, split, remote)?;
     let (indexed, source) = match shard_of(&config, split) {
         Some(shard) => (index_shard(&shard, &config.names)?, SourceKind::Packed(shard)),
         None => (config.index(split, opts)?, SourceKind::Files),
@@ -98,6 +132,43 @@ pub fn load_split(data: &Path, split: Split, opts: &IndexOptions, require_images
         return Err(DataError::EmptySplit { data: data.to_path_buf(), split: split.as_str() });
     }
     Ok(LoadedSplit { config, indexed, source })
+}
+
+/// Replaces a URL source of `split` by its local copy.
+fn stage_remote(config: &mut DataConfig, split: Split, remote: &RemoteConfig) -> Result<()> {
+    let sources = match split {
+        Split::Train => &mut config.train,
+        Split::Val => &mut config.val,
+        Split::Test => &mut config.test,
+    };
+    let urls: Vec<String> =
+        sources.iter().map(|p| p.to_string_lossy().into_owned()).filter(|s| sluice_dataset::is_url(s)).collect();
+    let Some(url) = urls.first() else { return Ok(()) };
+    let bad = |reason: String| DataError::Remote { data: config.yaml.clone(), split: split.as_str(), reason };
+    if sources.len() != 1 || !url.ends_with(&format!(".{SHARD_EXTENSION}")) {
+        return Err(bad(format!(
+            "{url}: a split in object storage is one shard written by `sluice pack` (a `.{SHARD_EXTENSION}` object), \
+             alone in its split"
+        )));
+    }
+    let dir = remote.cache_dir.clone().unwrap_or_else(|| {
+        config.yaml.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join(".sluice-remote")
+    });
+    let local = stage(url, &dir, remote).map_err(bad)?;
+    *sources = vec![local];
+    Ok(())
+}
+
+#[cfg(feature = "object-store")]
+fn stage(url: &str, dir: &Path, remote: &RemoteConfig) -> std::result::Result<PathBuf, String> {
+    use sluice_storage::remote::{RemoteOptions, stage_shard};
+    let opts = RemoteOptions { settings: remote.settings.clone(), ..RemoteOptions::default() };
+    stage_shard(url, dir, &opts, &mut |_, _| {}).map(|s| s.path).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "object-store"))]
+fn stage(url: &str, _dir: &Path, _remote: &RemoteConfig) -> std::result::Result<PathBuf, String> {
+    Err(format!("{url}: this build of Sluice reads no object storage; build it with the `object-store` feature"))
 }
 
 /// The shard `split` names, when its only source is a `.sluice` file.

@@ -68,6 +68,30 @@ pub enum StorageError {
         /// Why.
         reason: String,
     },
+    /// The file system has too little free space for what is about to be written.
+    #[error(
+        "{}: {free} bytes free, {what} needs {need} bytes ({:.2} GB); free space or choose another folder",
+        dir.display(),
+        *need as f64 / 1e9
+    )]
+    NoSpace {
+        /// The folder written to.
+        dir: PathBuf,
+        /// Bytes free for an unprivileged writer.
+        free: u64,
+        /// Bytes needed.
+        need: u64,
+        /// What would be written.
+        what: String,
+    },
+    /// An object of an object store could not be read (the message names the object and why).
+    #[error("{url}: {reason}")]
+    Remote {
+        /// The object's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// Encoded labels cannot be decoded.
     #[error("labels of sample {id}: {reason}")]
     BadLabels {
