@@ -6,7 +6,8 @@
 # figure with the ratio sluice / peer (above 1: sluice is faster). Run it on a quiet machine: the peers wait for
 # one (PEERS_MAX_WAIT_S), sluice does not, and nothing else should run meanwhile.
 #
-# Usage: benches/loader_vs_ultralytics.sh [case ...]      cases: train640 train320 val640 (default: all three)
+# Usage: benches/loader_vs_ultralytics.sh [case ...]      cases: train640 train320 val640 disk640
+#                                                          (default: train640 train320 val640)
 # Env:   PEERS_VENV       the peers' venv (default ~/.cache/sluice-peers/venv; made by $PEERS_DIR/setup.sh)
 #        SLUICE_SHARED    the shared folder (default ../shared beside the repository; see benches/locations.sh)
 #        PEERS_DIR        the peer scripts (default $SLUICE_SHARED/peers)
@@ -28,6 +29,9 @@
 #   cold  images/s of a fresh loader's first two epochs, thread/worker start-up included (the peer's definition),
 #         median over repeats; sluice's first epoch alone (cold_images_per_s) is printed too.
 #   val   Ultralytics' validation dataset does not buffer images (it decodes every pass): sluice --cache none.
+#   disk  (case disk640) both sides with cache=disk, warm (the file built in a first run of each, not timed), beside
+#         sluice's --cache ram and --cache none; sluice's anonymous resident memory (RssAnon) after the last epoch
+#         of each cache mode is printed below the table (a disk cache's pages are file-backed page cache).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,7 +48,7 @@ PY=$PEERS_VENV/bin/python
 [ -f "$PEERS_DIR/m1_train_loader.py" ] || { echo "no peer scripts in $PEERS_DIR (set PEERS_DIR)" >&2; exit 1; }
 [ -f "$DATA" ] || { echo "no $DATA (set SLUICE_COCO128 or SLUICE_DATASETS)" >&2; exit 1; }
 for c in $CASES; do
-  case $c in train640|train320|val640) ;; *) echo "unknown case $c (train640 train320 val640)" >&2; exit 1 ;; esac
+  case $c in train640|train320|val640|disk640) ;; *) echo "unknown case $c (train640 train320 val640 disk640)" >&2; exit 1 ;; esac
 done
 
 # The peers' environment, as $PEERS_DIR/run_all.sh sets it.
@@ -91,6 +95,21 @@ for c in $CASES; do
         "train$sz.ram.cold*.json" cold_two_epochs_images_per_s
       row "train $sz cold, sluice epoch 1 only" "-" "train$sz.ram.cold*.json" cold_images_per_s
       ;;
+    disk640)
+      # Ultralytics writes its .npy files beside the images on the first run; the timed run finds them.
+      touch "$OUT/disk640.start"
+      (cd "$PEERS_DIR" && PEERS_REPEATS=1 "$PY" m1_train_loader.py 640 disk) > "$OUT/m1_disk_build.log" 2>&1 || true
+      peer m1_train_loader_640_disk m1_train_loader.py 640 disk
+      ours disk640.build --mode train --imgsz 640 --cache disk --epochs 2 > /dev/null
+      ours disk640.disk --mode train --imgsz 640 --cache disk --epochs "$EPOCHS"
+      ours disk640.ram --mode train --imgsz 640 --cache ram --epochs "$EPOCHS"
+      ours disk640.none --mode train --imgsz 640 --cache none --epochs "$EPOCHS"
+      row "train 640 warm, cache disk" "train_loader.imgsz640.cache_disk.images_per_s" disk640.disk.json warm_images_per_s
+      row "train 640 warm, sluice cache ram" "train_loader.imgsz640.cache_disk.images_per_s" disk640.ram.json warm_images_per_s
+      row "train 640 warm, sluice cache none" "train_loader.imgsz640.cache_disk.images_per_s" disk640.none.json warm_images_per_s
+      # Ultralytics' cache files are left in the dataset's image folder; they go, so other runs start as before.
+      find "$(dirname "$DATA")" -name '*.npy' -newer "$OUT/disk640.start" -delete 2>/dev/null || true
+      ;;
     val640)
       peer m2_val_loader_640 m2_val_loader.py 640
       ours val640.none --mode val --imgsz 640 --cache none --epochs "$EPOCHS"
@@ -119,4 +138,9 @@ for line in open(rows):
     phase = "cold_telemetry" if key.startswith("cold") else "warm_telemetry"
     bottleneck = runs[-1][phase]["bottleneck"] if runs else ""
     print(f"{label:<38} {p:9.1f} {ours:9.1f} {ratio}  {bottleneck}")
+rss = {m: json.load(open(f)).get("rss_anon_bytes") for m in ("disk", "ram", "none")
+       for f in [os.path.join(out, f"disk640.{m}.json")] if os.path.exists(f)}
+if rss.get("none"):
+    print("sluice RssAnon after the last epoch (MB): " + ", ".join(
+        f"cache {m} {b / 1e6:.1f} ({b / rss['none']:.2f}x none)" for m, b in rss.items() if b))
 EOF

@@ -9,17 +9,20 @@
 //! 5. Data-parallel training on CPU ranks (feature `mpi`): clippy of the crates that have it, `sluice-dist`'s tests
 //!    and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`, where Open MPI is installed
 //!    (`SLUICE_REQUIRE_MPI=1` makes its absence an error, as `.ci/run` does).
-//! 6. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
+//! 6. Object storage (feature `object-store`): clippy of the crates that have it, and its tests against a local
+//!    moto server where python3 has `moto[server]` (`SLUICE_REQUIRE_MOTO=1` makes its absence an error, as
+//!    `.ci/run` does).
+//! 7. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
 //!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
-//! 7. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
+//! 8. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
 //!    excluded from it): its unit tests, `tests/grad_tests.rs` and its doctests, with its own `Cargo.lock`.
-//! 8. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
+//! 9. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
 //!    one of these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
 //!    `<target>/cuda-sdk` (once per target directory), no GPU is needed ([`crate::gpu::cuda_check_cargo`]).
-//! 9. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
-//!    the same wheels' nvcc and ptxas, warnings as errors ([`crate::gpu::compile_kernels`]).
+//! 10. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
+//!     the same wheels' nvcc and ptxas, warnings as errors ([`crate::gpu::compile_kernels`]).
 //!
-//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2 to 5 and 8);
+//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2 to 6 and 9);
 //! `fuzz/` and `vendor/candle-core` are other workspaces with other profiles and lock files, so they build into
 //! `<target>/fuzz` and `<target>/vendor`.
 
@@ -89,6 +92,7 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     s.cargo("test nvjpeg", root, &[&["test", "--locked"][..], &nvjpeg].concat())?;
     turbojpeg(root, checks, &mut s)?;
     mpi(root, checks, &mut s)?;
+    object_store(root, checks, &mut s)?;
 
     let target = crate::target_dir(root);
     let fuzz_target = target.join("fuzz").to_string_lossy().into_owned();
@@ -167,6 +171,34 @@ fn mpi(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
     s.cargo("test mpi: sluice-dist", root, &["test", "--locked", "-p", "sluice-dist", "--features", "mpi"])?;
     let two_ranks = ["test", "--locked", "-p", "sluice-train", "-p", "sluice-cli", "--features", "mpi"];
     s.cargo("test mpi: two ranks", root, &[&two_ranks[..], &["--test", "distributed"]].concat())?;
+    Ok(())
+}
+
+/// Object storage (feature `object-store`): linted everywhere; its tests run against a local moto server (PyPI's
+/// `moto[server]`), which the tests start themselves, where python3 can import it, and are required where CI says so
+/// (`SLUICE_REQUIRE_MOTO=1`, as `.ci/run` sets after installing it).
+fn object_store(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
+    let features = "sluice-storage/object-store,sluice-loader/object-store,sluice-cli/object-store";
+    let crates = ["-p", "sluice-storage", "-p", "sluice-loader", "-p", "sluice-cli", "--features", features];
+    if checks {
+        s.cargo("clippy object-store", root, &[&["clippy"][..], &crates, CLIPPY_TAIL].concat())?;
+    }
+    let moto = Command::new("python3").args(["-c", "import moto.server, boto3"]).output();
+    if !moto.is_ok_and(|o| o.status.success()) {
+        if std::env::var_os("SLUICE_REQUIRE_MOTO").is_some_and(|v| v == "1") {
+            bail!("SLUICE_REQUIRE_MOTO=1 but python3 cannot import moto.server: the object-storage tests cannot run");
+        }
+        eprintln!("xtask: skipped the object-storage tests (install moto: `pip install 'moto[server]'`)");
+        return Ok(());
+    }
+    s.cargo(
+        "test object-store: sluice-storage",
+        root,
+        &["test", "--locked", "-p", "sluice-storage", "--features", "object-store"],
+    )?;
+    let remote =
+        ["test", "--locked", "-p", "sluice-loader", "-p", "sluice-cli", "--features", features, "--test", "remote"];
+    s.cargo("test object-store: loader and train", root, &remote)?;
     Ok(())
 }
 

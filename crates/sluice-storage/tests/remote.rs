@@ -1,4 +1,4 @@
-//! Shards staged from an S3-compatible store (a local `moto_server`, see `sluice_testkit::s3`): the local copy is
+//! Shards staged from an S3-compatible store (a local moto server, see `sluice_testkit::s3`): the local copy is
 //! the object byte for byte, reused while the object is unchanged and fetched again when it is rewritten; a missing
 //! object and an object that is not a shard are errors naming the object, and leave no shard behind.
 #![cfg(feature = "object-store")]

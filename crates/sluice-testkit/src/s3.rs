@@ -1,14 +1,14 @@
-//! A local S3-compatible server for the object-storage tests: `moto_server` (from PyPI's `moto[server]`, which
+//! A local S3-compatible server for the object-storage tests: moto's server (from PyPI's `moto[server]`, which
 //! `.ci/run` installs) started on a free loopback port, one bucket created in it, stopped when dropped.
 //!
-//! Where `moto_server` is not installed the tests that need it are skipped with a message, unless
+//! Where moto is not installed the tests that need it are skipped with a message, unless
 //! `SLUICE_REQUIRE_MOTO=1` (as CI sets), which makes its absence a failure.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running `moto_server` with one bucket.
+/// A running moto server with one bucket.
 #[derive(Debug)]
 pub struct MotoServer {
     child: Child,
@@ -19,33 +19,33 @@ pub struct MotoServer {
 }
 
 impl MotoServer {
-    /// Starts a server and creates `bucket`; `None` (after saying why on stderr) when `moto_server` is not
-    /// installed and CI does not require it.
+    /// Starts a server and creates `bucket`; `None` (after saying why on stderr) when moto is not installed and
+    /// CI does not require it.
     pub fn start(bucket: &str) -> Option<Self> {
         let required = std::env::var_os("SLUICE_REQUIRE_MOTO").is_some_and(|v| v == "1");
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port());
         let port = port.unwrap_or_else(|e| panic!("no free loopback port: {e}"));
-        let child = match Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let probe = Command::new("python3").args(["-c", "import moto.server, boto3"]).stderr(Stdio::null()).status();
+        if !probe.is_ok_and(|s| s.success()) {
+            assert!(!required, "SLUICE_REQUIRE_MOTO=1 but python3 cannot import moto.server and boto3");
+            eprintln!("skipped: python3 cannot import moto.server; `pip install 'moto[server]'` runs these tests");
+            return None;
+        }
+        let mut child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(!required, "SLUICE_REQUIRE_MOTO=1 but moto_server cannot be started: {e}");
-                eprintln!(
-                    "skipped: moto_server cannot be started ({e}); `pip install 'moto[server]'` runs these tests"
-                );
-                return None;
-            }
-        };
-        let server = Self { child, endpoint: format!("http://127.0.0.1:{port}"), bucket: bucket.to_string() };
+            .unwrap_or_else(|e| panic!("python3 -m moto.server: {e}"));
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(60), "moto_server did not listen on port {port} within 60 s");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("moto.server exited ({status}) before listening on port {port}");
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "moto.server did not listen on port {port} within 60 s");
             std::thread::sleep(Duration::from_millis(100));
         }
+        let server = Self { child, endpoint: format!("http://127.0.0.1:{port}"), bucket: bucket.to_string() };
         server.boto3(&format!("s3.create_bucket(Bucket='{bucket}')"));
         Some(server)
     }
@@ -65,7 +65,7 @@ impl MotoServer {
             self.endpoint
         );
         let status = Command::new("python3").args(["-c", &script]).status().expect("python3 runs");
-        assert!(status.success(), "boto3 against moto_server failed: {call}");
+        assert!(status.success(), "boto3 against moto failed: {call}");
     }
 
     /// The client settings (`object_store` keys) that reach this server.

@@ -102,6 +102,7 @@ fn cpu_val(weights: &Path) -> ValRequest<'_> {
         device: "cpu",
         paths: DevicePaths::default(),
         half: false,
+        store_settings: &[],
     }
 }
 

@@ -12,3 +12,15 @@ pub(crate) mod predict;
 pub(crate) mod step_cost;
 pub(crate) mod train;
 pub(crate) mod val;
+
+/// The object-store client's settings from the process's environment: every `AWS_*`, `GOOGLE_*` and `AZURE_*`
+/// variable, its name lowercased, as the client libraries of those clouds read them (`AWS_ACCESS_KEY_ID`,
+/// `AWS_ENDPOINT_URL`, `AWS_REGION`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, ...).
+pub(crate) fn store_settings_from_env() -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| ["AWS_", "GOOGLE_", "AZURE_"].iter().any(|p| k.starts_with(p)))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect();
+    out.sort();
+    out
+}

@@ -167,6 +167,10 @@ pub struct LoaderBenchReport {
     pub warm_telemetry: EpochShares,
     /// The limiting stage in the warm epochs (`warm_telemetry.bottleneck`).
     pub bottleneck: String,
+    /// The process's anonymous resident memory (`RssAnon` of `/proc/self/status`) after the last epoch, loader
+    /// and cache alive: what the decoded images cost in private memory (the pages of a `cache: disk` file are
+    /// file-backed and do not count). `None` where the kernel does not report it.
+    pub rss_anon_bytes: Option<u64>,
     /// A checksum of the bytes the consumer touched (keeps the consumer honest).
     pub checksum: u64,
 }
@@ -276,6 +280,7 @@ pub fn run(opts: &LoaderBenchOptions) -> Result<LoaderBenchReport> {
         telemetry.push(tel);
     }
 
+    let rss_anon_bytes = rss_anon_bytes();
     let warm_rates: Vec<f64> = per_epoch[1..].iter().map(|e| e.images_per_s).collect();
     let warm = Spread::of(&warm_rates).ok_or(BenchError::Invalid { what: "epochs", reason: "no warm epoch".into() })?;
     let (first, second) = (&per_epoch[0], &per_epoch[1]);
@@ -305,8 +310,17 @@ pub fn run(opts: &LoaderBenchOptions) -> Result<LoaderBenchReport> {
         cold_telemetry,
         warm_telemetry,
         per_epoch,
+        rss_anon_bytes,
         checksum,
     })
+}
+
+/// `RssAnon` of `/proc/self/status`, in bytes.
+fn rss_anon_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kb: u64 = line.trim_start_matches("RssAnon:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl LoaderBenchReport {
@@ -348,6 +362,9 @@ impl LoaderBenchReport {
                 self.cache_stats.node_cache_bytes as f64 / 1e6,
                 d.seconds
             );
+        }
+        if let Some(b) = self.rss_anon_bytes {
+            s += &format!("  anonymous resident memory after the last epoch: {:.1} MB\n", b as f64 / 1e6);
         }
         if self.skipped > 0 {
             s += &format!("  skipped {} bad samples\n", self.skipped);

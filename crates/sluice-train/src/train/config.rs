@@ -120,6 +120,11 @@ pub struct TrainConfig {
     /// (e.g. a fast local disk, or when the dataset's folder is read-only), and the node cache of `cache: ram` in a
     /// data-parallel run, instead of `/dev/shm`.
     pub cache_dir: Option<PathBuf>,
+    /// The object-store client's settings (`object_store`'s keys: `aws_access_key_id`, `aws_endpoint`, ...) for a
+    /// dataset whose splits are URLs; the `sluice` binary fills them from the environment. Never written to a
+    /// run's files, since they may hold credentials.
+    #[serde(skip)]
+    pub store_settings: Vec<(String, String)>,
     /// Where the images' bytes are read from: `files` (the image files, or the shard a split of the data YAML
     /// names) or `packed` (each split packed into a shard beside its label cache first, then read from it).
     pub source: ReadFrom,
@@ -260,6 +265,7 @@ impl Default for TrainConfig {
             workers: 0,
             cache: CacheMode::None,
             cache_dir: None,
+            store_settings: Vec::new(),
             source: ReadFrom::Files,
             device: "cpu".into(),
             seed: 0,

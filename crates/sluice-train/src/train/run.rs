@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use sluice_dataset::{IndexOptions, Split};
-use sluice_loader::split::{LoadedSplit, load_split, packed};
+use sluice_loader::split::{LoadedSplit, RemoteConfig, load_split_with, packed};
 use sluice_loader::{LoaderConfig, ReadFrom, STRIDE, TrainLoader, ValLoader, default_workers};
 use sluice_model::candle_core::DType;
 use sluice_model::{DetectionLoss, YoloV8};
@@ -101,13 +101,15 @@ impl Trainer {
 
     /// Continues the run whose checkpoint is `path` (see [`find_resume`]).
     pub fn resume(path: &Path) -> Result<Self> {
-        Self::resume_with(path, Dist::single())
+        Self::resume_with(path, Dist::single(), &[])
     }
 
-    /// [`Trainer::resume`] as one rank of a data-parallel run (every rank reads the same checkpoint).
-    pub fn resume_with(path: &Path, dist: Dist) -> Result<Self> {
+    /// [`Trainer::resume`] as one rank of a data-parallel run (every rank reads the same checkpoint), with the
+    /// object-store client's settings ([`TrainConfig::store_settings`], which checkpoints never hold).
+    pub fn resume_with(path: &Path, dist: Dist, store_settings: &[(String, String)]) -> Result<Self> {
         let meta = read_meta(path)?;
-        let cfg = TrainConfig::from_yaml_str(&meta.config)?;
+        let mut cfg = TrainConfig::from_yaml_str(&meta.config)?;
+        cfg.store_settings = store_settings.to_vec();
         cfg.validate()?;
         let mut t = Self::build(cfg, RunPaths::new(meta.run_dir.clone()), Some(path), dist)?;
         if t.dist.is_main() {
@@ -130,7 +132,8 @@ impl Trainer {
     fn build(cfg: TrainConfig, paths: RunPaths, resume_from: Option<&Path>, dist: Dist) -> Result<Self> {
         let opts = IndexOptions { cache: true, find_orphans: false };
         let split = |s: Split| -> Result<LoadedSplit> {
-            let loaded = load_split(&cfg.data, s, &opts, s == Split::Train)
+            let remote = RemoteConfig { cache_dir: cfg.cache_dir.clone(), settings: cfg.store_settings.clone() };
+            let loaded = load_split_with(&cfg.data, s, &opts, s == Split::Train, &remote)
                 .with_context(|| format!("dataset {}, {} split", cfg.data.display(), s.as_str()))?;
             match cfg.source {
                 ReadFrom::Files => Ok(loaded),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 use sluice_core::sample_rng;
 use sluice_dataset::{IndexOptions, SampleIndex, Split};
-use sluice_loader::split::load_split;
+use sluice_loader::split::{RemoteConfig, load_split_with};
 use sluice_loader::{
     CacheFile, CacheMode, DecodedSource, LoaderConfig, NodeCache, SourceKind, ValLoader, default_workers,
 };
@@ -151,6 +151,8 @@ pub struct ValRequest<'a> {
     /// Ultralytics' `half` ([`ValOptions::half`]), on any device (`sluice val` asks for it on CUDA devices only,
     /// as Ultralytics).
     pub half: bool,
+    /// Object-store client settings for a dataset whose split is a URL (see [`super::TrainConfig::store_settings`]).
+    pub store_settings: &'a [(String, String)],
 }
 
 /// The settings a validation ran with, after [`ValRequest`]'s defaults.
@@ -184,7 +186,9 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
     let trained_batch = trained.as_ref().filter(|t| t.batch != super::config::AUTO_BATCH).map(|t| t.batch * 2);
     let batch = req.batch.or(trained_batch).unwrap_or(32);
     let opts = IndexOptions { cache: true, find_orphans: false };
-    let loaded = load_split(&data, req.split, &opts, false)
+    let cache_dir = trained.as_ref().and_then(|t| t.cache_dir.clone());
+    let remote = RemoteConfig { cache_dir, settings: req.store_settings.to_vec() };
+    let loaded = load_split_with(&data, req.split, &opts, false, &remote)
         .with_context(|| format!("dataset {}, {} split", data.display(), req.split.as_str()))?;
     let left_out = loaded.left_out();
     if let (true, Some(line)) = (req.strict, left_out.line(&format!("{} split", req.split.as_str()))) {
