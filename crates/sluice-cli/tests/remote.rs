@@ -97,7 +97,9 @@ fn training_from_object_storage_is_training_from_the_same_shards() {
 
     let (project, copies) = (dir.path().join("runs"), dir.path().join("copies"));
     train(&local, &project, "local", &copies, &[]);
-    train(&remote, &project, "remote", &copies, &env);
+    let first = train(&remote, &project, "remote", &copies, &env);
+    let url = server.url("coco/train.sluice");
+    assert!(first.contains(&format!("train split: {url}: fetched")), "{first}");
     assert_eq!(results(&project.join("local")), results(&project.join("remote")));
     let staged: Vec<_> = std::fs::read_dir(&copies).expect("copies").map(|e| e.expect("entry").path()).collect();
     assert_eq!(staged.len(), 2, "one local copy per split: {staged:?}");
@@ -115,7 +117,11 @@ fn training_from_object_storage_is_training_from_the_same_shards() {
         paths.iter().map(|p| std::fs::metadata(p).and_then(|m| m.modified()).expect("mtime")).collect()
     };
     let before = stamps(&staged);
-    train(&remote, &project, "again", &copies, &env);
+    let again = train(&remote, &project, "again", &copies, &env);
+    assert!(
+        again.contains(&format!("train split: {url}: the local copy")) && again.contains("nothing fetched"),
+        "{again}"
+    );
     assert_eq!(stamps(&staged), before);
     assert_eq!(std::fs::read_dir(&copies).expect("copies").count(), 2);
 

@@ -74,6 +74,41 @@ pub struct LoadedSplit {
     pub indexed: IndexResult,
     /// Where the images' bytes are: the files, or the shard the split names.
     pub source: SourceKind,
+    /// The local copy of the split's shard when the data YAML names it by URL.
+    pub staged: Option<StagedCopy>,
+}
+
+/// A split's shard copied from object storage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagedCopy {
+    /// The object's URL.
+    pub url: String,
+    /// The local copy.
+    pub path: PathBuf,
+    /// The object's size in bytes.
+    pub bytes: u64,
+    /// Bytes read from the store by this load (0 when an earlier copy was reused).
+    pub fetched: u64,
+    /// Seconds the copy took (the metadata request alone when reused).
+    pub seconds: f64,
+}
+
+impl StagedCopy {
+    /// One line for the console: what was fetched, how fast, or that the copy was reused.
+    pub fn line(&self) -> String {
+        if self.fetched == 0 {
+            format!("{}: the local copy {} is current, nothing fetched", self.url, self.path.display())
+        } else {
+            format!(
+                "{}: fetched {:.1} MB in {:.1} s ({:.0} MB/s) into {}",
+                self.url,
+                self.fetched as f64 / 1e6,
+                self.seconds,
+                self.fetched as f64 / 1e6 / self.seconds.max(1e-9),
+                self.path.display()
+            )
+        }
+    }
 }
 
 impl LoadedSplit {
@@ -123,7 +158,7 @@ pub fn load_split_with(
     remote: &RemoteConfig,
 ) -> Result<LoadedSplit> {
     let mut config = DataConfig::load(data)?;
-    stage_remote(&mut config, split, remote)?;
+    let staged = stage_remote(&mut config, split, remote)?;
     let (indexed, source) = match shard_of(&config, split) {
         Some(shard) => (index_shard(&shard, &config.names)?, SourceKind::Packed(shard)),
         None => (config.index(split, opts)?, SourceKind::Files),
@@ -131,11 +166,11 @@ pub fn load_split_with(
     if require_images && indexed.index.is_empty() {
         return Err(DataError::EmptySplit { data: data.to_path_buf(), split: split.as_str() });
     }
-    Ok(LoadedSplit { config, indexed, source })
+    Ok(LoadedSplit { config, indexed, source, staged })
 }
 
 /// Replaces a URL source of `split` by its local copy.
-fn stage_remote(config: &mut DataConfig, split: Split, remote: &RemoteConfig) -> Result<()> {
+fn stage_remote(config: &mut DataConfig, split: Split, remote: &RemoteConfig) -> Result<Option<StagedCopy>> {
     let sources = match split {
         Split::Train => &mut config.train,
         Split::Val => &mut config.val,
@@ -143,7 +178,7 @@ fn stage_remote(config: &mut DataConfig, split: Split, remote: &RemoteConfig) ->
     };
     let urls: Vec<String> =
         sources.iter().map(|p| p.to_string_lossy().into_owned()).filter(|s| sluice_dataset::is_url(s)).collect();
-    let Some(url) = urls.first() else { return Ok(()) };
+    let Some(url) = urls.first() else { return Ok(None) };
     let bad = |reason: String| DataError::Remote { data: config.yaml.clone(), split: split.as_str(), reason };
     if sources.len() != 1 || !url.ends_with(&format!(".{SHARD_EXTENSION}")) {
         return Err(bad(format!(
@@ -154,20 +189,23 @@ fn stage_remote(config: &mut DataConfig, split: Split, remote: &RemoteConfig) ->
     let dir = remote.cache_dir.clone().unwrap_or_else(|| {
         config.yaml.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join(".sluice-remote")
     });
-    let local = stage(url, &dir, remote).map_err(bad)?;
-    *sources = vec![local];
-    Ok(())
+    let copy = stage(url, &dir, remote).map_err(bad)?;
+    *sources = vec![copy.path.clone()];
+    Ok(Some(copy))
 }
 
 #[cfg(feature = "object-store")]
-fn stage(url: &str, dir: &Path, remote: &RemoteConfig) -> std::result::Result<PathBuf, String> {
+fn stage(url: &str, dir: &Path, remote: &RemoteConfig) -> std::result::Result<StagedCopy, String> {
     use sluice_storage::remote::{RemoteOptions, stage_shard};
     let opts = RemoteOptions { settings: remote.settings.clone(), ..RemoteOptions::default() };
-    stage_shard(url, dir, &opts, &mut |_, _| {}).map(|s| s.path).map_err(|e| e.to_string())
+    let t0 = std::time::Instant::now();
+    let s = stage_shard(url, dir, &opts, &mut |_, _| {}).map_err(|e| e.to_string())?;
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(StagedCopy { url: url.to_string(), path: s.path, bytes: s.bytes, fetched: s.fetched, seconds })
 }
 
 #[cfg(not(feature = "object-store"))]
-fn stage(url: &str, _dir: &Path, _remote: &RemoteConfig) -> std::result::Result<PathBuf, String> {
+fn stage(url: &str, _dir: &Path, _remote: &RemoteConfig) -> std::result::Result<StagedCopy, String> {
     Err(format!("{url}: this build of Sluice reads no object storage; build it with the `object-store` feature"))
 }
 

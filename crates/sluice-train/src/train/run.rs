@@ -142,6 +142,11 @@ impl Trainer {
         };
         let (mut train_split, mut val_split) = (split(Split::Train)?, split(Split::Val)?);
         let mut notes = Vec::new();
+        for (what, split) in [("train split", &train_split), ("val split", &val_split)] {
+            if let Some(copy) = &split.staged {
+                notes.push(Note::Info(format!("{what}: {}", copy.line())));
+            }
+        }
         // Images indexing left out: named once here (each val pass also counts the val ones); fatal with `strict`.
         let val_left_out = val_split.left_out();
         for (what, left_out) in [("train split", train_split.left_out()), ("val split", val_left_out.clone())] {
