@@ -96,8 +96,8 @@ for c in $CASES; do
       row "train $sz cold, sluice epoch 1 only" "-" "train$sz.ram.cold*.json" cold_images_per_s
       ;;
     disk640)
-      # Ultralytics writes its .npy files beside the images on the first run; the timed run finds them.
-      touch "$OUT/disk640.start"
+      # Ultralytics writes its .npy files beside the images (of the peers' copy of the dataset) on the first run;
+      # the timed run finds them.
       (cd "$PEERS_DIR" && PEERS_REPEATS=1 "$PY" m1_train_loader.py 640 disk) > "$OUT/m1_disk_build.log" 2>&1 || true
       peer m1_train_loader_640_disk m1_train_loader.py 640 disk
       ours disk640.build --mode train --imgsz 640 --cache disk --epochs 2 > /dev/null
@@ -107,8 +107,6 @@ for c in $CASES; do
       row "train 640 warm, cache disk" "train_loader.imgsz640.cache_disk.images_per_s" disk640.disk.json warm_images_per_s
       row "train 640 warm, sluice cache ram" "train_loader.imgsz640.cache_disk.images_per_s" disk640.ram.json warm_images_per_s
       row "train 640 warm, sluice cache none" "train_loader.imgsz640.cache_disk.images_per_s" disk640.none.json warm_images_per_s
-      # Ultralytics' cache files are left in the dataset's image folder; they go, so other runs start as before.
-      find "$(dirname "$DATA")" -name '*.npy' -newer "$OUT/disk640.start" -delete 2>/dev/null || true
       ;;
     val640)
       peer m2_val_loader_640 m2_val_loader.py 640

@@ -1,8 +1,8 @@
 //! The rules of `ARCHITECTURE.md` that code can check, on the workspace as it is: which Sluice crate may depend on
 //! which (`cargo metadata`), and that no library crate's source reads an environment variable (configuration comes
 //! in as values; only the `sluice` binary, the `src/bin` of other crates, tests, benches, `sluice-testkit` and
-//! `xtask` read the environment). The tests here run both on every `cargo test --workspace`; `cargo xtask tidy`
-//! prints what they forbid.
+//! `xtask` read the environment), and that no source file but a test file is longer than [`MAX_LINES`]. The tests
+//! here run them on every `cargo test --workspace`; `cargo xtask tidy` prints what they forbid.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,6 +34,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
 
 /// The crates whose library source may read the environment: the binary a user runs and the development helpers.
 const READS_ENV: &[&str] = &["sluice-cli", TESTKIT];
+
+/// The longest a source file may be (test files apart: `tests/`, and a module's `tests.rs`): a room a reader
+/// takes in whole.
+const MAX_LINES: usize = 800;
 
 /// One package of the graph: its name and its dependencies, each with whether it is a dev-dependency.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,10 +146,52 @@ pub(crate) fn library_env_reads(root: &Path) -> Result<Vec<String>> {
     Ok(found)
 }
 
-/// `cargo xtask tidy`: fails naming every forbidden edge and every environment read in a library crate.
+/// Whether a source file is longer than [`MAX_LINES`]: `file: N lines` if so.
+fn oversized(file: &Path, text: &str) -> Option<String> {
+    let n = text.lines().count();
+    (n > MAX_LINES).then(|| format!("{}: {n} lines (at most {MAX_LINES}; split it by concern)", file.display()))
+}
+
+/// The non-test sources of the crates and of `xtask` (everything under `src/` but files named `tests.rs`) longer
+/// than [`MAX_LINES`], relative to `root`.
+pub(crate) fn oversized_sources(root: &Path) -> Result<Vec<String>> {
+    let mut dirs: Vec<PathBuf> = vec![root.join("xtask/src")];
+    for krate in std::fs::read_dir(root.join("crates")).context("reading crates/")? {
+        dirs.push(krate?.path().join("src"));
+    }
+    let mut files = Vec::new();
+    for d in dirs.iter().filter(|d| d.is_dir()) {
+        all_sources(d, &mut files)?;
+    }
+    files.retain(|f| f.file_name().is_none_or(|n| n != "tests.rs"));
+    files.sort();
+    let mut found = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        found.extend(oversized(f.strip_prefix(root).unwrap_or(&f), &text));
+    }
+    Ok(found)
+}
+
+/// The `.rs` files under `dir`, recursively.
+fn all_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            all_sources(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// `cargo xtask tidy`: fails naming every forbidden edge, every environment read in a library crate and every
+/// source file over [`MAX_LINES`].
 pub(crate) fn tidy(root: &Path) -> Result<()> {
     let mut bad = forbidden_edges(&workspace_packages(root)?);
     bad.extend(library_env_reads(root)?.into_iter().map(|r| format!("a library crate reads the environment: {r}")));
+    bad.extend(oversized_sources(root)?.into_iter().map(|r| format!("a source file too long to read whole: {r}")));
     if !bad.is_empty() {
         bail!("the rules of ARCHITECTURE.md are broken:\n  {}", bad.join("\n  "));
     }
@@ -200,6 +246,23 @@ mod tests {
     fn no_library_crate_reads_the_environment() {
         let found = library_env_reads(root()).expect("reading the sources");
         assert!(found.is_empty(), "configuration comes in as values:\n{}", found.join("\n"));
+    }
+
+    #[test]
+    fn no_source_file_is_longer_than_a_room() {
+        let found = oversized_sources(root()).expect("reading the sources");
+        assert!(found.is_empty(), "split these by concern (tests may go to a `tests.rs`):\n{}", found.join("\n"));
+    }
+
+    #[test]
+    fn a_long_file_is_named_with_its_length() {
+        let text = "fn f() {}\n".repeat(MAX_LINES);
+        assert_eq!(oversized(Path::new("a.rs"), &text), None);
+        let longer = format!("{text}// one more\n");
+        assert_eq!(
+            oversized(Path::new("a.rs"), &longer).as_deref(),
+            Some("a.rs: 801 lines (at most 800; split it by concern)")
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 use sluice_augment::Hyp;
 use sluice_dataset::{IndexOptions, Split};
-use sluice_loader::split::load_split;
+use sluice_loader::split::load_split_with;
 use sluice_loader::{DecodedSource, LoaderConfig, TrainLoader};
 
 /// What to preview.
@@ -57,7 +57,13 @@ pub(crate) struct PreviewSummary {
 /// its target boxes and class names, as the trainer's `train_batch0.jpg` ([`crate::plots::plot_batch`]). The split is read as the trainer reads it
 /// (its files, or the shard its data YAML names).
 pub(crate) fn preview(opts: &PreviewOptions) -> Result<PreviewSummary> {
-    let split = load_split(&opts.data, Split::Train, &IndexOptions { cache: true, find_orphans: false }, true)?;
+    let split = load_split_with(
+        &opts.data,
+        Split::Train,
+        &IndexOptions { cache: true, find_orphans: false },
+        true,
+        &crate::cmd::remote_from_env(),
+    )?;
     let names = split.config.names.clone();
     let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, 0)?);
     let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use sluice_augment::Hyp;
 use sluice_dataset::{IndexOptions, Split};
-use sluice_loader::split::load_split;
+use sluice_loader::split::load_split_with;
 use sluice_loader::{DecodedSource, LoaderConfig, RAM_CACHE_BYTES, TrainLoader};
 
 /// What to dump.
@@ -62,7 +62,13 @@ struct SampleLine {
 
 /// Writes `opts.samples` lines to `out`; returns how many were written and how many the loader skipped.
 pub(crate) fn dump(opts: &SampleOptions, out: &mut dyn Write) -> Result<(usize, u64)> {
-    let split = load_split(&opts.data, Split::Train, &IndexOptions { cache: true, find_orphans: false }, true)?;
+    let split = load_split_with(
+        &opts.data,
+        Split::Train,
+        &IndexOptions { cache: true, find_orphans: false },
+        true,
+        &crate::cmd::remote_from_env(),
+    )?;
     let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, RAM_CACHE_BYTES)?);
     let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
     let loader = TrainLoader::new(source, cfg, opts.hyp)?;

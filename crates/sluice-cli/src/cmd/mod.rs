@@ -24,3 +24,9 @@ pub(crate) fn store_settings_from_env() -> Vec<(String, String)> {
     out.sort();
     out
 }
+
+/// How a command that reads a dataset reaches splits in object storage: the client's settings from the environment,
+/// the copies beside the data YAML.
+pub(crate) fn remote_from_env() -> sluice_loader::RemoteConfig {
+    sluice_loader::RemoteConfig { cache_dir: None, settings: store_settings_from_env() }
+}

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use sluice_dataset::{IndexOptions, Split};
-use sluice_loader::split::{load_split, pack_index};
+use sluice_loader::split::{load_split_with, pack_index};
 
 /// Arguments of `sluice pack`.
 #[derive(Debug, clap::Args)]
@@ -44,7 +44,7 @@ struct Packed {
 pub(crate) fn run(args: Args) -> Result<()> {
     let split: Split = args.split.parse()?;
     let opts = IndexOptions { cache: !args.no_cache, ..IndexOptions::default() };
-    let indexed = load_split(&args.data, split, &opts, false)
+    let indexed = load_split_with(&args.data, split, &opts, false, &crate::cmd::remote_from_env())
         .with_context(|| format!("indexing {} of {}", args.split, args.data.display()))?
         .indexed;
     let summary =

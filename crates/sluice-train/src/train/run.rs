@@ -140,7 +140,24 @@ impl Trainer {
                 ReadFrom::Packed => Ok(packed(loaded)?),
             }
         };
-        let (mut train_split, mut val_split) = (split(Split::Train)?, split(Split::Val)?);
+        // Splits in object storage are copied to local disk once per machine: the node's local rank 0 copies them
+        // while the node's other ranks wait, then they find the copies in place.
+        let remote = dist.is_distributed()
+            && sluice_dataset::DataConfig::load(&cfg.data).is_ok_and(|d| {
+                [&d.train, &d.val].into_iter().flatten().any(|p| sluice_dataset::is_url(&p.to_string_lossy()))
+            });
+        let first = if !remote || dist.launch().local_rank == 0 {
+            Some((split(Split::Train)?, split(Split::Val)?))
+        } else {
+            None
+        };
+        if remote {
+            dist.barrier().context("waiting for the node's copies of the dataset")?;
+        }
+        let (mut train_split, mut val_split) = match first {
+            Some(loaded) => loaded,
+            None => (split(Split::Train)?, split(Split::Val)?),
+        };
         let mut notes = Vec::new();
         for (what, split) in [("train split", &train_split), ("val split", &val_split)] {
             if let Some(copy) = &split.staged {
