@@ -3,7 +3,8 @@
 //! on the same generator, in half precision) so that validation finds objects:
 //! - the run finishes (its decoded images in one node cache), rank 0 alone writes the run folder, and the
 //!   validation of the epoch (each rank validating its share of the batches, the metric states gathered) equals a
-//!   single-process `sluice val` of the saved weights;
+//!   single-process `sluice val` of the saved weights; with `cache: disk` the two ranks share one file per split,
+//!   built once, and the run is the same;
 //! - killing one rank ends the run with an error naming that rank well within 30 s.
 #![cfg(feature = "mpi")]
 
@@ -101,6 +102,24 @@ fn two_ranks_train_and_validate_as_one_process() {
         let (a, b) = (m[key].as_f64().expect(key), v[val_key].as_f64().expect(val_key));
         assert!((a - b).abs() <= 1e-12, "{key}: two ranks {a}, one process {b}");
     }
+
+    // `cache: disk`: the node's local rank 0 builds one file per split, both ranks map it, and the run is the
+    // run with the node cache in memory.
+    let files = dir.path().join("imgcache");
+    let mut args = train_args(&data, &project, "two_disk", "1");
+    args.extend(["--cache", "disk", "--cache-dir", files.to_str().expect("utf-8")].map(String::from));
+    let out = sluice().args(&args).output().expect("sluice train");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr.matches("cache=disk: decoded train images").count(), 1, "{stderr}");
+    let mut names: Vec<String> = std::fs::read_dir(&files)
+        .expect("the cache folder")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "one file per split, no temporary file left: {names:?}");
+    assert!(names.iter().all(|n| n.ends_with(".imgcache")), "{names:?}");
+    assert_eq!(rows_without_time(&run), rows_without_time(&project.join("two_disk")));
 }
 
 /// The `sluice` processes whose environment says they are rank `rank` under mpirun, started for `project`.
