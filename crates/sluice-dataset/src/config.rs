@@ -397,6 +397,15 @@ pub fn list_images(sources: &[PathBuf], yaml: &Path) -> Result<Vec<PathBuf>> {
                 };
                 files.push(path);
             }
+        } else if is_url(&p.to_string_lossy()) {
+            return Err(DatasetError::Config {
+                path: yaml.to_path_buf(),
+                reason: format!(
+                    "{} is in object storage: its images are read from a shard written by `sluice pack`, by the \
+                     commands that train, validate or pack (feature `object-store`), not listed as files",
+                    p.display()
+                ),
+            });
         } else {
             return Err(DatasetError::Config {
                 path: yaml.to_path_buf(),
@@ -552,5 +561,7 @@ mod tests {
         let got = list_images(&[d.join("list.txt"), d.join("images/b")], Path::new("y")).unwrap();
         assert_eq!(got, vec![d.join("images/a/2.jpg"), d.join("images/b/3.jpg"), d.join("images/b/3.jpg")]);
         assert!(list_images(&[d.join("nope")], Path::new("y")).unwrap_err().to_string().contains("does not exist"));
+        let e = list_images(&[PathBuf::from("s3://b/images")], Path::new("y")).unwrap_err().to_string();
+        assert!(e.contains("s3://b/images is in object storage"), "{e}");
     }
 }
