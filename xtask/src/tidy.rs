@@ -111,13 +111,13 @@ fn env_reads(file: &Path, text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `.rs` files under `dir`, recursively, leaving out `src/bin`.
-fn library_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+/// The `.rs` files under `dir`, recursively, leaving out folders named `bin` when `skip_bin`.
+fn rust_sources(dir: &Path, skip_bin: bool, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
         if path.is_dir() {
-            if path.file_name().is_some_and(|n| n != "bin") {
-                library_sources(&path, out)?;
+            if !skip_bin || path.file_name().is_some_and(|n| n != "bin") {
+                rust_sources(&path, skip_bin, out)?;
             }
         } else if path.extension().is_some_and(|e| e == "rs") {
             out.push(path);
@@ -134,7 +134,7 @@ pub(crate) fn library_env_reads(root: &Path) -> Result<Vec<String>> {
         let krate = krate?.path();
         let name = krate.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         if krate.join("src").is_dir() && !READS_ENV.contains(&name.as_str()) {
-            library_sources(&krate.join("src"), &mut files)?;
+            rust_sources(&krate.join("src"), true, &mut files)?;
         }
     }
     files.sort();
@@ -161,7 +161,7 @@ pub(crate) fn oversized_sources(root: &Path) -> Result<Vec<String>> {
     }
     let mut files = Vec::new();
     for d in dirs.iter().filter(|d| d.is_dir()) {
-        all_sources(d, &mut files)?;
+        rust_sources(d, false, &mut files)?;
     }
     files.retain(|f| f.file_name().is_none_or(|n| n != "tests.rs"));
     files.sort();
@@ -171,19 +171,6 @@ pub(crate) fn oversized_sources(root: &Path) -> Result<Vec<String>> {
         found.extend(oversized(f.strip_prefix(root).unwrap_or(&f), &text));
     }
     Ok(found)
-}
-
-/// The `.rs` files under `dir`, recursively.
-fn all_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        if path.is_dir() {
-            all_sources(&path, out)?;
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-    Ok(())
 }
 
 /// `cargo xtask tidy`: fails naming every forbidden edge, every environment read in a library crate and every
