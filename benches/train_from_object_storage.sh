@@ -29,6 +29,17 @@ if [ -z "${SLUICE:-}" ]; then
 fi
 rm -rf "$OUT" && mkdir -p "$OUT"
 
+upload() {  # the bucket and both shards, into the server at $PORT
+  python3 - "$OUT" <<'EOF'
+import sys, boto3
+out = sys.argv[1]
+s3 = boto3.client("s3")
+s3.create_bucket(Bucket="bench")
+for split in ("train", "val"):
+    s3.upload_file(f"{out}/{split}.sluice", "bench", f"coco128/{split}.sluice")
+EOF
+}
+
 PORT=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=bench \
   AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1
@@ -40,14 +51,7 @@ until python3 -c "import socket; socket.create_connection(('127.0.0.1', $PORT))"
 for split in train val; do
   "$SLUICE" pack --data "$DATA" --split "$split" --out "$OUT/$split.sluice" > /dev/null
 done
-python3 - "$OUT" <<'EOF'
-import sys, boto3
-out = sys.argv[1]
-s3 = boto3.client("s3")
-s3.create_bucket(Bucket="bench")
-for split in ("train", "val"):
-    s3.upload_file(f"{out}/{split}.sluice", "bench", f"coco128/{split}.sluice")
-EOF
+upload
 names=$(sed -n '/^names:/,$p' "$DATA")
 printf 'path: %s\ntrain: train.sluice\nval: val.sluice\n%s\n' "$OUT" "$names" > "$OUT/local.yaml"
 printf 'path: s3://bench/coco128\ntrain: train.sluice\nval: val.sluice\n%s\n' "$names" > "$OUT/remote.yaml"
@@ -69,14 +73,7 @@ echo "== again, the store back up, the copies in place"
 python3 -m moto.server -H 127.0.0.1 -p "$PORT" > "$OUT/moto2.log" 2>&1 &
 MOTO=$!
 until python3 -c "import socket; socket.create_connection(('127.0.0.1', $PORT))" 2>/dev/null; do sleep 0.2; done
-python3 - "$OUT" <<'EOF'
-import sys, boto3
-out = sys.argv[1]
-s3 = boto3.client("s3")
-s3.create_bucket(Bucket="bench")
-for split in ("train", "val"):
-    s3.upload_file(f"{out}/{split}.sluice", "bench", f"coco128/{split}.sluice")
-EOF
+upload
 train again "$OUT/remote.yaml"
 
 python3 - "$OUT" <<'EOF'
