@@ -5,12 +5,13 @@
 //! both loaders with the same code.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use sluice_augment::Hyp;
+use sluice_core::Batch;
 use sluice_dataset::{IndexOptions, Split};
 use sluice_loader::split::load_split_with;
 use sluice_loader::{DecodedSource, LoaderConfig, RAM_CACHE_BYTES, TrainLoader};
@@ -36,6 +37,49 @@ pub(crate) struct SampleOptions {
     pub(crate) hyp: Hyp,
     /// Loader workers per stage.
     pub(crate) workers: usize,
+    /// A folder to write each whole batch into (pixels, boxes and an index line), beside the sample lines.
+    pub(crate) batches: Option<PathBuf>,
+}
+
+/// One line of `batches.jsonl`: where a written batch sits in the run and its shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct BatchLine {
+    epoch: u32,
+    batch: u64,
+    images: usize,
+    height: usize,
+    width: usize,
+    /// Whether mosaic was on in this epoch.
+    mosaic: bool,
+}
+
+/// Writes one batch's pixels and boxes under `dir` and its index line to `index`.
+fn write_batch(dir: &Path, index: &mut dyn Write, epoch: u32, mosaic: bool, batch: &Batch) -> Result<()> {
+    let shape = batch.shape();
+    let stem = format!("e{epoch:04}_b{:05}", batch.index);
+    let pixels = dir.join(format!("{stem}.u8"));
+    std::fs::write(&pixels, batch.pixels()).with_context(|| format!("writing {}", pixels.display()))?;
+    let (w, h) = (shape.width as f32, shape.height as f32);
+    let mut rows = Vec::with_capacity(batch.targets.len() * 6 * 4);
+    for t in batch.targets.iter() {
+        let b = t.bbox;
+        let row = [
+            t.image as f32,
+            t.class as f32,
+            (b.x1 + b.x2) / 2.0 / w,
+            (b.y1 + b.y2) / 2.0 / h,
+            (b.x2 - b.x1) / w,
+            (b.y2 - b.y1) / h,
+        ];
+        rows.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    let boxes = dir.join(format!("{stem}.f32"));
+    std::fs::write(&boxes, rows).with_context(|| format!("writing {}", boxes.display()))?;
+    let line =
+        BatchLine { epoch, batch: batch.index, images: batch.len(), height: shape.height, width: shape.width, mosaic };
+    serde_json::to_writer(&mut *index, &line)?;
+    index.write_all(b"\n")?;
+    Ok(())
 }
 
 /// One sample as the loader delivered it.
@@ -72,6 +116,15 @@ pub(crate) fn dump(opts: &SampleOptions, out: &mut dyn Write) -> Result<(usize, 
     let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, RAM_CACHE_BYTES)?);
     let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
     let loader = TrainLoader::new(source, cfg, opts.hyp)?;
+    let mut index = match &opts.batches {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let path = dir.join("batches.jsonl");
+            let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            Some((dir.as_path(), std::io::BufWriter::new(file)))
+        }
+        None => None,
+    };
     let mut written = 0;
     let mut epoch = opts.epoch;
     while written < opts.samples {
@@ -79,6 +132,9 @@ pub(crate) fn dump(opts: &SampleOptions, out: &mut dyn Write) -> Result<(usize, 
         let mosaic = opts.hyp.mosaic > 0.0 && opts.hyp.mosaic_active(epoch, opts.epochs);
         for batch in loader.epoch(epoch, opts.epochs) {
             let batch = batch.with_context(|| format!("epoch {epoch}"))?;
+            if let Some((dir, index)) = index.as_mut() {
+                write_batch(dir, index, epoch, mosaic, &batch)?;
+            }
             let shape = batch.shape();
             let plane = shape.height * shape.width;
             for b in 0..batch.len() {
@@ -112,6 +168,9 @@ pub(crate) fn dump(opts: &SampleOptions, out: &mut dyn Write) -> Result<(usize, 
             }
         }
         epoch += 1;
+    }
+    if let Some((dir, mut index)) = index {
+        index.flush().with_context(|| format!("writing {}", dir.join("batches.jsonl").display()))?;
     }
     Ok((written, loader.skips().skipped))
 }

@@ -145,6 +145,13 @@ enum DataCmd {
         /// Loader workers per stage.
         #[arg(long, default_value_t = 2)]
         workers: usize,
+        /// Also write every batch whole into this folder, as the trainer receives it: `eEEE_bBBBB.u8` (the NCHW
+        /// RGB pixels), `eEEE_bBBBB.f32` (one row per box: image in the batch, class, centre x, centre y, width,
+        /// height, as fractions of the side, little-endian f32) and `batches.jsonl` (each batch's epoch, index,
+        /// images, height and width), for training another trainer on exactly these batches
+        /// (`benches/ul_on_sluice_batches.py`).
+        #[arg(long)]
+        batches: Option<PathBuf>,
     },
 }
 
@@ -243,9 +250,10 @@ pub(crate) fn run(args: Args) -> Result<()> {
             scale,
             translate,
             workers,
+            batches,
         } => {
             let hyp = Hyp { close_mosaic, scale, translate, ..Hyp::default() };
-            let opts = SampleOptions { data, imgsz, batch, seed, epoch, epochs, samples, hyp, workers };
+            let opts = SampleOptions { data, imgsz, batch, seed, epoch, epochs, samples, hyp, workers, batches };
             let file = std::fs::File::create(&out).with_context(|| format!("creating {}", out.display()))?;
             let mut w = std::io::BufWriter::new(file);
             let (n, skipped) =
