@@ -29,6 +29,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sluice-dist", &["sluice-core"]),
     ("sluice-export", &["sluice-core", "sluice-model"]),
     ("sluice-optim", &["sluice-core", "sluice-kernels", "sluice-model"]),
+    (
+        "sluice-infer",
+        &[
+            "sluice-core",
+            "sluice-augment",
+            "sluice-dataset",
+            "sluice-decode",
+            "sluice-eval",
+            "sluice-kernels",
+            "sluice-model",
+            "sluice-optim",
+            "sluice-transfer",
+        ],
+    ),
     ("xtask", &[TESTKIT]),
 ];
 

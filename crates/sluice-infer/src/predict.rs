@@ -17,6 +17,8 @@ use sluice_eval::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredView};
 use sluice_model::candle_core::{DType, Device, Tensor};
 use sluice_model::{Arch, ModelError, YoloV8};
 
+use crate::error::{InferError, Result};
+
 /// The largest stride of a YOLOv8 model: canvases are multiples of it.
 pub const MAX_STRIDE: u32 = 32;
 
@@ -25,68 +27,6 @@ pub const NC_KEY: &str = "model.22.cv3.0.2.bias";
 
 /// The same tensor in a YOLO11 (whose Detect head is `model.23`).
 pub const NC_KEY_V11: &str = "model.23.cv3.0.2.bias";
-
-/// What can go wrong while predicting.
-#[derive(Debug, thiserror::Error)]
-pub enum PredictError {
-    /// A file could not be read or written.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The weights file is unusable.
-    #[error("weights {}: {reason}", path.display())]
-    Weights {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The model failed to load or run.
-    #[error("{context}: {source}")]
-    Model {
-        /// The weights file or the image being predicted.
-        context: String,
-        /// The cause (boxed: candle's errors are large).
-        #[source]
-        source: Box<ModelError>,
-    },
-    /// An image could not be decoded.
-    #[error("{}: {reason}", path.display())]
-    Decode {
-        /// The image.
-        path: PathBuf,
-        /// The decoder's message.
-        reason: String,
-    },
-    /// NMS rejected the model output of an image.
-    #[error("{}: NMS: {source}", path.display())]
-    Nms {
-        /// The image.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: sluice_eval::Error,
-    },
-    /// A setting or input is invalid.
-    #[error("{what}: {reason}")]
-    Invalid {
-        /// What was checked.
-        what: &'static str,
-        /// Why it failed.
-        reason: String,
-    },
-    /// Listing the sources failed.
-    #[error(transparent)]
-    Dataset(#[from] sluice_dataset::DatasetError),
-}
-
-/// This module's result type.
-pub type Result<T> = std::result::Result<T, PredictError>;
 
 /// Prediction settings; [`Default`] is Ultralytics' `predict` defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -150,8 +90,8 @@ pub struct Prediction {
 /// from the file's JSON header alone (the tensor data is not read).
 pub fn weights_num_classes(path: &Path) -> Result<usize> {
     use std::io::Read;
-    let io = |source| PredictError::Io { path: path.to_path_buf(), source };
-    let bad = |reason: String| PredictError::Weights { path: path.to_path_buf(), reason };
+    let io = |source| InferError::Io { path: path.to_path_buf(), source };
+    let bad = |reason: String| InferError::Weights { path: path.to_path_buf(), reason };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(|_| bad("shorter than a safetensors header".into()))?;
@@ -195,7 +135,7 @@ pub fn list_sources(source: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![source.to_path_buf()]);
     }
     if !source.exists() {
-        return Err(PredictError::Invalid { what: "source", reason: format!("{} does not exist", source.display()) });
+        return Err(InferError::Invalid { what: "source", reason: format!("{} does not exist", source.display()) });
     }
     Ok(sluice_dataset::config::list_images(&[source.to_path_buf()], source)?)
 }
@@ -273,14 +213,14 @@ impl DecodedFile {
 
 /// Reads and decodes one image file with `decoder`: no model work, so it runs on any thread.
 pub fn decode_file(decoder: &dyn Decoder, path: &Path) -> Result<DecodedFile> {
-    let bytes = std::fs::read(path).map_err(|source| PredictError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| InferError::Io { path: path.to_path_buf(), source })?;
     let format = match Format::sniff(&bytes) {
         Some(Format::Jpeg) => ImageFormat::Jpeg,
         Some(Format::Png) => ImageFormat::Png,
         Some(Format::Bmp) => ImageFormat::Bmp,
         Some(Format::WebP) => ImageFormat::Webp,
         other => {
-            return Err(PredictError::Decode {
+            return Err(InferError::Decode {
                 path: path.to_path_buf(),
                 reason: format!("unsupported image format {other:?} (JPEG, PNG, BMP or WebP)"),
             });
@@ -289,7 +229,7 @@ pub fn decode_file(decoder: &dyn Decoder, path: &Path) -> Result<DecodedFile> {
     let mut image = ImageRgb8::default();
     decoder
         .decode(&bytes, DecodeHint::default(), &mut image)
-        .map_err(|e| PredictError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
+        .map_err(|e| InferError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
     Ok(DecodedFile { path: path.to_path_buf(), format, image })
 }
 
@@ -322,12 +262,12 @@ impl Predictor {
             // An Ultralytics checkpoint says its class count (and its architecture, which wins over `arch`).
             None if pt => {
                 sluice_model::read_pt(weights)
-                    .map_err(|e| PredictError::Weights { path: weights.to_path_buf(), reason: e.to_string() })?
+                    .map_err(|e| InferError::Weights { path: weights.to_path_buf(), reason: e.to_string() })?
                     .nc
             }
             None => weights_num_classes(weights)?,
         };
-        let invalid = |reason: String| PredictError::Invalid { what: "predict options", reason };
+        let invalid = |reason: String| InferError::Invalid { what: "predict options", reason };
         if opts.imgsz == 0 {
             return Err(invalid("imgsz must be positive".into()));
         }
@@ -339,15 +279,12 @@ impl Predictor {
         }
         let opts = PredictOptions { imgsz: opts.imgsz.div_ceil(MAX_STRIDE) * MAX_STRIDE, ..opts };
         let context = weights.display().to_string();
-        let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
+        let model_err = |source| InferError::Model { context: context.clone(), source: Box::new(source) };
         // A training checkpoint (sluice train's last/best): its EMA weights, as Ultralytics predicts with.
-        let checkpoint = crate::optim::read_user_metadata(weights).is_ok();
+        let stored = crate::weights::checkpoint_model(weights);
+        let checkpoint = stored.is_some();
         // Its architecture is the one it trained (a yolo11 checkpoint predicts as yolo11 whatever `arch` says).
-        let arch = crate::train::state::read_meta(weights)
-            .ok()
-            .and_then(|meta| crate::train::TrainConfig::from_yaml_str(&meta.config).ok())
-            .and_then(|cfg| cfg.arch().ok())
-            .unwrap_or(arch);
+        let arch = stored.and_then(|m| m.ok()).and_then(|m| sluice_model::parse_model(&m).ok()).unwrap_or(arch);
         let model = if pt {
             YoloV8::from_pt(weights, DType::F32, device).and_then(|(m, ckpt)| {
                 if ckpt.nc != nc {
@@ -406,7 +343,7 @@ impl Predictor {
     /// Detections of a decoded image (`name` only names it in errors), boxes in its pixels.
     pub fn predict_image(&mut self, image: &ImageRgb8, name: &Path) -> Result<(Vec<Detection>, Letterbox)> {
         let mut out = self.predict_images(&[(image, name)])?;
-        out.pop().ok_or_else(|| PredictError::Invalid { what: "predict batch", reason: "no output".into() })
+        out.pop().ok_or_else(|| InferError::Invalid { what: "predict batch", reason: "no output".into() })
     }
 
     /// Detections of a batch of decoded images in one forward (`name`s only name them in errors), boxes in each
@@ -417,7 +354,7 @@ impl Predictor {
         for (image, name) in images {
             let (w, h) = (image.width(), image.height());
             if w == 0 || h == 0 {
-                return Err(PredictError::Decode { path: name.to_path_buf(), reason: format!("empty {w}x{h} image") });
+                return Err(InferError::Decode { path: name.to_path_buf(), reason: format!("empty {w}x{h} image") });
             }
         }
         let same = images.iter().all(|(i, _)| (i.width(), i.height()) == (first.width(), first.height()));
@@ -438,7 +375,7 @@ impl Predictor {
         } else {
             format!("{} and {} more", first_name.display(), images.len() - 1)
         };
-        let model_err = |source| PredictError::Model { context: context.clone(), source: Box::new(source) };
+        let model_err = |source| InferError::Model { context: context.clone(), source: Box::new(source) };
         let candle = |e: sluice_model::candle_core::Error| model_err(ModelError::from(e));
         let model = &self.model;
         let input = Tensor::from_vec(x, (images.len(), 3, ch, cw), model.device())
@@ -455,7 +392,7 @@ impl Predictor {
         let y = y.to_dtype(DType::F32).map_err(candle)?;
         let nms_err = |i: usize| {
             let path = images[i].1.to_path_buf();
-            move |source| PredictError::Nms { path, source }
+            move |source| InferError::Nms { path, source }
         };
         let on_device = self.opts.device_nms;
         let (mut all, on_host) = if on_device {
@@ -515,7 +452,7 @@ impl Predictor {
     /// model never waits on a decode that could have run earlier. `each(i, result)` sees file `i`'s prediction (or
     /// its error: a file that does not decode leaves its batch one image short) in order; an error it returns stops
     /// the stream (the decode threads stop at their next hand-off) and is returned.
-    pub fn predict_stream<E: From<PredictError>>(
+    pub fn predict_stream<E: From<InferError>>(
         &mut self,
         paths: &[PathBuf],
         threads: usize,
@@ -544,7 +481,7 @@ impl Predictor {
                 window.clear();
                 for (i, path) in paths.iter().enumerate().skip(start).take(batch) {
                     window.push(rxs[i % k].recv().unwrap_or_else(|_| {
-                        Err(PredictError::Decode { path: path.clone(), reason: "the decode thread stopped".into() })
+                        Err(InferError::Decode { path: path.clone(), reason: "the decode thread stopped".into() })
                     }));
                 }
                 let ok: Vec<(&ImageRgb8, &Path)> =
@@ -557,7 +494,7 @@ impl Predictor {
                         .iter()
                         .map(|one| {
                             self.predict_images(std::slice::from_ref(one)).and_then(|mut v| {
-                                v.pop().ok_or_else(|| PredictError::Invalid {
+                                v.pop().ok_or_else(|| InferError::Invalid {
                                     what: "predict batch",
                                     reason: "no output".into(),
                                 })
@@ -568,7 +505,7 @@ impl Predictor {
                 let mut preds = outs.into_iter();
                 for (j, r) in window.drain(..).enumerate() {
                     let out = r.and_then(|d| {
-                        let (detections, letterbox) = preds.next().ok_or_else(|| PredictError::Invalid {
+                        let (detections, letterbox) = preds.next().ok_or_else(|| InferError::Invalid {
                             what: "predict batch",
                             reason: "fewer outputs than images".into(),
                         })??;
@@ -712,7 +649,7 @@ mod tests {
         // forward for several images of one size, so the same canvas): the same within float reassociation.
         for (threads, batch) in [(1, 1), (3, 1), (16, 1), (2, 4), (3, 3)] {
             let mut got = Vec::new();
-            let r: std::result::Result<(), PredictError> = one.predict_stream(&files, threads, batch, |i, r| {
+            let r: std::result::Result<(), InferError> = one.predict_stream(&files, threads, batch, |i, r| {
                 got.push((i, r.ok().map(|(p, _)| p.detections)));
                 Ok(())
             });
@@ -742,7 +679,7 @@ mod tests {
         let mut seen = 0;
         let r = one.predict_stream(&files, 2, 1, |i, _| {
             seen += 1;
-            if i == 1 { Err(PredictError::Invalid { what: "test", reason: "stop".into() }) } else { Ok(()) }
+            if i == 1 { Err(InferError::Invalid { what: "test", reason: "stop".into() }) } else { Ok(()) }
         });
         assert!(r.is_err());
         assert_eq!(seen, 2);

@@ -45,9 +45,9 @@ pub enum Error {
     /// Post-processing or the metric failed.
     #[error(transparent)]
     Eval(#[from] sluice_eval::Error),
-    /// Prediction failed.
+    /// Loading a model or opening a device failed.
     #[error(transparent)]
-    Predict(#[from] crate::predict::PredictError),
+    Infer(#[from] sluice_infer::InferError),
     /// A JSON document could not be written or read.
     #[error(transparent)]
     Json(#[from] serde_json::Error),

@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use sluice_dataset::Split;
 use sluice_dataset::synth::{SynthConfig, generate};
+use sluice_infer::load_model;
+use sluice_infer::predict::{PredictOptions, Predictor};
 use sluice_model::candle_core::Device;
 use sluice_model::{Arch, Family, Scale};
-use sluice_train::predict::{PredictOptions, Predictor};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
     BatchEvent, CacheMode, DevicePaths, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary,
-    Trainer, ValRequest, ValSettings, load_model, parse_device_paths, validate_weights,
+    Trainer, ValRequest, ValSettings, parse_device_paths, validate_weights,
 };
 
 #[derive(Default)]

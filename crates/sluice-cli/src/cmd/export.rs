@@ -69,9 +69,9 @@ pub(crate) fn run(a: Args) -> Result<()> {
     } else {
         let nc = match a.nc {
             Some(n) => n,
-            None => sluice_train::predict::weights_num_classes(&a.weights)?,
+            None => sluice_infer::predict::weights_num_classes(&a.weights)?,
         };
-        let m = sluice_train::train::load_model(&a.weights, a.model.as_deref(), nc, &device)?;
+        let m = sluice_infer::load_model(&a.weights, a.model.as_deref(), nc, &device)?;
         (m, (0..nc).map(|i| i.to_string()).collect())
     };
     let nc = model.config().nc;

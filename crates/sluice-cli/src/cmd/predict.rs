@@ -11,7 +11,7 @@ use crate::plots::{Annotation, annotate, save_rgb};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use sluice_train::predict::{PredictOptions, Prediction, Predictor, coco_results, list_sources, next_run_dir};
+use sluice_infer::predict::{PredictOptions, Prediction, Predictor, coco_results, list_sources, next_run_dir};
 
 /// Arguments of `sluice predict`.
 #[derive(Debug, clap::Args)]
@@ -179,7 +179,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     if a.half && a.device == "cpu" {
         eprintln!("warning: --half runs on CUDA devices only (as Ultralytics); predicting in f32 on the CPU");
     }
-    let device = sluice_train::train::device_of(&a.device)?;
+    let device = sluice_infer::device_of(&a.device)?;
     let mut predictor = Predictor::load_on(&a.weights, arch, a.nc, opts, &device).context("loading the model")?;
     if !names.is_empty() && names.len() != predictor.num_classes() {
         bail!(

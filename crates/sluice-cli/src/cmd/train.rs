@@ -327,7 +327,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         None => (None, args.resolve()?),
     };
     if launch.launcher == sluice_dist::Launcher::Single {
-        let devices = sluice_train::train::device_list(&cfg.device)?;
+        let devices = sluice_infer::device_list(&cfg.device)?;
         let nproc = args.nproc.unwrap_or(1);
         if devices.len() > 1 {
             anyhow::ensure!(
@@ -343,8 +343,8 @@ pub(crate) fn run(args: Args) -> Result<()> {
         }
     }
     let dist = if launch.launcher != sluice_dist::Launcher::Single {
-        let device = sluice_train::train::rank_device(&cfg.device, launch.local_rank)?;
-        let device = sluice_train::train::device_of(&device)?;
+        let device = sluice_infer::rank_device(&cfg.device, launch.local_rank)?;
+        let device = sluice_infer::device_of(&device)?;
         let dist = Dist::from_vars(&device, &|k| std::env::var(k).ok())
             .with_context(|| format!("rank {} of {}", launch.rank, launch.world))?;
         // A rank blocked in a collective cannot return: the heartbeat's thread ends the process.

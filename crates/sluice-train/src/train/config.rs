@@ -349,7 +349,7 @@ impl TrainConfig {
             crate::bail!("val_fraction {} must be in (0, 1]", self.val_fraction);
         }
         if self.device.contains(',') {
-            super::setup::device_list(&self.device)?;
+            sluice_infer::device_list(&self.device)?;
         } else if self.device != "cpu" && !self.device.starts_with("cuda") {
             crate::bail!("device '{}': expected cpu, cuda:N or a list of GPUs (0,1,2,3)", self.device);
         }

@@ -19,5 +19,5 @@ pub use config::{Amp, CacheMode, ReadFrom, TrainConfig, parse_multi_scale};
 pub use device_paths::{CudnnSearch, DevicePaths, parse_device_paths};
 pub use events::{BatchEvent, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, Quiet};
 pub use run::Trainer;
-pub use setup::{ValRequest, ValSettings, device_list, device_of, load_model, rank_device, validate_weights};
+pub use setup::{ValRequest, ValSettings, validate_weights};
 pub use state::{Metrics, Progress, RunPaths, TrainSummary, checkpoint_config, find_resume};

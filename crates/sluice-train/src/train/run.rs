@@ -21,12 +21,13 @@ use super::epoch::RunTotals;
 use super::events::{FinalEvalEvent, Observer};
 use super::loss_path::dense_on;
 use super::results::{JsonLines, ResultsCsv};
-use super::setup::{amp_dtype, device_of, load_model, node_source, rank_device, subset};
+use super::setup::{amp_dtype, node_source, subset};
 use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
 use super::validate::{ValOptions, validate_on};
 use crate::dist::Dist;
 use crate::error::{Context, Result};
 use crate::optim::{Optimization, RunShape, ScalerSettings};
+use sluice_infer::{device_of, load_model, rank_device};
 
 /// A message of the set-up, kept until the run has an observer.
 #[derive(Debug)]

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use rand::seq::SliceRandom;
 use sluice_core::sample_rng;
 use sluice_dataset::{IndexOptions, SampleIndex, Split};
+use sluice_infer::{device_of, load_model};
 use sluice_loader::split::{RemoteConfig, load_split_with};
 use sluice_loader::{
     CacheFile, CacheMode, DecodedSource, LoaderConfig, NodeCache, SourceKind, ValLoader, default_workers,
 };
+use sluice_model::DetectionLoss;
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{DetectionLoss, LoadMode, YoloV8};
 use sluice_transfer::DeviceTransfer;
 
 use super::config::{Amp, TrainConfig};
@@ -31,92 +32,6 @@ pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
         Amp::On | Amp::Fp16 => Some(DType::F16),
         Amp::Bf16 => Some(DType::BF16),
     }
-}
-
-/// The devices a `device` setting names: `cpu`, `cuda:N`, or a list of GPUs for data-parallel training (`0,1,2,3`
-/// or `cuda:0,cuda:1`), each as `cuda:N`.
-pub fn device_list(name: &str) -> Result<Vec<String>> {
-    if !name.contains(',') {
-        return Ok(vec![name.trim().to_string()]);
-    }
-    name.split(',')
-        .map(|d| {
-            let d = d.trim();
-            let ordinal = d.strip_prefix("cuda").map(|s| s.trim_start_matches(':')).unwrap_or(d);
-            let n: usize = ordinal.parse().with_context(|| format!("device list {name:?}: {d:?} is not a GPU"))?;
-            Ok(format!("cuda:{n}"))
-        })
-        .collect()
-}
-
-/// The device of the rank with `local_rank` on its node: its entry of a device list, or the one device named.
-pub fn rank_device(name: &str, local_rank: usize) -> Result<String> {
-    let list = device_list(name)?;
-    if list.len() == 1 {
-        return Ok(list.into_iter().next().unwrap_or_default());
-    }
-    list.get(local_rank)
-        .cloned()
-        .with_context(|| format!("device {name:?} lists {} devices; local rank {local_rank} has none", list.len()))
-}
-
-/// The device a name asks for: `cpu`, `cuda`, `cuda:N` or `N`. A CUDA device in a build without the `cuda` feature
-/// is an error that says how to get one.
-pub fn device_of(name: &str) -> Result<Device> {
-    if name == "cpu" {
-        return Ok(Device::Cpu);
-    }
-    let ordinal = name.strip_prefix("cuda").map(|s| s.trim_start_matches(':')).unwrap_or(name);
-    let ordinal: usize = if ordinal.is_empty() { 0 } else { ordinal.parse().context("device ordinal")? };
-    if !cfg!(feature = "cuda") {
-        crate::bail!(
-            "device {name}: this sluice is built without CUDA; build it with `--features cuda` (`cargo xtask \
-             gpu-build`), or use `--device cpu`"
-        );
-    }
-    let device = Device::new_cuda(ordinal)
-        .with_context(|| format!("device {name}: this build has no CUDA support or no GPU"))?;
-    // Freed tensors stay in the stream-ordered pool across synchronisations (a caching allocator), so steady-state
-    // steps reserve no new device memory; the telemetry counts the steps that still did.
-    sluice_transfer::retain_device_pool(&device).with_context(|| format!("device {name}: memory pool"))?;
-    Ok(device)
-}
-
-/// A model for validation or prediction from `weights`: a training checkpoint (its EMA weights, architecture from
-/// the stored configuration unless `model` is given), an Ultralytics `.pt` checkpoint (its own architecture unless
-/// `model` is given) or a plain weights file (Ultralytics key names; `model` required). `nc` is the dataset's class
-/// count.
-pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Device) -> Result<YoloV8> {
-    if model.is_none() && sluice_model::is_pt(weights) {
-        // An Ultralytics checkpoint says its own architecture; its class count must be the dataset's.
-        let m = load_pt(weights, device)?;
-        if m.config().nc != nc {
-            crate::bail!("{}: a model for {} classes, the dataset has {nc}", weights.display(), m.config().nc);
-        }
-        return Ok(m);
-    }
-    let stored = read_meta(weights).ok();
-    let name = match (model, &stored) {
-        (Some(m), _) => m.to_string(),
-        (None, Some(meta)) => TrainConfig::from_yaml_str(&meta.config)?.model,
-        (None, None) => {
-            crate::bail!("{}: a plain weights file; say which architecture with --model", weights.display())
-        }
-    };
-    let cfg = TrainConfig { model: name, ..Default::default() };
-    let prefix = if stored.is_some() { "ema." } else { "" };
-    let arch = cfg.arch()?.config(nc).fit_to_weights(weights, prefix)?;
-    let mut m = YoloV8::new(arch, DType::F32, device)?;
-    match stored {
-        Some(_) => m.load_weights_prefixed(weights, "ema.", LoadMode::Strict),
-        None => m.load_weights(weights, LoadMode::Strict),
-    }
-    .with_context(|| format!("loading {} for {nc} classes", weights.display()))?;
-    Ok(m)
-}
-
-fn load_pt(weights: &Path, device: &Device) -> Result<YoloV8> {
-    Ok(YoloV8::from_pt(weights, DType::F32, device).with_context(|| format!("loading {}", weights.display()))?.0)
 }
 
 /// What `sluice val` asks for. `None` takes the setting a training checkpoint was trained with (so the pass
