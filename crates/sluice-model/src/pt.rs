@@ -433,9 +433,21 @@ fn scale_of(state: &[(Object, Object)]) -> std::result::Result<Scale, String> {
     let Some(Object::Dict(yaml)) = field(state, "yaml") else {
         return Err("no `yaml` dict on the model: its architecture is unknown".into());
     };
-    let (d, w, c) = match (field(yaml, "scales"), field(yaml, "scale")) {
-        (Some(Object::Dict(scales)), Some(Object::Unicode(s))) => {
-            let Some(Object::List(v)) = field(scales, s) else {
+    let named = match field(yaml, "scale") {
+        Some(Object::Unicode(s)) if !s.is_empty() => Some(s.as_str()),
+        _ => None,
+    };
+    let (d, w, c) = match field(yaml, "scales") {
+        Some(Object::Dict(scales)) if !scales.is_empty() => {
+            // As Ultralytics' `parse_model`: a model YAML whose file name names no scale takes the first one listed.
+            let (s, v) = match named {
+                Some(s) => (s, field(scales, s)),
+                None => (
+                    scales.first().and_then(|(k, _)| unicode(k).ok()).unwrap_or_default(),
+                    scales.first().map(|(_, v)| v),
+                ),
+            };
+            let Some(Object::List(v)) = v else {
                 return Err(format!("`yaml.scales` has no scale `{s}`"));
             };
             let f: Vec<f64> = v.iter().filter_map(float).collect();
@@ -504,4 +516,33 @@ fn load_tensor(
         return Err(format!("storage {name} has {} bytes, the tensor needs {end} (truncated file?)", data.len()));
     }
     Tensor::from_raw_buffer(&data[start..end], info.dtype, layout.dims(), &Device::Cpu).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yaml(scale: Option<&str>) -> Vec<(Object, Object)> {
+        let s = |x: &str| Object::Unicode(x.to_string());
+        let list = |v: [f64; 3]| Object::List(v.iter().map(|&f| Object::Float(f)).collect());
+        let mut d = vec![(
+            s("scales"),
+            Object::Dict(vec![(s("t"), list([0.33, 0.125, 1024.0])), (s("n"), list([0.33, 0.25, 1024.0]))]),
+        )];
+        if let Some(x) = scale {
+            d.push((s("scale"), s(x)));
+        }
+        vec![(s("yaml"), Object::Dict(d))]
+    }
+
+    /// A model YAML whose file name names no scale (`yolov8t.yaml` → `scale: ''`) takes the first scale listed,
+    /// as Ultralytics' `parse_model` does; a named scale is taken, an unknown one is an error.
+    #[test]
+    fn the_scale_is_the_named_one_else_the_first() {
+        let width = |s: Scale| s.multipliers().1;
+        assert_eq!(scale_of(&yaml(Some(""))).map(width), Ok(0.125));
+        assert_eq!(scale_of(&yaml(None)).map(width), Ok(0.125));
+        assert_eq!(scale_of(&yaml(Some("n"))).map(width), Ok(0.25));
+        assert!(scale_of(&yaml(Some("q"))).unwrap_err().contains("no scale `q`"));
+    }
 }
