@@ -2,13 +2,15 @@
 """Ultralytics' trainer on Sluice's batches: the cross-feeding experiment of the AdamW parity study (needs the peers'
 venv: `bash $PEERS_DIR/setup.sh`; run with its python).
 
-Usage: ul_on_sluice_batches.py DATA_YAML BATCHES_DIR SEED OUT_DIR [OPTIMIZER]
+Usage: ul_on_sluice_batches.py DATA_YAML BATCHES_DIR SEED OUT_DIR [OPTIMIZER] [--save-init FILE [--init-only]]
   DATA_YAML    the embedded default's generated set (datasets/synthetic/data.yaml)
   BATCHES_DIR  Sluice's training batches of the whole run, written by
                `sluice data samples --batches BATCHES_DIR --seed SEED --imgsz 192 --batch 16 --epochs 90 --samples 36000`
   SEED         Ultralytics' seed (its initial weights; the batches are Sluice's seed's)
   OUT_DIR      where the run folder goes (OUT_DIR/x<SEED>)
   OPTIMIZER    Ultralytics' optimizer key, `auto` (AdamW at this length) by default
+  --save-init  also write Ultralytics' initial weights of this seed (before the first step) as safetensors with
+               Ultralytics' key names, which `sluice train --weights FILE` starts from; with --init-only, stop there
 
 Settings are ul_quick_family.py's for yolov8 (configs/quick.yaml with `optimizer: auto`): Ultralytics' yolov8n.yaml at
 the scale t = [0.33, 0.125, 1024] (Sluice's configs/models/yolov8-tiny.yaml), imgsz 192, 90 epochs, batch 16,
@@ -29,8 +31,16 @@ from ultralytics import YOLO
 from ultralytics.models.yolo.detect import DetectionTrainer
 from ultralytics.nn.tasks import yaml_model_load
 
-data, batches_dir, seed, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-optimizer = sys.argv[5] if len(sys.argv) > 5 else "auto"
+args = sys.argv[1:]
+init_only = "--init-only" in args
+save_init = None
+if "--save-init" in args:
+    i = args.index("--save-init")
+    save_init = args[i + 1]
+    del args[i : i + 2]
+args = [a for a in args if a != "--init-only"]
+data, batches_dir, seed, out = args[0], args[1], int(args[2]), args[3]
+optimizer = args[4] if len(args) > 4 else "auto"
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 with open(os.path.join(batches_dir, "batches.jsonl")) as f:
     INDEX = {(r["epoch"], r["batch"]): r for r in map(json.loads, f)}
@@ -79,7 +89,28 @@ cfg = os.path.join(tempfile.mkdtemp(), "yolov8t.yaml")
 with open(cfg, "w") as f:
     yaml.safe_dump(d, f, sort_keys=False)
 m = YOLO(cfg)
-r = m.train(trainer=SluiceBatchesTrainer, data=data, epochs=90, imgsz=192, batch=16, close_mosaic=10, cache="ram",
-            seed=seed, workers=2, device="cpu", project=out, name=f"x{seed}", exist_ok=True, plots=False,
-            verbose=False, amp=False, optimizer=optimizer)
+
+
+class InitSaved(Exception):
+    """Raised once the initial weights are written under --init-only."""
+
+
+def write_init(trainer):
+    from safetensors.torch import save_file
+
+    sd = {k: v.detach().float().contiguous() for k, v in trainer.model.state_dict().items() if v.is_floating_point()}
+    save_file(sd, save_init)
+    print(f"initial weights of seed {seed}: {save_init} ({len(sd)} tensors)", file=sys.stderr)
+    if init_only:
+        raise InitSaved
+
+
+if save_init:
+    m.add_callback("on_pretrain_routine_end", write_init)
+try:
+    r = m.train(trainer=SluiceBatchesTrainer, data=data, epochs=90, imgsz=192, batch=16, close_mosaic=10, cache="ram",
+                seed=seed, workers=2, device="cpu", project=out, name=f"x{seed}", exist_ok=True, plots=False,
+                verbose=False, amp=False, optimizer=optimizer)
+except InitSaved:
+    sys.exit(0)
 print(json.dumps({"seed": seed, "map50": r.box.map50, "map": r.box.map}))
