@@ -19,12 +19,16 @@ pub(crate) struct C3k {
 impl C3k {
     fn new(p: &Params<'_>, c1: usize, c2: usize, n: usize, shortcut: bool) -> Result<Self> {
         let c = c2 / 2;
-        Ok(Self {
-            cv1: Conv::new(&p.pp("cv1"), c1, c, 1, 1)?,
-            cv2: Conv::new(&p.pp("cv2"), c1, c, 1, 1)?,
-            cv3: Conv::new(&p.pp("cv3"), 2 * c, c2, 1, 1)?,
-            m: (0..n).map(|i| Bottleneck::with_hidden(&p.pp("m").pp(i), c, c, shortcut)).collect::<Result<_>>()?,
-        })
+        let (cv1, cv2, cv3) = (
+            Conv::new(&p.pp("cv1"), c1, c, 1, 1)?,
+            Conv::new(&p.pp("cv2"), c1, c, 1, 1)?,
+            Conv::new(&p.pp("cv3"), 2 * c, c2, 1, 1)?,
+        );
+        // PyTorch's C3k first builds C3's own blocks (1x1 then 3x3 Bottlenecks), then replaces them: their draws
+        // come before those of the blocks kept.
+        p.skip_draws(n * 10 * c * c);
+        let m = (0..n).map(|i| Bottleneck::with_hidden(&p.pp("m").pp(i), c, c, shortcut)).collect::<Result<_>>()?;
+        Ok(Self { cv1, cv2, cv3, m })
     }
 
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
@@ -89,6 +93,11 @@ impl C3k2 {
     /// `C3k2(c1, c2, n, c3k, e, attn)` with Ultralytics' default `shortcut=True`.
     pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, n: usize, c3k: bool, e: f64, attn: bool) -> Result<Self> {
         let c = (c2 as f64 * e) as usize;
+        let cv1 = Conv::new(&p.pp("cv1"), c1, 2 * c, 1, 1)?;
+        let cv2 = Conv::new(&p.pp("cv2"), (2 + n) * c, c2, 1, 1)?;
+        // PyTorch's C3k2 first builds C2f's own blocks (3x3 Bottlenecks at full width), then replaces them: their
+        // draws come before those of the blocks kept.
+        p.skip_draws(n * 18 * c * c);
         let m = (0..n)
             .map(|i| {
                 let q = p.pp("m").pp(i);
@@ -104,12 +113,7 @@ impl C3k2 {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            c,
-            cv1: Conv::new(&p.pp("cv1"), c1, 2 * c, 1, 1)?,
-            cv2: Conv::new(&p.pp("cv2"), (2 + n) * c, c2, 1, 1)?,
-            m,
-        })
+        Ok(Self { c, cv1, cv2, m })
     }
 
     pub(crate) fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {

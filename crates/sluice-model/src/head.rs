@@ -19,6 +19,8 @@ struct Conv2dBias {
 impl Conv2dBias {
     fn new(p: &Params<'_>, c1: usize, c2: usize, bias_init: f64) -> Result<Self> {
         let weight = p.var("weight", (c2, c1, 1, 1), Params::conv_init(c1))?;
+        // PyTorch draws the bias that `bias_init` then overwrites.
+        p.skip_draws(c2);
         let bias = p.var("bias", c2, Init::Const(bias_init))?;
         Ok(Self { weight: weight.as_tensor().clone(), bias: bias.as_tensor().clone() })
     }
@@ -164,12 +166,15 @@ fn branches(p: &Params<'_>, prefix: &str, cfg: &YoloConfig) -> Result<(Vec<Branc
     let ch = cfg.head_channels();
     let (c2, c3) = (cfg.box_hidden(), cfg.cls_hidden());
     let reg_max = cfg.family.reg_max();
+    // Every level's box branch, then every level's class branch: PyTorch's construction order.
     let mut cv2 = Vec::new();
+    for (i, &c) in ch.iter().enumerate() {
+        cv2.push(Branch::new(&p.pp(format!("{prefix}cv2")).pp(i), c, c2, 4 * reg_max, 2.0)?);
+    }
     let mut cv3 = Vec::new();
     for (i, (&c, &s)) in ch.iter().zip(STRIDES.iter()).enumerate() {
         // Ultralytics 8.4 `Detect.bias_init`: box bias 2.0, class bias log(5 / nc / (640 / s)^2).
         let cls_bias = (5.0 / cfg.nc as f64 / (640.0 / s as f64).powi(2)).ln();
-        cv2.push(Branch::new(&p.pp(format!("{prefix}cv2")).pp(i), c, c2, 4 * reg_max, 2.0)?);
         let q = p.pp(format!("{prefix}cv3")).pp(i);
         cv3.push(match cfg.family {
             Family::V8 => ClsBranch::Legacy(Branch::new(&q, c, c3, cfg.nc, cls_bias)?),
@@ -182,7 +187,12 @@ fn branches(p: &Params<'_>, prefix: &str, cfg: &YoloConfig) -> Result<(Vec<Branc
 impl Detect {
     pub(crate) fn new(p: &Params<'_>, cfg: &YoloConfig) -> Result<Self> {
         let (cv2, cv3) = branches(p, "", cfg)?;
-        let one2one = if cfg.family.end2end() { Some(branches(p, "one2one_", cfg)?) } else { None };
+        // The DFL's 1x1 convolution draws its weights before they are set to 0..reg_max.
+        if cfg.family.reg_max() > 1 {
+            p.skip_draws(cfg.family.reg_max());
+        }
+        // Ultralytics deep-copies the one-to-many branches: no draws here, the model copies their values after.
+        let one2one = if cfg.family.end2end() { Some(branches(&p.without_draws(), "one2one_", cfg)?) } else { None };
         Ok(Self { nc: cfg.nc, reg_max: cfg.family.reg_max(), cv2, cv3, one2one })
     }
 

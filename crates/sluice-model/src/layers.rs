@@ -395,12 +395,12 @@ pub(crate) struct C2f {
 impl C2f {
     pub(crate) fn new(p: &Params<'_>, c1: usize, c2: usize, n: usize, shortcut: bool) -> Result<Self> {
         let c = c2 / 2;
-        let m = (0..n).map(|i| Bottleneck::new(&p.pp("m").pp(i), c, shortcut)).collect::<Result<Vec<_>>>()?;
+        // In PyTorch's construction order (cv1, cv2, then m), which a seeded model draws its weights in.
         Ok(Self {
             c,
             cv1: Conv::new(&p.pp("cv1"), c1, 2 * c, 1, 1)?,
             cv2: Conv::new(&p.pp("cv2"), (2 + n) * c, c2, 1, 1)?,
-            m,
+            m: (0..n).map(|i| Bottleneck::new(&p.pp("m").pp(i), c, shortcut)).collect::<Result<Vec<_>>>()?,
         })
     }
 

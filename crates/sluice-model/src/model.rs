@@ -78,8 +78,9 @@ impl YoloV8 {
         Self::build(cfg, dtype, device, None)
     }
 
-    /// The same initialisation drawn from `seed`: every parameter from its own stream keyed by the seed and its
-    /// name, so the same seed gives the same model on any device and in any construction order.
+    /// The initial weights Ultralytics starts from with the same seed: PyTorch's generator after
+    /// `torch.manual_seed(seed)`, drawn on the host in PyTorch's module construction order with `kaiming_uniform_`'s
+    /// bounds, so the same seed gives the same model on any device and in Sluice and Ultralytics alike.
     pub fn new_seeded(cfg: YoloConfig, dtype: DType, device: &Device, seed: u64) -> Result<Self> {
         Self::build(cfg, dtype, device, Some(seed))
     }
@@ -100,6 +101,7 @@ impl YoloV8 {
             };
             (layers, Detect::new(&p.pp(cfg.family.detect_index()), &cfg)?)
         };
+        copy_one2one(&varmap)?;
         let num_batches_tracked = bn_prefixes(&varmap).into_iter().map(|p| (p, 0)).collect();
         Ok(Self {
             cfg,
@@ -438,11 +440,14 @@ fn c3k2_layers(p: &Params<'_>, cfg: &YoloConfig, v26: bool) -> candle_core::Resu
         Ok(Layer::C3k2(C3k2::new(&p.pp(i), c1, c(c2), d(2), c3k || big, e, false)?))
     };
     let sppf = if v26 { Sppf::new_residual } else { Sppf::new };
-    let last = if v26 {
-        // `[-1, 1, C3k2, [1024, True, 0.5, True]]`: one repeat (not scaled), C3k off by the attention flag.
-        Layer::C3k2(C3k2::new(&p.pp(22), c(512) + c(1024), c(1024), 1, true, 0.5, true)?)
-    } else {
-        c3k2(22, c(512) + c(1024), 1024, true, 0.5)?
+    // Built last, in PyTorch's construction order, which a seeded model draws its weights in.
+    let last = || {
+        if v26 {
+            // `[-1, 1, C3k2, [1024, True, 0.5, True]]`: one repeat (not scaled), C3k off by the attention flag.
+            Ok(Layer::C3k2(C3k2::new(&p.pp(22), c(512) + c(1024), c(1024), 1, true, 0.5, true)?))
+        } else {
+            c3k2(22, c(512) + c(1024), 1024, true, 0.5)
+        }
     };
     Ok(vec![
         Layer::Conv(Conv::new(&p.pp(0), 3, c(64), 3, 2)?),
@@ -467,11 +472,24 @@ fn c3k2_layers(p: &Params<'_>, cfg: &YoloConfig, v26: bool) -> candle_core::Resu
         c3k2(19, c(256) + c(512), 512, v26, 0.5)?,
         Layer::Conv(Conv::new(&p.pp(20), c(512), c(512), 3, 2)?),
         Layer::Concat(10),
-        last,
+        last()?,
     ])
 }
 
 /// `model.x.bn` prefixes of every BatchNorm in a var map.
+/// Sets every one-to-one head variable (`*.one2one_cv2.*`, `*.one2one_cv3.*`) to its one-to-many twin's value, as
+/// Ultralytics' `Detect` deep-copies `cv2` and `cv3` into them; nothing for a head without them.
+fn copy_one2one(map: &VarMap) -> Result<()> {
+    #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked while building.
+    let data = map.data().lock().unwrap();
+    for (name, var) in data.iter().filter(|(k, _)| k.contains(".one2one_")) {
+        let twin = name.replacen("one2one_", "", 1);
+        let source = data.get(&twin).ok_or_else(|| ModelError::BadInput(format!("{name}: no {twin} to copy")))?;
+        var.set(source.as_tensor())?;
+    }
+    Ok(())
+}
+
 pub(crate) fn bn_prefixes(map: &VarMap) -> Vec<String> {
     #[allow(clippy::unwrap_used)]
     let data = map.data().lock().unwrap();

@@ -1,15 +1,31 @@
 //! A small builder that creates (or fetches) named `Var`s in a `VarMap` under Ultralytics key names.
 
+use std::sync::{Arc, Mutex};
+
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarMap};
-use rand::RngCore;
-use sluice_core::sample_rng;
+use rand_mt::Mt;
 
 use crate::layers::Autocast;
 
-/// FNV-1a of a parameter name: the stream id of its seeded initialisation.
-fn name_key(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+/// PyTorch's CPU generator after `torch.manual_seed(seed)` (MT19937 seeded with the seed's low 32 bits), drawing
+/// as `Tensor.uniform_` does: 24 random bits of each 32-bit output, `x · 2⁻²⁴ · (to − from) + from` in float32 with
+/// one rounding. Values come in the order PyTorch creates the modules, so a model built in that order holds the
+/// weights Ultralytics' `DetectionModel` starts from after `init_seeds(seed)`.
+pub(crate) struct TorchRng(Mt);
+
+impl TorchRng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(Mt::new(seed as u32))
+    }
+
+    /// `n` values of `uniform_(lo, up)`.
+    pub(crate) fn uniform(&mut self, lo: f64, up: f64, n: usize) -> Vec<f32> {
+        let (from, to) = (lo as f32, up as f32);
+        (0..n)
+            .map(|_| ((self.0.next_u32() & 0x00ff_ffff) as f32 * (1.0 / 16_777_216.0)).mul_add(to - from, from))
+            .collect()
+    }
 }
 
 /// Creates variables named `<prefix>.<name>` in a [`VarMap`].
@@ -19,7 +35,8 @@ pub(crate) struct Params<'a> {
     prefix: String,
     dtype: DType,
     device: Device,
-    seed: Option<u64>,
+    /// The seeded generator, shared by every builder of one model (`None`: candle's own random init).
+    rng: Option<Arc<Mutex<TorchRng>>>,
     autocast: Autocast,
 }
 
@@ -30,9 +47,26 @@ impl std::fmt::Debug for Params<'_> {
 }
 
 impl<'a> Params<'a> {
-    /// Variables drawn from the device's generator (`seed` None) or from per-name streams of `seed`.
+    /// Variables drawn from the device's generator (`seed` None) or, in creation order, from PyTorch's generator
+    /// seeded with `seed` ([`TorchRng`]).
     pub(crate) fn new(map: &'a VarMap, dtype: DType, device: &Device, seed: Option<u64>) -> Self {
-        Self { map, prefix: String::new(), dtype, device: device.clone(), seed, autocast: Autocast::default() }
+        let rng = seed.map(|s| Arc::new(Mutex::new(TorchRng::new(s))));
+        Self { map, prefix: String::new(), dtype, device: device.clone(), rng, autocast: Autocast::default() }
+    }
+
+    /// The same builder without the seeded generator, for modules PyTorch copies rather than draws (YOLO26's
+    /// one-to-one head is a deep copy of the one-to-many head); the caller copies their values.
+    pub(crate) fn without_draws(&self) -> Self {
+        Self { rng: None, ..self.clone() }
+    }
+
+    /// Advances the seeded generator past the `n` values PyTorch draws for a tensor that it overwrites afterwards
+    /// (a head bias set by `bias_init`, the DFL's fixed weights); nothing without a seed.
+    pub(crate) fn skip_draws(&self, n: usize) {
+        if let Some(rng) = &self.rng {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked while building.
+            rng.lock().unwrap().uniform(0.0, 1.0, n);
+        }
     }
 
     /// The model's mixed-precision switch, shared by every module built from this builder.
@@ -58,12 +92,10 @@ impl<'a> Params<'a> {
             }
             return Ok(v.clone());
         }
-        let v = match (self.seed, init) {
-            (Some(seed), Init::Uniform { lo, up }) => {
-                let mut rng = sample_rng(seed, name_key(&key), 0);
-                let values: Vec<f64> = (0..shape.elem_count())
-                    .map(|_| lo + (up - lo) * ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64))
-                    .collect();
+        let v = match (&self.rng, init) {
+            (Some(rng), Init::Uniform { lo, up }) => {
+                #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked while building.
+                let values = rng.lock().unwrap().uniform(lo, up, shape.elem_count());
                 Var::from_tensor(&Tensor::from_vec(values, shape, &self.device)?.to_dtype(self.dtype)?)?
             }
             _ => init.var(shape, self.dtype, &self.device)?,
@@ -72,9 +104,11 @@ impl<'a> Params<'a> {
         Ok(v)
     }
 
-    /// PyTorch's default `Conv2d` init: U(−1/√fan_in, 1/√fan_in).
+    /// PyTorch's default `Conv2d` weight init, `kaiming_uniform_(a=√5)`: U(−b, b) with b = √3 · gain / √fan_in and
+    /// gain = √(2 / (1 + 5)), computed in float64 as PyTorch does (so b rounds to the same float32), about 1/√fan_in.
     pub(crate) fn conv_init(fan_in: usize) -> Init {
-        let bound = 1.0 / (fan_in as f64).sqrt();
+        let gain = (2.0f64 / 6.0).sqrt();
+        let bound = 3.0f64.sqrt() * (gain / (fan_in as f64).sqrt());
         Init::Uniform { lo: -bound, up: bound }
     }
 }
