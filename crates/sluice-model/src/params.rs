@@ -19,6 +19,13 @@ impl TorchRng {
         Self(Mt::new(seed as u32))
     }
 
+    /// Advances past `n` draws without keeping them.
+    pub(crate) fn skip(&mut self, n: usize) {
+        for _ in 0..n {
+            self.0.next_u32();
+        }
+    }
+
     /// `n` values of `uniform_(lo, up)`.
     pub(crate) fn uniform(&mut self, lo: f64, up: f64, n: usize) -> Vec<f32> {
         let (from, to) = (lo as f32, up as f32);
@@ -65,7 +72,7 @@ impl<'a> Params<'a> {
     pub(crate) fn skip_draws(&self, n: usize) {
         if let Some(rng) = &self.rng {
             #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked while building.
-            rng.lock().unwrap().uniform(0.0, 1.0, n);
+            rng.lock().unwrap().skip(n);
         }
     }
 
