@@ -17,9 +17,18 @@ pub(crate) fn npy(name: &str) -> Tensor {
     Tensor::read_npy(data(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// The seed-0 yolov8n model of the fixture.
+/// The seed-0 yolov8n (nc 80): Ultralytics' `DetectionModel('yolov8n.yaml', nc=80)` after `torch.manual_seed(0)`,
+/// drawn here as PyTorch draws it (`tests/weights.rs` holds it to `data/yolov8n_seed0.json`, Ultralytics' state
+/// dict hashed key by key, so every reference output of that model applies to this one).
 pub(crate) fn seed0() -> YoloV8 {
-    YoloV8::load(YoloConfig::new(Scale::N, 80), data("yolov8n_seed0.safetensors"), DType::F32, &Device::Cpu).unwrap()
+    YoloV8::new_seeded(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu, 0).unwrap()
+}
+
+/// [`seed0`] saved as `yolov8n_seed0.safetensors` in `dir`: the file Ultralytics' state dict would give.
+pub(crate) fn seed0_file(dir: &std::path::Path) -> PathBuf {
+    let p = dir.join("yolov8n_seed0.safetensors");
+    seed0().save(&p).unwrap();
+    p
 }
 
 /// The BN-calibrated yolov8n model of the fixture (seed-0 weights + the BN overlay).
