@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use candle_core::{DType, Device, Tensor};
 use common::npz::{self, Array};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use sluice_core::{BoxXyxy, Target};
 use sluice_model::{DenseTargets, DetectionLoss, LoadMode, Mode, YoloConfig, YoloV8, parse_model_yaml};
 use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, Rule, RunShape};
@@ -209,19 +210,46 @@ struct Spec {
     run: &'static str,
     /// Sluice's model YAML (family and multipliers).
     model_yaml: &'static str,
-    /// The initial weights, in the fixture's folder.
-    init: &'static str,
     settings: OptimSettings,
     rule: Rule,
 }
 
 const YOLOV8_TINY: &str = include_str!("../../../configs/models/yolov8-tiny.yaml");
 
+/// Ultralytics' initial weights: its trainer seeds PyTorch with 0 and the fixture's hooks round every float to
+/// float16. Sluice draws the same weights from the same seed; the fixture holds them as the SHA-256 of each tensor's
+/// bytes (`init_f16`), so a different draw fails here rather than as drift in the steps.
 fn model(fx: &Fixture, spec: &Spec) -> YoloV8 {
     let (family, scale) = parse_model_yaml(spec.model_yaml).unwrap();
     let cfg = YoloConfig::new(scale, NC).with_family(family);
-    let mut m = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
-    m.load_weights(data(fx.dir, spec.init), LoadMode::Strict).unwrap();
+    let mut m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0).unwrap();
+    let manifest =
+        if fx.meta["init_f16"].is_object() { &fx.meta["init_f16"] } else { &fx.meta["runs"][spec.run]["init_f16"] };
+    let manifest = manifest.as_object().unwrap();
+    let mut sd = m.state_dict().unwrap();
+    assert_eq!(sd.len(), manifest.len(), "{}: tensor count", spec.run);
+    let mut differ = Vec::new();
+    for (k, t) in sd.iter_mut() {
+        let want = manifest.get(k).unwrap_or_else(|| panic!("{}: Ultralytics has no {k}", spec.run));
+        let bytes: Vec<u8> = match t.dtype() {
+            DType::F32 => {
+                let h = t.to_dtype(DType::F16).unwrap();
+                *t = h.to_dtype(DType::F32).unwrap();
+                h.flatten_all().unwrap().to_vec1::<half::f16>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+            DType::I64 => {
+                t.flatten_all().unwrap().to_vec1::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+            d => panic!("{k}: dtype {d:?}"),
+        };
+        let shape: Vec<usize> = want[1].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+        assert_eq!(t.dims(), shape.as_slice(), "{}: {k} shape", spec.run);
+        if format!("{:x}", Sha256::digest(&bytes)) != want[2].as_str().unwrap() {
+            differ.push(k.clone());
+        }
+    }
+    assert!(differ.is_empty(), "{}: {} initial tensors differ from Ultralytics': {differ:?}", spec.run, differ.len());
+    m.load_state_dict(&sd, LoadMode::Strict, &data(fx.dir, "init_f16")).unwrap();
     m
 }
 
@@ -486,13 +514,7 @@ fn check(fx: &Fixture, specs: &[Spec], tol: &[(&str, f64, f64)], early_until: us
 fn training_steps_match_ultralytics() {
     // The data, model and settings of configs/quick.yaml with Ultralytics' own default optimizer, `auto` (AdamW at
     // this length); the default's MuSGD is held to Ultralytics by `musgd_steps_match_ultralytics`.
-    let spec = |run| Spec {
-        run,
-        model_yaml: YOLOV8_TINY,
-        init: "init_f16.safetensors",
-        settings: OptimSettings::default(),
-        rule: Rule::AdamW,
-    };
+    let spec = |run| Spec { run, model_yaml: YOLOV8_TINY, settings: OptimSettings::default(), rule: Rule::AdamW };
     check(&Fixture::load(), &[spec("mosaic"), spec("closed")], TOL, 10);
 }
 
@@ -528,14 +550,12 @@ fn musgd_steps_match_ultralytics() {
         Spec {
             run: "y11",
             model_yaml: include_str!("../../../configs/models/yolo11-tiny.yaml"),
-            init: "init_y11_f16.safetensors",
             settings,
             rule: Rule::MuSgd,
         },
         Spec {
             run: "y26",
             model_yaml: include_str!("../../../configs/models/yolo26-tiny.yaml"),
-            init: "init_y26_f16.safetensors",
             settings,
             rule: Rule::MuSgd,
         },

@@ -13,7 +13,8 @@ batches: during warmup the accumulation is 1, so every batch is a MuSGD step. Th
 model, so the batches are the first ten of the step-parity fixture's `mosaic` run; the script checks that and
 stores no images. Files written beside this script (README.md there describes them):
 
-  init_y11_f16.safetensors, init_y26_f16.safetensors   the initial state dicts (floats as float16, exact)
+  musgd_parity.json: runs.<run>.init_f16   the initial state dicts (floats as float16, exact) as key ->
+                                            [dtype, shape, SHA-256]; the test draws the weights from the seed
   musgd_parity.npz   per run the sampled indices and the checkpoint digests and samples (as step_parity.npz);
                      `ns_in_<k>` / `ns_out_<k>`: random matrices and Ultralytics' `zeropower_via_newtonschulz5` of
                      them (bfloat16 values as float32); `mu_grad_<k>` / `mu_out_<k>`: a `muon_update` call on four
@@ -65,7 +66,6 @@ def main():
     ap.add_argument("--out", default=HERE)
     a = ap.parse_args()
     import ultralytics
-    from safetensors.torch import save_file
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     tmp = tempfile.mkdtemp(prefix="musgd_parity_")
@@ -89,15 +89,13 @@ def main():
         ref_tg = ref["mosaic_targets"]
         assert np.array_equal(tg, ref_tg[ref_tg[:, 0] < len(imgs)]), f"{name}: targets differ from step_parity's"
         ri = r["init"]
-        sd = ri["state_dict"]
-        save_file({k: (v.half() if v.dtype.is_floating_point else v).contiguous() for k, v in sd.items()},
-                  os.path.join(a.out, f"init_{name}_f16.safetensors"), metadata={"source": "make_musgd_parity.py"})
         arrays[f"{name}_sample_idx"] = ri["idx"]
         for k, c in r["checkpoints"].items():
             for key, v in c.items():
                 arrays[f"{name}_{k}_{key}"] = v
         meta["runs"][name] = {"family": FAMILY[name], "close_mosaic": RUNS[name][0], "checkpoints": RUNS[name][2],
                               "tensor_names": ri["names"], "train_images": ri["train_images"],
+                              "init_f16": sp.init_manifest(ri["state_dict"]),
                               "optimizer": ri["optimizer"], "groups": ri["groups"], "accumulate": ri["accumulate"],
                               "batches_per_epoch": ri["nb"], "warmup_iterations": ri["warmup_iterations"],
                               "args": ri["args"], "per_batch": r["per_batch"]}

@@ -26,6 +26,7 @@ Two runs: `mosaic` (close_mosaic 10: every recorded batch is a mosaic one) and `
 close_mosaic 90, so the dataloader closes mosaic at epoch 0: letterboxed batches, the close_mosaic augmentation).
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -107,6 +108,16 @@ def samples(tensors, idx):
         for j, k in enumerate(idx[i]):
             if k >= 0:
                 out[i, j] = float(x[k])
+    return out
+
+
+def init_manifest(sd):
+    """The initial state dict (floats as float16, which the hooks made exact) as key -> [dtype, shape, SHA-256 of the
+    little-endian bytes]: Sluice draws the same weights from the seed, and the test holds them to these hashes."""
+    out = {}
+    for k, v in sd.items():
+        a = (v.half() if v.dtype.is_floating_point else v).contiguous().numpy()
+        out[k] = [str(a.dtype), list(a.shape), hashlib.sha256(a.astype(a.dtype.newbyteorder("<")).tobytes()).hexdigest()]
     return out
 
 
@@ -224,7 +235,6 @@ def main():
     ap.add_argument("--out", default=HERE)
     a = ap.parse_args()
     import ultralytics
-    from safetensors.torch import save_file
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     tmp = tempfile.mkdtemp(prefix="step_parity_")
@@ -238,16 +248,13 @@ def main():
     init = recs["mosaic"]["init"]
     for name, r in recs.items():  # both runs start from the same weights (seed 0) and the same optimizer
         assert all(torch.equal(r["init"]["state_dict"][k], init["state_dict"][k]) for k in init["state_dict"]), name
-    sd = init["state_dict"]
-    save_file({k: (v.half() if v.dtype.is_floating_point else v).contiguous() for k, v in sd.items()},
-              os.path.join(a.out, "init_f16.safetensors"), metadata={"source": "make_step_parity.py"})
 
     arrays = {"sample_idx": init["idx"]}
     meta = {"versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                          "ultralytics": ultralytics.__version__, "numpy": np.__version__},
             "dataset": {"names": data_src["names"], "train_images": init["train_images"]},
             "model": "ultralytics/cfg/models/v8/yolov8.yaml, scale t = configs/models/yolov8-tiny.yaml",
-            "tensor_names": init["names"], "runs": {}}
+            "tensor_names": init["names"], "init_f16": init_manifest(init["state_dict"]), "runs": {}}
     for name, r in recs.items():
         imgs = np.stack([b["img"] for b in r["batches"]])
         tg = np.concatenate([np.concatenate([np.full((len(b["targets"]), 1), i, np.float32), b["targets"]], 1)
@@ -270,7 +277,7 @@ def main():
         for b in r["per_batch"]:
             print(f"  ni {b['ni']:3d} acc {b['accumulate']} step {int(b['stepped'])} norm {b['grad_norm']} "
                   f"items {['%.5f' % v for v in b['loss_items']]} lr {['%.3e' % g['lr'] for g in b['groups']]}")
-    for f in ("init_f16.safetensors", "step_parity.npz", "step_parity.json"):
+    for f in ("step_parity.npz", "step_parity.json"):
         print(f, os.path.getsize(os.path.join(a.out, f)))
 
 
