@@ -3,13 +3,39 @@
 //! of `scripts/convert_weights.py`'s conversion bit for bit, the export writes an ONNX file with the checkpoint's
 //! class names in its metadata, and what is not built or not supported is an error naming it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sluice_model::candle_core::{DType, Device};
+use sluice_model::candle_core::{DType, Device, Tensor};
+use sluice_model::{Family, LoadMode, Scale, YoloConfig, YoloV8};
 
 fn pt(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sluice-model/tests/fixtures/pt").join(name)
+}
+
+/// A fixture model of sluice-model's YOLO11/YOLO26 parity tests written as a file: torch's seed-0 draws (which those
+/// tests hold to the fixture's hashes) rounded to float16 as the fixture script rounds them, then the tensors the
+/// script changed (`overlay`).
+fn fixture_weights(cfg: YoloConfig, overlay: &Path, out: &Path) -> PathBuf {
+    let mut m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0).expect("seeded model");
+    let sd: HashMap<String, Tensor> = m
+        .state_dict()
+        .expect("state dict")
+        .into_iter()
+        .map(|(k, t)| {
+            let t = if t.dtype() == DType::F32 {
+                t.to_dtype(DType::F16).and_then(|h| h.to_dtype(DType::F32))
+            } else {
+                Ok(t)
+            };
+            (k, t.expect("round"))
+        })
+        .collect();
+    m.load_state_dict(&sd, LoadMode::Strict, overlay).expect("rounded");
+    m.load_weights(overlay, LoadMode::Overlay).expect("overlay");
+    m.save(out).expect("save");
+    out.to_path_buf()
 }
 
 fn sluice(args: &[&str]) -> std::process::Output {
@@ -78,20 +104,20 @@ fn model_run_writes_what_ultralytics_returns_for_yolo11_and_yolo26() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = dir.path().join("yolo26t.yaml");
     std::fs::write(&cfg, "family: yolo26\ndepth_multiple: 0.5\nwidth_multiple: 0.125\n").expect("yaml");
+    let y11 = fixture_weights(
+        YoloConfig::new(Scale::N, 3).with_family(Family::V11),
+        &fx("yolo11", "y11n_c3_bn.safetensors"),
+        &dir.path().join("y11n_c3.safetensors"),
+    );
+    let y26 = fixture_weights(
+        YoloConfig::new(Scale::custom(0.5, 0.125, 1024).expect("scale"), 3).with_family(Family::V26),
+        &fx("yolo26", "y26t_c3_overlay.safetensors"),
+        &dir.path().join("y26t_c3.safetensors"),
+    );
     let cases = [
-        ("yolo11n".to_string(), fx("yolo11", "y11n_c3.safetensors"), fx("yolo11", "y11n_in_128.npy"), None),
-        (
-            cfg.to_str().expect("utf-8").to_string(),
-            fx("yolo26", "y26t_c3.safetensors"),
-            fx("yolo26", "y26t_in_128.npy"),
-            None,
-        ),
-        (
-            cfg.to_str().expect("utf-8").to_string(),
-            fx("yolo26", "y26t_c3.safetensors"),
-            fx("yolo26", "y26t_in_128.npy"),
-            Some("--end2end"),
-        ),
+        ("yolo11n".to_string(), y11, fx("yolo11", "y11n_in_128.npy"), None),
+        (cfg.to_str().expect("utf-8").to_string(), y26.clone(), fx("yolo26", "y26t_in_128.npy"), None),
+        (cfg.to_str().expect("utf-8").to_string(), y26, fx("yolo26", "y26t_in_128.npy"), Some("--end2end")),
     ];
     let wants = [fx("yolo11", "y11n_out_128.npy"), fx("yolo26", "y26t_out_128.npy"), fx("yolo26", "y26t_e2e_128.npy")];
     for ((model, weights, input, extra), want) in cases.iter().zip(&wants) {

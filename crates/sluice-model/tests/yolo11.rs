@@ -24,7 +24,7 @@ fn json() -> serde_json::Value {
 fn model() -> YoloV8 {
     let cfg = YoloConfig::from_model("yolo11n", 3).unwrap();
     assert_eq!(cfg, YoloConfig::new(Scale::N, 3).with_family(Family::V11));
-    YoloV8::load(cfg, fixture("y11n_c3.safetensors"), DType::F32, &Device::Cpu).unwrap()
+    common::seeded_f16(cfg, &fixture("y11n_c3_bn.safetensors"), &json()["state_dict_f16"])
 }
 
 fn input() -> Tensor {

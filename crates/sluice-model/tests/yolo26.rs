@@ -19,7 +19,9 @@ fn fixture(name: &str) -> PathBuf {
 
 fn model() -> YoloV8 {
     let cfg = YoloConfig::new(Scale::custom(0.5, 0.125, 1024).unwrap(), 3).with_family(Family::V26);
-    YoloV8::load(cfg, fixture("y26t_c3.safetensors"), DType::F32, &Device::Cpu).unwrap()
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("y26t_fixture.json")).unwrap()).unwrap();
+    common::seeded_f16(cfg, &fixture("y26t_c3_overlay.safetensors"), &j["state_dict_f16"])
 }
 
 fn npy(name: &str) -> Tensor {

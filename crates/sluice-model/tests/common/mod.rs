@@ -31,6 +31,43 @@ pub(crate) fn seed0_file(dir: &std::path::Path) -> PathBuf {
     p
 }
 
+/// A fixture model whose state dict Ultralytics' script made from torch's seed-0 draws, changed some tensors (the
+/// BatchNorms randomised, ...) and rounded every float to float16: the draws are made here (`YoloV8::new_seeded`,
+/// seed 0) and rounded as the script rounds them, the changed tensors come from `overlay`, and every tensor is held
+/// to `manifest` (key → [dtype, shape, SHA-256 of its float16 bytes]), so a model that is not the fixture's fails
+/// here, not as output drift.
+pub(crate) fn seeded_f16(cfg: YoloConfig, overlay: &std::path::Path, manifest: &serde_json::Value) -> YoloV8 {
+    use sha2::{Digest, Sha256};
+    let mut m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0).unwrap();
+    let sd: std::collections::HashMap<String, Tensor> = m
+        .state_dict()
+        .unwrap()
+        .into_iter()
+        .map(|(k, t)| {
+            let t =
+                if t.dtype() == DType::F32 { t.to_dtype(DType::F16).unwrap().to_dtype(DType::F32).unwrap() } else { t };
+            (k, t)
+        })
+        .collect();
+    m.load_state_dict(&sd, LoadMode::Strict, overlay).unwrap();
+    m.load_weights(overlay, LoadMode::Overlay).unwrap();
+    let manifest = manifest.as_object().unwrap();
+    let sd = m.state_dict().unwrap();
+    let mut differ = Vec::new();
+    for (k, want) in manifest {
+        let t = sd.get(k).unwrap_or_else(|| panic!("no tensor {k}"));
+        let shape: Vec<usize> = want[1].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+        assert_eq!(t.dims(), shape.as_slice(), "{k} shape");
+        let h = t.to_dtype(DType::F16).unwrap().flatten_all().unwrap().to_vec1::<half::f16>().unwrap();
+        let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+        if format!("{:x}", Sha256::digest(&bytes)) != want[2].as_str().unwrap() {
+            differ.push(k.as_str());
+        }
+    }
+    assert!(differ.is_empty(), "{} of {} tensors differ from the fixture's: {differ:?}", differ.len(), manifest.len());
+    m
+}
+
 /// The BN-calibrated yolov8n model of the fixture (seed-0 weights + the BN overlay).
 pub(crate) fn bncal() -> YoloV8 {
     let mut m = seed0();
