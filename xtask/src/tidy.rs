@@ -1,7 +1,6 @@
 //! The rules of `ARCHITECTURE.md` that code can check, on the workspace as it is: which Sluice crate may depend on
 //! which (`cargo metadata`), and that no library crate's source reads an environment variable (configuration comes
-//! in as values; only the `sluice` binary, the `src/bin` of other crates, tests, benches, `sluice-testkit` and
-//! `xtask` read the environment), and that no source file but a test file is longer than [`MAX_LINES`]. The tests
+//! in as values; only the `sluice` binary, tests, benches, `sluice-testkit` and `xtask` read the environment), and that no source file but a test file is longer than [`MAX_LINES`]. The tests
 //! here run them on every `cargo test --workspace`; `cargo xtask tidy` prints what they forbid.
 
 use std::path::{Path, PathBuf};
@@ -125,14 +124,12 @@ fn env_reads(file: &Path, text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `.rs` files under `dir`, recursively, leaving out folders named `bin` when `skip_bin`.
-fn rust_sources(dir: &Path, skip_bin: bool, out: &mut Vec<PathBuf>) -> Result<()> {
+/// The `.rs` files under `dir`, recursively.
+fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
         if path.is_dir() {
-            if !skip_bin || path.file_name().is_some_and(|n| n != "bin") {
-                rust_sources(&path, skip_bin, out)?;
-            }
+            rust_sources(&path, out)?;
         } else if path.extension().is_some_and(|e| e == "rs") {
             out.push(path);
         }
@@ -140,15 +137,15 @@ fn rust_sources(dir: &Path, skip_bin: bool, out: &mut Vec<PathBuf>) -> Result<()
     Ok(())
 }
 
-/// The environment reads in library crates' sources (`crates/*/src`, but `src/bin` and the crates of
-/// [`READS_ENV`]), relative to `root`.
+/// The environment reads in library crates' sources (`crates/*/src`, but the crates of [`READS_ENV`]), relative
+/// to `root`.
 pub(crate) fn library_env_reads(root: &Path) -> Result<Vec<String>> {
     let mut files = Vec::new();
     for krate in std::fs::read_dir(root.join("crates")).context("reading crates/")? {
         let krate = krate?.path();
         let name = krate.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         if krate.join("src").is_dir() && !READS_ENV.contains(&name.as_str()) {
-            rust_sources(&krate.join("src"), true, &mut files)?;
+            rust_sources(&krate.join("src"), &mut files)?;
         }
     }
     files.sort();
@@ -175,7 +172,7 @@ pub(crate) fn oversized_sources(root: &Path) -> Result<Vec<String>> {
     }
     let mut files = Vec::new();
     for d in dirs.iter().filter(|d| d.is_dir()) {
-        rust_sources(d, false, &mut files)?;
+        rust_sources(d, &mut files)?;
     }
     files.retain(|f| f.file_name().is_none_or(|n| n != "tests.rs"));
     files.sort();
