@@ -1,7 +1,9 @@
 //! `cargo xtask ci`: every check CI runs, one after the other, each timed (the figures are printed at the end).
 //!
 //! 1. `cargo fmt --check` of the workspace and of `fuzz/` (its own workspace).
-//! 2. clippy `-D warnings` of the workspace, then its tests.
+//! 2. clippy `-D warnings` of the workspace, then its tests, with object storage (feature `object-store`) on: its
+//!    tests run against a local moto server where python3 has `moto[server]` (`SLUICE_REQUIRE_MOTO=1` makes its
+//!    absence an error, as `.ci/run` does).
 //! 3. `sluice-decode`'s `nvjpeg` backend: clippy and tests (it loads its libraries at run time, so it builds and
 //!    its no-GPU paths are tested everywhere).
 //! 4. `sluice-decode`'s `turbojpeg` backend: clippy and tests, where CMake and NASM are installed
@@ -9,9 +11,7 @@
 //! 5. Data-parallel training on CPU ranks (feature `mpi`): clippy of the crates that have it, `sluice-dist`'s tests
 //!    and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`, where Open MPI is installed
 //!    (`SLUICE_REQUIRE_MPI=1` makes its absence an error, as `.ci/run` does).
-//! 6. Object storage (feature `object-store`): clippy of the crates that have it, and its tests against a local
-//!    moto server where python3 has `moto[server]` (`SLUICE_REQUIRE_MOTO=1` makes its absence an error, as
-//!    `.ci/run` does).
+//! 6. The build without object storage where it differs: `sluice-loader`'s clippy and its URL-split error test.
 //! 7. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
 //!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
 //! 8. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
@@ -81,9 +81,9 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
         crate::ensure_component("clippy", &["clippy", "--version"])?;
         s.cargo("fmt", root, &["fmt", "--all", "--check"])?;
         s.cargo("fmt fuzz/", root, &["fmt", "--all", "--check", "--manifest-path", "fuzz/Cargo.toml"])?;
-        s.cargo("clippy", root, &[&["clippy", "--workspace"][..], CLIPPY_TAIL].concat())?;
+        s.cargo("clippy", root, &[&["clippy", "--workspace", "--features", OBJECT_STORE][..], CLIPPY_TAIL].concat())?;
     }
-    s.cargo("test", root, &["test", "--workspace", "--locked"])?;
+    s.cargo("test", root, &["test", "--workspace", "--locked", "--features", OBJECT_STORE])?;
 
     let nvjpeg = ["-p", "sluice-decode", "--features", "nvjpeg"];
     if checks {
@@ -92,7 +92,7 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     s.cargo("test nvjpeg", root, &[&["test", "--locked"][..], &nvjpeg].concat())?;
     turbojpeg(root, checks, &mut s)?;
     mpi(root, checks, &mut s)?;
-    object_store(root, checks, &mut s)?;
+    without_object_store(root, checks, &mut s)?;
 
     let target = crate::target_dir(root);
     let fuzz_target = target.join("fuzz").to_string_lossy().into_owned();
@@ -164,42 +164,38 @@ fn mpi(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
         );
         return Ok(());
     }
-    let crates = ["-p", "sluice-dist", "-p", "sluice-train", "-p", "sluice-cli", "--features", "mpi"];
+    let features = format!("mpi,{OBJECT_STORE}");
+    let crates = ["-p", "sluice-dist", "-p", "sluice-train", "-p", "sluice-cli", "--features", &features];
     if checks {
         s.cargo("clippy mpi", root, &[&["clippy"][..], &crates, CLIPPY_TAIL].concat())?;
     }
     s.cargo("test mpi: sluice-dist", root, &["test", "--locked", "-p", "sluice-dist", "--features", "mpi"])?;
-    let two_ranks = ["test", "--locked", "-p", "sluice-train", "-p", "sluice-cli", "--features", "mpi"];
+    let two_ranks = ["test", "--locked", "-p", "sluice-train", "-p", "sluice-cli", "--features", &features];
     s.cargo("test mpi: two ranks", root, &[&two_ranks[..], &["--test", "distributed"]].concat())?;
     Ok(())
 }
 
-/// Object storage (feature `object-store`): linted everywhere; its tests run against a local moto server (PyPI's
-/// `moto[server]`), which the tests start themselves, where python3 can import it, and are required where CI says so
-/// (`SLUICE_REQUIRE_MOTO=1`, as `.ci/run` sets after installing it).
-fn object_store(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
-    let features = "sluice-storage/object-store,sluice-loader/object-store,sluice-cli/object-store";
-    let crates = ["-p", "sluice-storage", "-p", "sluice-loader", "-p", "sluice-cli", "--features", features];
+/// The object-storage feature of every crate that has one. The workspace is linted and tested with it on (and the
+/// MPI step too, which then shares the build), so that it builds once with everything else; its tests start a local
+/// moto server (PyPI's `moto[server]`) and skip where python3 cannot import it, unless `SLUICE_REQUIRE_MOTO=1`.
+const OBJECT_STORE: &str = "sluice-storage/object-store,sluice-loader/object-store,sluice-train/object-store,\
+                            sluice-cli/object-store";
+
+/// The build without object storage, where the code differs: `sluice-loader`'s error for a URL split (linted, and
+/// its test run).
+fn without_object_store(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
     if checks {
-        s.cargo("clippy object-store", root, &[&["clippy"][..], &crates, CLIPPY_TAIL].concat())?;
-    }
-    let moto = Command::new("python3").args(["-c", "import moto.server, boto3"]).output();
-    if !moto.is_ok_and(|o| o.status.success()) {
-        if std::env::var_os("SLUICE_REQUIRE_MOTO").is_some_and(|v| v == "1") {
-            bail!("SLUICE_REQUIRE_MOTO=1 but python3 cannot import moto.server: the object-storage tests cannot run");
-        }
-        eprintln!("xtask: skipped the object-storage tests (install moto: `pip install 'moto[server]'`)");
-        return Ok(());
+        s.cargo(
+            "clippy sluice-loader without object-store",
+            root,
+            &[&["clippy", "-p", "sluice-loader"][..], CLIPPY_TAIL].concat(),
+        )?;
     }
     s.cargo(
-        "test object-store: sluice-storage",
+        "test sluice-loader without object-store",
         root,
-        &["test", "--locked", "-p", "sluice-storage", "--features", "object-store"],
-    )?;
-    let remote =
-        ["test", "--locked", "-p", "sluice-loader", "-p", "sluice-cli", "--features", features, "--test", "remote"];
-    s.cargo("test object-store: loader and train", root, &remote)?;
-    Ok(())
+        &["test", "--locked", "-p", "sluice-loader", "--test", "remote"],
+    )
 }
 
 /// Whether `tool --version` runs.
