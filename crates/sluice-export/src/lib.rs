@@ -15,6 +15,7 @@
 pub mod error;
 pub mod metadata;
 pub mod onnx;
+pub mod pb;
 
 pub use error::{ExportError, Result};
 pub use metadata::{ExportArgs, Metadata};

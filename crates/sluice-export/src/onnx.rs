@@ -1,22 +1,22 @@
-//! The ONNX writer: a [`Graph`] of `sluice-model` becomes an ONNX `ModelProto` (tract-onnx's prost-generated
-//! `onnx.proto` types, encoded by prost) in Ultralytics' layout: input `images` `(B, 3, H, W)`, output `output0` `(B, 4 + nc, anchors)`,
+//! The ONNX writer: a [`Graph`] of `sluice-model` becomes an ONNX `ModelProto` (the prost types of [`crate::pb`],
+//! encoded by prost) in Ultralytics' layout: input `images` `(B, 3, H, W)`, output `output0` `(B, 4 + nc, anchors)`,
 //! the anchors computed inside the graph from the feature maps' shapes so that one graph serves fixed and symbolic
 //! input sizes.
 
 use prost::Message;
 use sluice_model::candle_core::{DType, Tensor};
 use sluice_model::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Op};
-use tract_onnx::pb::attribute_proto::AttributeType;
-use tract_onnx::pb::tensor_proto::DataType;
-use tract_onnx::pb::tensor_shape_proto::{Dimension, dimension};
-use tract_onnx::pb::type_proto;
-use tract_onnx::pb::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto,
-};
 
 use crate::error::{ExportError, Result};
 use crate::metadata::Metadata;
+use crate::pb::attribute_proto::AttributeType;
+use crate::pb::tensor_proto::DataType;
+use crate::pb::tensor_shape_proto::{Dimension, dimension};
+use crate::pb::type_proto;
+use crate::pb::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto,
+};
 
 /// The lowest and highest opsets the writer emits (every operator it uses has its current form from 13 on;
 /// Ultralytics' exports are 17 and newer).
