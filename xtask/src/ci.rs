@@ -11,7 +11,8 @@
 //! 5. Data-parallel training on CPU ranks (feature `mpi`): clippy of the crates that have it, `sluice-dist`'s tests
 //!    and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`, where Open MPI is installed
 //!    (`SLUICE_REQUIRE_MPI=1` makes its absence an error, as `.ci/run` does).
-//! 6. The build without object storage where it differs: `sluice-loader`'s clippy and its URL-split error test.
+//! 6. The builds without a feature where the code differs: `sluice-loader` without object storage (clippy and its
+//!    URL-split error test), and `sluice-eval` without candle (clippy).
 //! 7. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
 //!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
 //! 8. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
@@ -93,6 +94,14 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     turbojpeg(root, checks, &mut s)?;
     mpi(root, checks, &mut s)?;
     without_object_store(root, checks, &mut s)?;
+    if checks {
+        // The host crate of evaluation alone, as a user of its metrics builds it: no candle.
+        s.cargo(
+            "clippy sluice-eval without candle",
+            root,
+            &[&["clippy", "-p", "sluice-eval"][..], CLIPPY_TAIL].concat(),
+        )?;
+    }
 
     let target = crate::target_dir(root);
     let fuzz_target = target.join("fuzz").to_string_lossy().into_owned();
