@@ -49,7 +49,7 @@ pub mod schedule;
 pub mod settings;
 
 pub use checkpoint::{FORMAT, read_user_metadata};
-pub use driver::{BatchOutcome, GradReduce, Optimization};
+pub use driver::{BatchOutcome, GradReduce, Optimization, StepOptions, StepPath};
 pub use ema::ModelEma;
 pub use error::{OptimError, Result};
 pub use groups::{Group, ParamGroups};

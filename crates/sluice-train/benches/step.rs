@@ -7,7 +7,7 @@ use candle_core::{DType, Device};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_core::Transfer;
 use sluice_model::{DetectionLoss, Mode, YoloV8};
-use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape};
+use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, StepOptions, StepPath};
 use sluice_train::step_cost::synthetic_batch;
 use sluice_train::train::loss_path::step_loss;
 use sluice_transfer::DeviceTransfer;
@@ -28,8 +28,9 @@ fn step(c: &mut Criterion) {
     for dense in [false, true] {
         let settings = OptimSettings { optimizer: OptimizerKind::Sgd, nbs: BATCH, ..OptimSettings::default() };
         let shape = RunShape { batch: BATCH, epochs: 100, batches_per_epoch: 1000, train_images: 1000 * BATCH };
-        let mut opt = Optimization::new(&model, &settings, shape).expect("optimization");
-        opt.set_device_checks(dense);
+        let path = if dense { StepPath::Device } else { StepPath::Host };
+        let step = StepOptions { path, loss_scaling: None };
+        let mut opt = Optimization::with_step(&model, &settings, shape, step).expect("optimization");
         let mut ni = 0;
         let name = if dense { "dense_loss_device_checks" } else { "host_loss" };
         g.bench_function(name, |b| {

@@ -22,7 +22,7 @@ use sluice_model::{DetectionLoss, Mode, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
 use crate::error::{Context, Result};
-use crate::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings};
+use crate::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings, StepOptions, StepPath};
 use crate::train::DevicePaths;
 use crate::train::loss_path::step_loss;
 use crate::train::validate::{BatchWork, batch_on_device};
@@ -259,14 +259,11 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     // Every batch an optimizer step (nbs = batch): the record holds one whole step, as the peer's.
     let settings = OptimSettings { optimizer: opts.optimizer, nbs: opts.batch, ..OptimSettings::default() };
     let shape = RunShape { batch: opts.batch, epochs: 100, batches_per_epoch: 100, train_images: 100 * opts.batch };
-    let mut opt = Optimization::new(&model, &settings, shape)?;
-    // The GPU's defaults: clipping and the skip on the device; the fused step only on request.
-    opt.set_device_checks(true);
-    // The opt-in multi-tensor step, when asked for: its CPU twin stands for the CUDA kernels.
-    opt.set_fused_step(opts.device_paths.fused_step, &model)?;
-    if opts.amp == Some(DType::F16) {
-        opt.set_loss_scaling(Some(ScalerSettings::default()), &model)?;
-    }
+    // The GPU's defaults: clipping and the skip on the device; the multi-tensor step only on request (its CPU twin
+    // stands for the CUDA kernels).
+    let path = if opts.device_paths.fused_step { StepPath::DeviceFused } else { StepPath::Device };
+    let loss_scaling = (opts.amp == Some(DType::F16)).then(ScalerSettings::default);
+    let mut opt = Optimization::with_step(&model, &settings, shape, StepOptions { path, loss_scaling })?;
     let loss = DetectionLoss::new(opts.nc);
     let transfer = DeviceTransfer::new(&device, DType::F32)?;
     let mut readback = Readback::new(&device)?;

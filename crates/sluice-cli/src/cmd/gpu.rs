@@ -533,7 +533,9 @@ mod imp {
     /// are fixed random tensors (so the model's own numerics play no part), one of them clipped, then a step with a
     /// non-finite gradient, which must change nothing but the scale.
     fn optimizer_checks(gpu: &Device, rng: &mut RngStream, checks: &mut Vec<Check>) -> Result<()> {
-        use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings};
+        use sluice_train::optim::{
+            OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings, StepOptions, StepPath,
+        };
         let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
         let names: Vec<String> = {
             let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0)?;
@@ -561,13 +563,10 @@ mod imp {
                 let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
                 let shape = RunShape { batch: 64, epochs: 3, batches_per_epoch: 4, train_images: 256 };
                 let settings = OptimSettings { optimizer: kind, warmup_epochs: 0.0, ..OptimSettings::default() };
-                let mut opt = Optimization::new(&m, &settings, shape)?;
-                opt.set_device_checks(true);
                 // The GPU runs the fused passes, the CPU the composed ops (the reference).
-                if opt.set_fused_step(d.is_cuda(), &m)? != d.is_cuda() {
-                    bail!("the fused step did not turn on");
-                }
-                opt.set_loss_scaling(Some(ScalerSettings::default()), &m)?;
+                let path = if d.is_cuda() { StepPath::DeviceFused } else { StepPath::Device };
+                let step = StepOptions { path, loss_scaling: Some(ScalerSettings::default()) };
+                let mut opt = Optimization::with_step(&m, &settings, shape, step)?;
                 let loss_of = |step: usize, factor: f64| -> Result<Tensor> {
                     let mut total: Option<Tensor> = None;
                     for (n, c) in names.iter().zip(&coefs[step]) {

@@ -87,16 +87,47 @@ pub struct Optimization {
     pub(crate) pending: Vec<Option<Tensor>>,
     pub(crate) steps: u64,
     pub(crate) skipped: u64,
-    /// Clip and skip on the device ([`Optimization::set_device_checks`]).
+    /// Clip and skip on the device ([`StepPath::Device`]).
     pub(crate) device_checks: bool,
     /// Device-side skips not yet read: a scalar float32 count.
     pub(crate) device_skips: Option<Tensor>,
     /// The data-parallel gradient combination ([`Optimization::set_grad_reduce`]).
     pub(crate) grad_reduce: Option<Box<dyn GradReduce>>,
-    /// Dynamic loss scaling ([`Optimization::set_loss_scaling`]).
+    /// Dynamic loss scaling ([`StepOptions::loss_scaling`]).
     pub(crate) scaler: Option<LossScaler>,
-    /// The device step as one pass per stage over every tensor ([`Optimization::set_fused_step`]).
+    /// The device step as one pass per stage over every tensor ([`StepPath::DeviceFused`]).
     pub(crate) fused: Option<MultiTensor>,
+}
+
+/// Where the optimizer step's gradient checks run; fixed when the optimization is built
+/// ([`Optimization::with_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StepPath {
+    /// Clipping and the non-finite skip from the gradient norm read on the host at every step (the CPU's path).
+    #[default]
+    Host,
+    /// Clipping and the non-finite skip on the device, with no read: for GPUs, where reading the gradient norm at
+    /// every step would stall the device. The clip factor is a tensor, and the optimizer step and the EMA update
+    /// are kept only where the norm is finite ([`Optimizer::step_masked`]); skipped steps are summed on the device
+    /// and read by [`Optimization::take_device_skips`]. With finite gradients the result equals the host path's
+    /// bit for bit. A skipped step still advances the step counters (Adam's bias correction, the EMA's decay), and
+    /// [`BatchOutcome::grad_norm`] is `None`.
+    Device,
+    /// As [`StepPath::Device`], with the step's norm, clip, update and EMA as one pass each over every tensor
+    /// ([`sluice_kernels::multi_tensor`]: four kernels on a GPU instead of thousands of small ones), for SGD, Adam
+    /// and AdamW, and for MuSGD's SGD parameters (its Muon update is matrix work and keeps the composed ops, masked
+    /// by the fused norm). The arithmetic is the composed ops'; only the norm sums in another order.
+    DeviceFused,
+}
+
+/// How the optimizer step runs, given once to [`Optimization::with_step`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepOptions {
+    /// Where the gradient checks run.
+    pub path: StepPath,
+    /// Float16 mixed precision's dynamic loss scaling (`GradScaler`); `None` without. On the device paths the scale
+    /// lives on the model's device.
+    pub loss_scaling: Option<ScalerSettings>,
 }
 
 impl BatchOutcome {
@@ -113,8 +144,26 @@ impl std::fmt::Debug for dyn GradReduce {
 }
 
 impl Optimization {
+    /// [`Optimization::new`] with the step run as `step` says.
+    pub fn with_step(model: &YoloV8, settings: &OptimSettings, shape: RunShape, step: StepOptions) -> Result<Self> {
+        let mut s = Self::new(model, settings, shape)?;
+        s.device_checks = step.path != StepPath::Host;
+        if step.path == StepPath::DeviceFused {
+            s.fused = Some(MultiTensor::new(model.device())?);
+        }
+        if let Some(settings) = step.loss_scaling {
+            let mut scaler = LossScaler::new(settings);
+            if s.device_checks {
+                scaler.to_device(model.device())?;
+            }
+            s.scaler = Some(scaler);
+        }
+        Ok(s)
+    }
+
     /// Builds the optimizer for `model` (parameter groups, `auto` resolved for `model`'s class count), the
-    /// schedule and warmup for a run of this shape, and the EMA (a copy of `model` as it is now).
+    /// schedule and warmup for a run of this shape, and the EMA (a copy of `model` as it is now), with the host's
+    /// step path and no loss scaling ([`Optimization::with_step`] takes them).
     pub fn new(model: &YoloV8, settings: &OptimSettings, shape: RunShape) -> Result<Self> {
         let resolved = resolve(settings, model.config().nc, &shape)?;
         let schedule =
@@ -224,22 +273,6 @@ impl Optimization {
     /// Steps skipped because the loss or the gradient norm was not finite.
     pub fn skipped(&self) -> u64 {
         self.skipped
-    }
-
-    /// Float16 mixed precision: dynamic loss scaling with `settings` (`None` switches it off). Call it after
-    /// [`Optimization::set_device_checks`]: with device checks on, the scale lives on the model's device.
-    pub fn set_loss_scaling(&mut self, settings: Option<ScalerSettings>, model: &YoloV8) -> Result<()> {
-        self.scaler = match settings {
-            None => None,
-            Some(s) => {
-                let mut scaler = LossScaler::new(s);
-                if self.device_checks {
-                    scaler.to_device(model.device())?;
-                }
-                Some(scaler)
-            }
-        };
-        Ok(())
     }
 
     /// The loss scaler's state (one device read where the scale lives there); `None` without loss scaling.
@@ -389,27 +422,6 @@ impl Optimization {
             s.update(false);
         }
         Ok(BatchOutcome { stepped: true, grad_norm: Some(norm), ..BatchOutcome::accumulated(accumulate) })
-    }
-
-    /// Clipping and the non-finite skip on the device, with no read: for GPUs, where reading the gradient norm at
-    /// every step would stall the device. The clip factor is a tensor, and the optimizer step and the EMA update
-    /// are kept only where the norm is finite ([`Optimizer::step_masked`]); skipped steps are summed on the device
-    /// and read by [`Optimization::take_device_skips`]. With finite gradients the result equals the host path's
-    /// bit for bit. A skipped step still advances the step counters (Adam's bias correction, the EMA's decay), and
-    /// [`BatchOutcome::grad_norm`] is `None`.
-    pub fn set_device_checks(&mut self, on: bool) {
-        self.device_checks = on;
-    }
-
-    /// With device checks on, runs the step's norm, clip, update and EMA as one pass each over every tensor
-    /// ([`sluice_kernels::multi_tensor`]: four kernels on a GPU instead of thousands of small ones), for SGD, Adam
-    /// and AdamW, and for MuSGD's SGD parameters (its Muon update is matrix work and keeps the composed ops, masked
-    /// by the fused norm). The arithmetic is the composed ops'; only the norm sums in another order. Returns whether
-    /// it is on (off without device checks).
-    pub fn set_fused_step(&mut self, on: bool, model: &YoloV8) -> Result<bool> {
-        let supported = self.device_checks && self.fused_rule().is_some();
-        self.fused = if on && supported { Some(MultiTensor::new(model.device())?) } else { None };
-        Ok(self.fused.is_some())
     }
 
     fn fused_rule(&self) -> Option<multi_tensor::Rule> {

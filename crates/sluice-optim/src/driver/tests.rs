@@ -91,9 +91,10 @@ fn device_checks_equal_the_host_path_and_mask_a_non_finite_step() {
         let seeded = || YoloV8::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 3).unwrap();
         let (host_m, dev_m) = (seeded(), seeded());
         let mut host = Optimization::new(&host_m, &settings, shape).unwrap();
-        let mut dev = Optimization::new(&dev_m, &settings, shape).unwrap();
-        dev.set_device_checks(true);
-        assert_eq!(dev.set_fused_step(fused, &dev_m).unwrap(), fused);
+        let path = if fused { StepPath::DeviceFused } else { StepPath::Device };
+        let step = StepOptions { path, loss_scaling: None };
+        let mut dev = Optimization::with_step(&dev_m, &settings, shape, step).unwrap();
+        assert_eq!(dev.fused.is_some(), fused);
         // Large gradients (clipped) and small ones, over three optimizer steps.
         for (ni, c) in
             [[30.0f32, -40.0], [0.5, 1.0], [-2.0, 3.0], [0.1, 0.2], [50.0, 5.0], [1.0, -1.0]].iter().enumerate()
@@ -156,12 +157,12 @@ fn musgd_takes_the_fused_step_for_its_sgd_parameters() {
     };
     let seeded = || YoloV8::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 4).unwrap();
     let (a_m, b_m) = (seeded(), seeded());
-    let mut a = Optimization::new(&a_m, &settings, shape).unwrap();
-    let mut b = Optimization::new(&b_m, &settings, shape).unwrap();
+    let device = StepOptions { path: StepPath::Device, loss_scaling: None };
+    let mut a = Optimization::with_step(&a_m, &settings, shape, device).unwrap();
+    let fused = StepOptions { path: StepPath::DeviceFused, loss_scaling: None };
+    let mut b = Optimization::with_step(&b_m, &settings, shape, fused).unwrap();
     assert_eq!(a.resolved().rule, Rule::MuSgd);
-    a.set_device_checks(true);
-    b.set_device_checks(true);
-    assert!(b.set_fused_step(true, &b_m).unwrap());
+    assert!(b.fused.is_some());
     for (ni, scale) in [1.0f32, 300.0, 0.5, f32::NAN].into_iter().enumerate() {
         a.batch_known_finite(&a_m, &loss(&a_m, scale), true, ni, 0).unwrap();
         b.batch_known_finite(&b_m, &loss(&b_m, scale), true, ni, 0).unwrap();
@@ -196,10 +197,14 @@ fn loss_scaling_matches_torch_grad_scaler() {
         let m = model();
         let b = m.var(BIAS).unwrap();
         b.set(&Tensor::new(init.as_slice(), &Device::Cpu).unwrap()).unwrap();
-        let mut opt = Optimization::new(&m, &sgd(0.0), shape).unwrap();
-        opt.set_device_checks(device_checks);
-        assert_eq!(opt.set_fused_step(fused, &m).unwrap(), fused);
-        opt.set_loss_scaling(Some(settings), &m).unwrap();
+        let path = match (device_checks, fused) {
+            (false, _) => StepPath::Host,
+            (true, false) => StepPath::Device,
+            (true, true) => StepPath::DeviceFused,
+        };
+        let step = StepOptions { path, loss_scaling: Some(settings) };
+        let mut opt = Optimization::with_step(&m, &sgd(0.0), shape, step).unwrap();
+        assert_eq!(opt.fused.is_some(), fused);
         let mut overflows = 0;
         for (ni, step) in steps.iter().enumerate() {
             let c = f32s(&step["c"]);
@@ -234,9 +239,7 @@ fn loss_scaling_matches_torch_grad_scaler() {
         let path = dir.path().join("last.safetensors");
         opt.save_state(&m, &path, &serde_json::json!({})).unwrap();
         let mut m2 = model();
-        let mut again = Optimization::new(&m2, &sgd(0.0), shape).unwrap();
-        again.set_device_checks(device_checks);
-        again.set_loss_scaling(Some(settings), &m2).unwrap();
+        let mut again = Optimization::with_step(&m2, &sgd(0.0), shape, step).unwrap();
         again.load_state(&mut m2, &path).unwrap();
         assert_eq!(again.loss_scale().unwrap(), opt.loss_scale().unwrap());
     }

@@ -26,7 +26,7 @@ use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
 use super::validate::{ValOptions, validate_on};
 use crate::dist::Dist;
 use crate::error::{Context, Result};
-use crate::optim::{Optimization, RunShape, ScalerSettings};
+use crate::optim::{Optimization, RunShape, ScalerSettings, StepOptions, StepPath};
 use sluice_infer::{device_of, load_model, rank_device};
 
 /// A message of the set-up, kept until the run has an observer.
@@ -280,13 +280,9 @@ impl Trainer {
             batches_per_epoch: train.len(),
             train_images: train.source().index().len(),
         };
-        let mut opt = Optimization::new(&model, &cfg.optim, shape)?;
-        // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step).
-        opt.set_device_checks(dense_on(&device, cfg.dense_loss));
         // The device paths no device run has passed yet are opt-in (`DevicePaths`); by default a GPU takes the
         // composed optimizer step and cuDNN's heuristic algorithm choice.
         let opt_in = cfg.device_paths;
-        let fused = device.is_cuda() && opt_in.fused_step;
         sluice_kernels::conv::search::set_algorithm_search(opt_in.cudnn_search.kernels(), cfg.deterministic);
         if !opt_in.enabled().is_empty() && device.is_cuda() {
             notes.push(Note::Info(format!(
@@ -294,11 +290,15 @@ impl Trainer {
                 opt_in.enabled().join(", ")
             )));
         }
-        opt.set_fused_step(fused, &model)?;
-        // Float16's range needs loss scaling (`GradScaler`); bfloat16 has float32's.
-        if half == Some(DType::F16) {
-            opt.set_loss_scaling(Some(ScalerSettings::default()), &model)?;
-        }
+        // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step), fused into
+        // multi-tensor passes on request. Float16's range needs loss scaling (`GradScaler`); bfloat16 has float32's.
+        let path = match (dense_on(&device, cfg.dense_loss), device.is_cuda() && opt_in.fused_step) {
+            (false, _) => StepPath::Host,
+            (true, false) => StepPath::Device,
+            (true, true) => StepPath::DeviceFused,
+        };
+        let loss_scaling = (half == Some(DType::F16)).then(ScalerSettings::default);
+        let mut opt = Optimization::with_step(&model, &cfg.optim, shape, StepOptions { path, loss_scaling })?;
         if dist.is_distributed() {
             opt.set_grad_reduce(dist.grad_reduce());
         }
