@@ -230,13 +230,30 @@ fn send(child: &mut Child, _sig: Signal) -> std::io::Result<()> {
     child.kill()
 }
 
-/// Puts the worker in its own process group and, on Linux, asks for SIGTERM when the launcher dies.
+/// Puts the worker in its own process group with SIGINT and SIGTERM at their default actions and, on Linux, asks
+/// for SIGTERM when the launcher dies.
 #[cfg(unix)]
 fn detach(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     // A terminal's Ctrl-C goes to the whole foreground group: the workers would get it twice, once from the
     // terminal and once forwarded, and a second SIGINT usually means "stop without saving".
     cmd.process_group(0);
+    // A launcher started in the background of a non-interactive shell (`sluice train --nproc 2 &`, `nohup`, a CI
+    // job) has SIGINT ignored, and an ignored signal stays ignored across exec: its workers would never see the stop
+    // it forwards. They start with SIGINT and SIGTERM at their default actions; the launcher decides what reaches
+    // them.
+    // SAFETY: the closure runs between fork and exec and calls only signal(2), which is async-signal-safe, and
+    // allocates nothing (an `io::Error` from errno holds no heap data).
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM] {
+                if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
     #[cfg(target_os = "linux")]
     {
         let parent = libc::pid_t::try_from(std::process::id()).ok();
