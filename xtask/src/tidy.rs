@@ -37,6 +37,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sluice-decode",
             "sluice-eval",
             "sluice-kernels",
+            "sluice-loader",
             "sluice-model",
             "sluice-optim",
             "sluice-transfer",

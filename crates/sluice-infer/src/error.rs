@@ -1,10 +1,11 @@
 //! The inference crate's error: each variant names the file, image or device it concerns.
 
+use std::fmt::Display;
 use std::path::PathBuf;
 
 use sluice_model::ModelError;
 
-/// What can go wrong while loading a model or predicting.
+/// What can go wrong while loading a model, predicting or validating.
 #[derive(Debug, thiserror::Error)]
 pub enum InferError {
     /// A device name that is not one this build can open.
@@ -69,6 +70,79 @@ pub enum InferError {
     /// Listing the sources failed.
     #[error(transparent)]
     Dataset(#[from] sluice_dataset::DatasetError),
+    /// A failure described in words.
+    #[error("{0}")]
+    Msg(String),
+    /// What validation was doing when `inner` happened.
+    #[error("{context}: {inner}")]
+    Context {
+        /// What was being done.
+        context: String,
+        /// The cause (its message is part of this one's, so it is not also reported as `source`).
+        inner: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Candle(Box<sluice_model::candle_core::Error>),
+    /// The model could not be built or run.
+    #[error(transparent)]
+    ModelOp(Box<ModelError>),
+    /// Post-processing or the metric failed.
+    #[error(transparent)]
+    Eval(Box<sluice_eval::Error>),
+    /// A loader stage or the transfer failed (the message names the sample).
+    #[error(transparent)]
+    Stage(Box<sluice_core::Error>),
+    /// A split could not be indexed or read.
+    #[error(transparent)]
+    Data(Box<sluice_loader::DataError>),
+}
+
+/// Causes from the crates validation runs on, boxed so that the error stays small.
+macro_rules! boxed_from {
+    ($($variant:ident: $ty:ty),* $(,)?) => {
+        $(impl From<$ty> for InferError {
+            fn from(e: $ty) -> Self {
+                InferError::$variant(Box::new(e))
+            }
+        })*
+    };
+}
+
+boxed_from! {
+    Candle: sluice_model::candle_core::Error,
+    ModelOp: ModelError,
+    Eval: sluice_eval::Error,
+    Stage: sluice_core::Error,
+    Data: sluice_loader::DataError,
+}
+
+/// Adds what was being done to an error or a missing value, as `anyhow::Context` does.
+pub trait Context<T> {
+    /// Wraps the error in `context`.
+    fn context(self, context: impl Display) -> Result<T>;
+    /// Wraps the error in the context `f` makes (only called on error).
+    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> Context<T> for std::result::Result<T, E> {
+    fn context(self, context: impl Display) -> Result<T> {
+        self.map_err(|e| InferError::Context { context: context.to_string(), inner: Box::new(e) })
+    }
+
+    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T> {
+        self.map_err(|e| InferError::Context { context: f().to_string(), inner: Box::new(e) })
+    }
+}
+
+impl<T> Context<T> for Option<T> {
+    fn context(self, context: impl Display) -> Result<T> {
+        self.ok_or_else(|| InferError::Msg(context.to_string()))
+    }
+
+    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T> {
+        self.ok_or_else(|| InferError::Msg(f().to_string()))
+    }
 }
 
 /// This crate's result type.

@@ -10,24 +10,43 @@ use sluice_model::{LoadMode, YoloV8};
 
 use crate::error::{InferError, Result};
 
-/// The part of a training checkpoint's stored run configuration that inference needs.
-#[derive(Deserialize)]
-struct StoredRun {
-    model: String,
+/// The part of a training checkpoint's stored run configuration that inference and `sluice val` need.
+#[derive(Debug, Deserialize)]
+pub(crate) struct StoredRun {
+    /// The model name.
+    pub(crate) model: String,
+    /// The dataset YAML.
+    #[serde(default)]
+    pub(crate) data: Option<std::path::PathBuf>,
+    /// The training image size.
+    #[serde(default)]
+    pub(crate) imgsz: Option<u32>,
+    /// The training batch (`-1`: AutoBatch).
+    #[serde(default)]
+    pub(crate) batch: Option<i64>,
+    /// Where the run kept its caches.
+    #[serde(default)]
+    pub(crate) cache_dir: Option<std::path::PathBuf>,
+}
+
+/// The run configuration stored in a `sluice train` checkpoint: `None` for any other file, `Some(Err)` for a
+/// checkpoint whose stored configuration is unreadable.
+pub(crate) fn stored_run(weights: &Path) -> Option<Result<StoredRun>> {
+    let user = sluice_optim::read_user_metadata(weights).ok()?;
+    let bad = |reason: String| InferError::Weights { path: weights.to_path_buf(), reason };
+    Some(match user.get("config").and_then(serde_json::Value::as_str) {
+        Some(config) => {
+            serde_yaml_ng::from_str::<StoredRun>(config).map_err(|e| bad(format!("the stored run configuration: {e}")))
+        }
+        None => Err(bad("a training checkpoint without its run configuration".into())),
+    })
 }
 
 /// The model name a `sluice train` checkpoint was trained with (the `model` key of the run configuration that the
 /// trainer stores in the checkpoint's metadata, as `config`): `None` for any other file, `Some(Err)` for a
 /// checkpoint whose stored configuration does not say.
 pub fn checkpoint_model(weights: &Path) -> Option<Result<String>> {
-    let user = sluice_optim::read_user_metadata(weights).ok()?;
-    let bad = |reason: String| InferError::Weights { path: weights.to_path_buf(), reason };
-    Some(match user.get("config").and_then(serde_json::Value::as_str) {
-        Some(config) => serde_yaml_ng::from_str::<StoredRun>(config)
-            .map(|run| run.model)
-            .map_err(|e| bad(format!("the stored run configuration: {e}"))),
-        None => Err(bad("a training checkpoint without its run configuration".into())),
-    })
+    stored_run(weights).map(|run| run.map(|r| r.model))
 }
 
 /// A model for validation or prediction from `weights`: a training checkpoint (its EMA weights, architecture from

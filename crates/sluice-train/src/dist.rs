@@ -315,6 +315,21 @@ impl Dist {
     }
 }
 
+/// Validation shares its batches among the ranks through the same collectives.
+impl sluice_infer::Ranks for Dist {
+    fn is_distributed(&self) -> bool {
+        Dist::is_distributed(self)
+    }
+
+    fn gather_bytes(&self, mine: &[u8]) -> std::result::Result<Vec<Vec<u8>>, sluice_infer::validate::BoxError> {
+        Ok(Dist::gather_bytes(self, mine)?)
+    }
+
+    fn sum_f64(&self, values: &mut [f64]) -> std::result::Result<(), sluice_infer::validate::BoxError> {
+        Ok(Dist::sum_f64(self, values)?)
+    }
+}
+
 /// Every variable of `model` (parameters and BatchNorm statistics), sorted by name: the same order on every rank.
 pub fn all_vars(model: &sluice_model::YoloV8) -> Vec<(String, Var)> {
     // A poisoned lock means another thread panicked while holding it; the map itself is intact.

@@ -24,8 +24,8 @@ use sluice_transfer::{DeviceTransfer, Readback};
 use crate::error::{Context, Result};
 use crate::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings, StepOptions, StepPath};
 use crate::train::DevicePaths;
-use crate::train::loss_path::step_loss;
-use crate::train::validate::{BatchWork, batch_on_device};
+use sluice_infer::loss_path::{Items, step_loss};
+use sluice_infer::validate::{BatchWork, batch_on_device};
 
 /// The phases of a training step, in order, then the validation batch.
 pub const PHASES: [&str; 6] = ["forward", "loss", "backward", "optimizer", "ema", "val"];
@@ -275,7 +275,7 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
         ledger::set_phase("loss");
         let l = step_loss(&loss, &raw, batch, &x, true)?;
         // The trainer queues the items for an asynchronous read.
-        if let crate::train::loss_path::Items::Device(t) = &l.items {
+        if let Items::Device(t) = &l.items {
             readback.submit(ni as u64, t, &mut landed)?;
             while readback.wait(&mut landed)?.is_some() {}
         }

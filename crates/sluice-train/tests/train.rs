@@ -12,12 +12,12 @@ use sluice_dataset::Split;
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_infer::load_model;
 use sluice_infer::predict::{PredictOptions, Predictor};
+use sluice_infer::{DevicePaths, ValRequest, ValSettings, parse_device_paths, validate_weights};
 use sluice_model::candle_core::Device;
 use sluice_model::{Arch, Family, Scale};
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
-    BatchEvent, CacheMode, DevicePaths, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary,
-    Trainer, ValRequest, ValSettings, parse_device_paths, validate_weights,
+    BatchEvent, CacheMode, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer,
 };
 
 #[derive(Default)]

@@ -101,8 +101,8 @@ mod imp {
     use serde::Serialize;
     use sluice_core::{Batch, BatchShape, BoxXyxy, RngStream, Target, Transfer, sample_rng};
     use sluice_eval::{ShrinkParams, shrink};
+    use sluice_infer::loss_path::{dense_on, step_loss};
     use sluice_kernels::{conv, dfl, loss, norm, pool};
-    use sluice_train::train::loss_path::{dense_on, step_loss};
     use sluice_transfer::{CpuTransfer, CudaTransfer};
 
     #[derive(Debug, Serialize)]

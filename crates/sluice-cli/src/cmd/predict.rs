@@ -51,7 +51,7 @@ pub(crate) struct Args {
     /// Device paths not yet verified on a device, turned on for this run (off by default): `device_nms` (batched
     /// NMS kernels where the predictions are, one read of the kept rows) applies to prediction.
     #[arg(long, value_name = "LIST", value_parser = sluice_train::train::parse_device_paths)]
-    device_paths: Option<sluice_train::train::DevicePaths>,
+    device_paths: Option<sluice_infer::DevicePaths>,
     /// Half-precision inference on a CUDA device (Ultralytics' `half`: the fused model in float16); the CPU predicts
     /// in f32, as Ultralytics.
     #[arg(long)]

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::Serialize;
 use sluice_dataset::Split;
+use sluice_infer::{ValRequest, validate_weights};
 use sluice_train::train::telemetry::ValTelemetry;
-use sluice_train::train::{ValRequest, validate_weights};
 
 /// Arguments of `sluice val`.
 #[derive(Debug, clap::Args)]
@@ -49,7 +49,7 @@ pub(crate) struct Args {
     /// NMS kernels on the device, only the kept rows copied, instead of NMS on the post-process workers after the
     /// device-side shrink) and `gpu_timer` (the GPU's busy share from CUDA events) apply to validation.
     #[arg(long, value_name = "LIST", value_parser = sluice_train::train::parse_device_paths)]
-    device_paths: Option<sluice_train::train::DevicePaths>,
+    device_paths: Option<sluice_infer::DevicePaths>,
     /// Half-precision inference on a CUDA device (Ultralytics' `half`: the fused model in float16, the metrics
     /// from its outputs in f32); the CPU validates in f32, as Ultralytics.
     #[arg(long)]

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use sluice_augment::Hyp;
 use sluice_model::{Arch, LossGains};
 
-use super::device_paths::DevicePaths;
 use crate::optim::OptimSettings;
+use sluice_infer::DevicePaths;
 pub use sluice_loader::{CacheMode, ParseCacheModeError, ReadFrom};
 
 /// Ultralytics' `amp` setting: `true` / `fp16` (float16 with dynamic loss scaling), `bf16` (bfloat16, no
@@ -164,7 +164,7 @@ pub struct TrainConfig {
     #[serde(flatten)]
     pub device_paths: DevicePaths,
     /// The device's loss path (the task-aligned assigner and the loss as tensor ops on the padded targets table,
-    /// [`super::loss_path`]) on the CPU too; a device always takes it. The two agree to float rounding, so this is
+    /// [`sluice_infer::loss_path`]) on the CPU too; a device always takes it. The two agree to float rounding, so this is
     /// how the device path runs end to end on a machine without a GPU.
     pub dense_loss: bool,
     /// Optimizer and schedule.
@@ -360,6 +360,11 @@ impl TrainConfig {
     /// Loss gains for the model crate.
     pub fn loss_gains(&self) -> LossGains {
         LossGains { box_gain: self.gains.box_gain, cls: self.gains.cls, dfl: self.gains.dfl }
+    }
+
+    /// `opts` with this run's validation device paths (`device_nms`, `gpu_timer`) and its `dense_loss`.
+    pub fn val_options(&self, opts: sluice_infer::ValOptions) -> sluice_infer::ValOptions {
+        opts.with_paths(&self.device_paths, self.dense_loss)
     }
 
     /// Whether `epoch` (0-based) is validated.

@@ -12,7 +12,6 @@ use sluice_loader::SourceStats;
 use sluice_model::Mode;
 
 use super::events::{BatchEvent, EpochEvent, FirstBatchEvent, Observer};
-use super::loss_path::{Items, step_loss};
 use super::results::{EpochRow, JsonLines, ResultsCsv};
 use super::run::Trainer;
 use super::state::Metrics;
@@ -20,8 +19,9 @@ use super::telemetry::{
     CacheTelemetry, EpochTelemetry, LoopTimes, LossScaleTelemetry, PoolTelemetry, StepSpread, SyncTelemetry,
     ValTelemetry,
 };
-use super::validate::{ValOptions, validate_on};
 use crate::error::{Context, Result};
+use sluice_infer::loss_path::{Items, step_loss};
+use sluice_infer::{ValOptions, validate_on};
 
 /// What [`Trainer::train_epoch`] hands to [`Trainer::end_epoch`].
 #[derive(Debug)]
@@ -173,7 +173,7 @@ impl Trainer {
         let (model, loss, dense) = (&self.model, &self.loss, self.dense_loss);
         let out = on_compute_pool(model.device(), || -> Result<_> {
             let (raw, _) = model.forward_raw(&x.images, Mode::Train)?;
-            step_loss(loss, &raw, batch, &x, dense)
+            Ok(step_loss(loss, &raw, batch, &x, dense)?)
         })?;
         let (ni, ep) = (self.progress.iteration as usize, pass.epoch as usize);
         // The CPU path reads its items now (they are logged, and they tell a non-finite loss). The device path
@@ -305,7 +305,7 @@ impl Trainer {
     /// is the best so far.
     fn validate_epoch(&mut self, epoch: u32, tel: &mut EpochTelemetry, observer: &mut dyn Observer) -> Result<bool> {
         let syncs0 = sluice_core::syncs::snapshot();
-        let opts = ValOptions::default().with_paths(&self.cfg.device_paths, self.cfg.dense_loss);
+        let opts = self.cfg.val_options(ValOptions::default());
         // Rank 0's EMA is the model that is saved; its BatchNorm statistics are its own, so the other ranks take
         // it before validating their shares.
         self.dist.broadcast_vars(&crate::dist::all_vars(self.opt.ema_model())).context("sending rank 0's EMA")?;

@@ -8,7 +8,7 @@ use sluice_core::Batch;
 use super::results::EpochRow;
 use super::state::TrainSummary;
 use super::telemetry::EpochTelemetry;
-use super::validate::ValResult;
+use sluice_infer::ValResult;
 
 /// What the loop reports to its caller after every batch (progress bars, tests).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -19,14 +19,14 @@ use sluice_transfer::{DeviceTransfer, Readback};
 use super::config::TrainConfig;
 use super::epoch::RunTotals;
 use super::events::{FinalEvalEvent, Observer};
-use super::loss_path::dense_on;
 use super::results::{JsonLines, ResultsCsv};
 use super::setup::{amp_dtype, node_source, subset};
 use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
-use super::validate::{ValOptions, validate_on};
 use crate::dist::Dist;
 use crate::error::{Context, Result};
 use crate::optim::{Optimization, RunShape, ScalerSettings, StepOptions, StepPath};
+use sluice_infer::loss_path::dense_on;
+use sluice_infer::{ValOptions, validate_on};
 use sluice_infer::{device_of, load_model, rank_device};
 
 /// A message of the set-up, kept until the run has an observer.
@@ -47,7 +47,7 @@ pub struct Trainer {
     pub(super) opt: Optimization,
     pub(super) loss: DetectionLoss,
     pub(super) transfer: DeviceTransfer,
-    /// Steps take the dense (device) loss path ([`super::loss_path`]).
+    /// Steps take the dense (device) loss path ([`sluice_infer::loss_path`]).
     pub(super) dense_loss: bool,
     /// Asynchronous reads of the device path's loss items.
     pub(super) readback: Readback,
@@ -398,8 +398,8 @@ impl Trainer {
             keep_first_batch: self.cfg.plots,
             end2end: self.cfg.nms == Some(false),
             ..ValOptions::default()
-        }
-        .with_paths(&self.cfg.device_paths, self.cfg.dense_loss);
+        };
+        let opts = self.cfg.val_options(opts);
         let v = validate_on(&model, &self.val, &self.loss, &self.transfer, opts, &self.dist)?;
         observer.final_eval(&FinalEvalEvent {
             weights: best,

@@ -1,25 +1,16 @@
 //! What a run is built from: the device, the model (fresh, or from a checkpoint or weights file), the decoded-image
-//! sources of the splits, the validation subset; and `sluice val`'s validation of a weights file.
+//! sources of the splits, the validation subset.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use sluice_core::sample_rng;
-use sluice_dataset::{IndexOptions, SampleIndex, Split};
-use sluice_infer::{device_of, load_model};
-use sluice_loader::split::{RemoteConfig, load_split_with};
-use sluice_loader::{
-    CacheFile, CacheMode, DecodedSource, LoaderConfig, NodeCache, SourceKind, ValLoader, default_workers,
-};
-use sluice_model::DetectionLoss;
+use sluice_dataset::SampleIndex;
+use sluice_loader::{CacheFile, CacheMode, DecodedSource, NodeCache, SourceKind};
 use sluice_model::candle_core::{DType, Device};
-use sluice_transfer::DeviceTransfer;
 
 use super::config::{Amp, TrainConfig};
 use super::run::Note;
-use super::state::read_meta;
-use super::validate::{ValOptions, ValResult, validate};
 use crate::error::{Context, Result};
 
 /// The dtype of the convolutions under `amp` on a CUDA device, `None` for full f32: float16 for `true` / `fp16`,
@@ -32,100 +23,6 @@ pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
         Amp::On | Amp::Fp16 => Some(DType::F16),
         Amp::Bf16 => Some(DType::BF16),
     }
-}
-
-/// What `sluice val` asks for. `None` takes the setting a training checkpoint was trained with (so the pass
-/// repeats the trainer's own validation), else the default given with each field.
-#[derive(Debug, Clone, Copy)]
-pub struct ValRequest<'a> {
-    /// A training checkpoint or a plain weights file.
-    pub weights: &'a Path,
-    /// The architecture; a checkpoint's own when `None` (required for a plain weights file).
-    pub model: Option<&'a str>,
-    /// The dataset YAML; a checkpoint's training data when `None` (required for a plain weights file).
-    pub data: Option<&'a Path>,
-    /// The split to validate.
-    pub split: Split,
-    /// The image size; a checkpoint's `imgsz` when `None`, else 640.
-    pub imgsz: Option<u32>,
-    /// Images per batch; a checkpoint's validation batch (twice its training batch, as the trainer validates) when
-    /// `None`, else 32. Rect batches pad each batch to its own canvas, so the batch size changes the metrics a little.
-    pub batch: Option<usize>,
-    /// Loader workers (0: about 80% of the cores).
-    pub workers: usize,
-    /// Fail on the first image that cannot be read or decoded instead of skipping and counting it.
-    pub strict: bool,
-    /// Validate an end-to-end model (YOLO26) on its one-to-one head's top-k output without NMS (Ultralytics'
-    /// `nms=False`).
-    pub end2end: bool,
-    /// The device ([`device_of`]: `cpu`, `cuda:N`).
-    pub device: &'a str,
-    /// The opt-in device paths: `device_nms` ([`ValOptions::device_nms`]) and `gpu_timer`
-    /// ([`ValOptions::gpu_timer`]) apply to validation.
-    pub paths: super::DevicePaths,
-    /// Ultralytics' `half` ([`ValOptions::half`]), on any device (`sluice val` asks for it on CUDA devices only,
-    /// as Ultralytics).
-    pub half: bool,
-    /// Object-store client settings for a dataset whose split is a URL (see [`super::TrainConfig::store_settings`]).
-    pub store_settings: &'a [(String, String)],
-}
-
-/// The settings a validation ran with, after [`ValRequest`]'s defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValSettings {
-    /// The dataset YAML.
-    pub data: std::path::PathBuf,
-    /// The image size.
-    pub imgsz: u32,
-    /// Images per batch.
-    pub batch: usize,
-    /// Whether the model ran in half precision.
-    pub half: bool,
-}
-
-/// Validates a weights file on a split of a dataset (`sluice val`); returns the pass, the class names and the
-/// settings it used.
-pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>, ValSettings)> {
-    let trained = match read_meta(req.weights) {
-        Ok(meta) => Some(TrainConfig::from_yaml_str(&meta.config)?),
-        Err(_) => None,
-    };
-    let data = match (req.data, &trained) {
-        (Some(d), _) => d.to_path_buf(),
-        (None, Some(t)) => t.data.clone(),
-        (None, None) => {
-            crate::bail!("{}: a plain weights file names no dataset; say which with --data", req.weights.display())
-        }
-    };
-    let imgsz = req.imgsz.or(trained.as_ref().map(|t| t.imgsz)).unwrap_or(640);
-    let trained_batch = trained.as_ref().filter(|t| t.batch != super::config::AUTO_BATCH).map(|t| t.batch * 2);
-    let batch = req.batch.or(trained_batch).unwrap_or(32);
-    let opts = IndexOptions { cache: true, find_orphans: false };
-    let cache_dir = trained.as_ref().and_then(|t| t.cache_dir.clone());
-    let remote = RemoteConfig { cache_dir, settings: req.store_settings.to_vec() };
-    let loaded = load_split_with(&data, req.split, &opts, false, &remote)
-        .with_context(|| format!("dataset {}, {} split", data.display(), req.split.as_str()))?;
-    let left_out = loaded.left_out();
-    if let (true, Some(line)) = (req.strict, left_out.line(&format!("{} split", req.split.as_str()))) {
-        crate::bail!("strict: {line}");
-    }
-    let device = device_of(req.device)?;
-    let half = req.half;
-    let nc = loaded.config.nc();
-    let m = load_model(req.weights, req.model, nc, &device)?;
-    let workers = if req.workers == 0 { default_workers() } else { req.workers };
-    let lcfg = LoaderConfig { workers, strict: req.strict, ..LoaderConfig::new(imgsz, batch, 0) };
-    let val = ValLoader::new(source(&loaded.source, loaded.indexed.index, imgsz, false, CacheMode::None)?, lcfg)
-        .with_left_out(left_out);
-    let loss = DetectionLoss::new(nc);
-    let v = validate(
-        &m,
-        &val,
-        &loss,
-        &DeviceTransfer::new(&device, DType::F32)?,
-        ValOptions { end2end: req.end2end, half, ..ValOptions::default() }.with_paths(&req.paths, false),
-    )?;
-    Ok((v, loaded.config.names, ValSettings { data, imgsz, batch, half }))
 }
 
 /// Seed-determined subset of `fraction` of the samples (at least one), in their original order.

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::config::TrainConfig;
-use super::validate::ValResult;
 use crate::error::{Context, Result};
 use crate::optim::read_user_metadata;
+use sluice_infer::ValResult;
 
 /// `runs/<name>/summary.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

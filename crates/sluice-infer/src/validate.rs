@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::error::{Context, Result};
+use crate::error::{Context, InferError, Result};
 use sluice_core::{Batch, Detection, MergeMetric, SampleId, Target, Transfer};
 use sluice_eval::masknms::{KeptDims, nms_tensor};
 use sluice_eval::{
@@ -26,8 +26,7 @@ use sluice_model::candle_core::DType;
 use sluice_model::{DetectionLoss, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
-use super::loss_path::{Items, dense_on, step_loss};
-use crate::dist::Dist;
+use crate::loss_path::{Items, StepLoss, dense_on, step_loss};
 
 use sluice_loader::{SkipReport, ValLoader};
 
@@ -42,10 +41,10 @@ pub struct ValOptions {
     /// Run NMS where the predictions are (`sluice_eval::masknms::nms_tensor`: the kernels on a CUDA device, their
     /// host twin on the CPU) and copy only the kept rows, instead of shrinking the predictions and running NMS on
     /// the post-process workers. The two keep the same detections; on a GPU it is an opt-in device path
-    /// ([`super::DevicePaths::device_nms`]).
+    /// ([`crate::DevicePaths::device_nms`]).
     pub device_nms: bool,
     /// Measure the GPU's busy share with CUDA events on the compute stream ([`ValResult::gpu_s`]); an opt-in
-    /// device path ([`super::DevicePaths::gpu_timer`]), nothing on the CPU.
+    /// device path ([`crate::DevicePaths::gpu_timer`]), nothing on the CPU.
     pub gpu_timer: bool,
     /// The device's loss path on the CPU too (the config's `dense_loss`).
     pub dense_loss: bool,
@@ -57,8 +56,40 @@ pub struct ValOptions {
 
 impl ValOptions {
     /// These options with the device paths of `paths` and the config's `dense_loss`.
-    pub fn with_paths(self, paths: &super::DevicePaths, dense_loss: bool) -> Self {
+    pub fn with_paths(self, paths: &crate::DevicePaths, dense_loss: bool) -> Self {
         Self { device_nms: paths.device_nms, gpu_timer: paths.gpu_timer, dense_loss, ..self }
+    }
+}
+
+/// The other ranks of a data-parallel validation: each passes its share of the batches, then their metric states
+/// are gathered and their losses and counts summed. [`Alone`] is a process validating by itself.
+pub trait Ranks {
+    /// Whether other ranks share the pass.
+    fn is_distributed(&self) -> bool;
+    /// Every rank's `mine`, in rank order (called by every rank at the same point).
+    fn gather_bytes(&self, mine: &[u8]) -> std::result::Result<Vec<Vec<u8>>, BoxError>;
+    /// `values` summed element-wise over the ranks, in place.
+    fn sum_f64(&self, values: &mut [f64]) -> std::result::Result<(), BoxError>;
+}
+
+/// The error of a [`Ranks`] operation.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A process validating the whole split by itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Alone;
+
+impl Ranks for Alone {
+    fn is_distributed(&self) -> bool {
+        false
+    }
+
+    fn gather_bytes(&self, mine: &[u8]) -> std::result::Result<Vec<Vec<u8>>, BoxError> {
+        Ok(vec![mine.to_vec()])
+    }
+
+    fn sum_f64(&self, _values: &mut [f64]) -> std::result::Result<(), BoxError> {
+        Ok(())
     }
 }
 
@@ -141,8 +172,10 @@ impl ValResult {
 
 /// The shape of a packed batch in flight: shrunk predictions, or the rows an NMS on the device kept.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Packed {
+pub enum Packed {
+    /// The shrunk predictions (`sluice_eval::shrink`).
     Shrunk(PackedDims),
+    /// The rows NMS on the device kept (`sluice_eval::masknms`).
     Kept(KeptDims),
 }
 
@@ -183,7 +216,7 @@ impl InFlight {
 }
 
 /// Every rank's metric state merged (in rank order; the merge does not depend on it), or `mine` alone.
-fn gather_metric(mine: UltralyticsMetric, dist: &Dist) -> sluice_eval::Result<UltralyticsMetric> {
+fn gather_metric(mine: UltralyticsMetric, dist: &dyn Ranks) -> sluice_eval::Result<UltralyticsMetric> {
     if !dist.is_distributed() {
         return Ok(mine);
     }
@@ -202,14 +235,17 @@ fn gather_metric(mine: UltralyticsMetric, dist: &Dist) -> sluice_eval::Result<Ul
 }
 
 /// What crosses to the host for one batch.
-pub(crate) enum Out {
+#[derive(Debug)]
+pub enum Out {
+    /// The predictions above the validation conf, for NMS on the post-process workers.
     Shrunk(sluice_eval::Shrunk),
+    /// The rows NMS on the device kept.
     Kept(sluice_eval::masknms::KeptRows),
 }
 
 impl Out {
     /// The batch's output packed into one tensor for the read back to the host.
-    pub(crate) fn pack(&self) -> Result<(candle_core::Tensor, Packed)> {
+    pub fn pack(&self) -> Result<(sluice_model::candle_core::Tensor, Packed)> {
         Ok(match self {
             Out::Shrunk(s) => s.pack().map(|(p, d)| (p, Packed::Shrunk(d)))?,
             Out::Kept(k) => k.pack().map(|(p, d)| (p, Packed::Kept(d)))?,
@@ -219,16 +255,20 @@ impl Out {
 
 /// How one validation batch runs on the device.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct BatchWork {
+pub struct BatchWork {
+    /// NMS on the device ([`ValOptions::device_nms`]).
     pub device_nms: bool,
+    /// The model is a half-precision copy ([`ValOptions::half`]).
     pub half: bool,
+    /// The end-to-end head's top-k output, no NMS ([`ValOptions::end2end`]).
     pub end2end: bool,
+    /// The dense (device) loss path ([`crate::loss_path::dense_on`]).
     pub dense: bool,
 }
 
 /// One validation batch's device work: the forward, the loss and the shrink (or NMS) of the predictions, all on
 /// the model's device; nothing is read back here.
-pub(crate) fn batch_on_device(
+pub fn batch_on_device(
     model: &YoloV8,
     loss: &DetectionLoss,
     batch: &Batch,
@@ -236,7 +276,7 @@ pub(crate) fn batch_on_device(
     work: BatchWork,
     nms: &NmsParams,
     shrink_params: &ShrinkParams,
-) -> Result<(super::loss_path::StepLoss, Out)> {
+) -> Result<(StepLoss, Out)> {
     // The images in the model's dtype (a cast on the device for a half-precision copy).
     let images = x.images.to_dtype(model.dtype())?;
     let mut out = model.forward(&images)?;
@@ -269,7 +309,7 @@ pub fn validate(
     transfer: &DeviceTransfer,
     opts: ValOptions,
 ) -> Result<ValResult> {
-    validate_on(model, loader, loss, transfer, opts, &Dist::single())
+    validate_on(model, loader, loss, transfer, opts, &Alone)
 }
 
 /// [`validate`] as one rank of a data-parallel run: each rank passes its share of the batches
@@ -282,7 +322,7 @@ pub fn validate_on(
     loss: &DetectionLoss,
     transfer: &DeviceTransfer,
     opts: ValOptions,
-    dist: &Dist,
+    dist: &dyn Ranks,
 ) -> Result<ValResult> {
     let start = Instant::now();
     // The weights are fixed for the pass, so each Conv's BatchNorm is folded once here, not in every batch's
@@ -290,7 +330,9 @@ pub fn validate_on(
     // bits). Under autocast the model keeps its own half-precision path, which the folded copy does not take.
     let folded;
     let model = if opts.half {
-        crate::ensure!(!model.is_fused(), "validation in half precision takes the unfused model, to fold in f32");
+        if model.is_fused() {
+            return Err(InferError::Msg("validation in half precision takes the unfused model, to fold in f32".into()));
+        }
         folded = model.fuse_to(DType::F16).context("validation: the half-precision copy")?;
         &folded
     } else if model.is_fused() || model.autocast().is_some() {
@@ -314,7 +356,7 @@ pub fn validate_on(
     let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
     // An end-to-end head (YOLO26) has its loss on the host path only.
     let dense = dense_on(transfer.device(), opts.dense_loss) && !model.config().family.end2end();
-    let mut device_sum: Option<candle_core::Tensor> = None;
+    let mut device_sum: Option<sluice_model::candle_core::Tensor> = None;
     // On the device path the shrunk batch is packed, read back asynchronously and handed to the post-process
     // workers once it has landed (a batch or two later), so inference never waits on a copy.
     let mut readback = Readback::new(transfer.device()).context("validation readback")?;
@@ -324,7 +366,7 @@ pub fn validate_on(
     let shrink_params = ShrinkParams { fit: transfer.device().is_cpu(), ..ShrinkParams::default() };
     let mut in_flight = InFlight::default();
     // Without the timer the pass takes the CPU's timer, which records nothing.
-    let timed = if opts.gpu_timer { transfer.device() } else { &candle_core::Device::Cpu };
+    let timed = if opts.gpu_timer { transfer.device() } else { &sluice_model::candle_core::Device::Cpu };
     let mut gpu = sluice_transfer::GpuTimer::new(timed).context("validation GPU timer")?;
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
@@ -387,17 +429,20 @@ pub fn validate_on(
     let skips = loader.skips();
     let skipped = skips.skipped - skipped_before;
     let mut sums = [loss_sum[0], loss_sum[1], loss_sum[2], batches as f64, images as f64, skipped as f64];
-    dist.sum_f64(&mut sums).context("validation: summing the ranks' losses and counts")?;
+    dist.sum_f64(&mut sums).map_err(|e| InferError::Context {
+        context: "validation: summing the ranks' losses and counts".into(),
+        inner: e,
+    })?;
     let (loss_sum, batches, images, skipped) =
         ([sums[0], sums[1], sums[2]], sums[3] as u64, sums[4] as u64, sums[5] as u64);
     let first_batch = match (first, report.kept.into_iter().next()) {
         (Some(batch), Some(kept)) => {
-            crate::ensure!(
-                kept.ids == batch.sample_ids,
-                "validation: the kept detections are of samples {:?}, the first batch holds {:?}",
-                kept.ids,
-                batch.sample_ids
-            );
+            if kept.ids != batch.sample_ids {
+                return Err(InferError::Msg(format!(
+                    "validation: the kept detections are of samples {:?}, the first batch holds {:?}",
+                    kept.ids, batch.sample_ids
+                )));
+            }
             Some(FirstBatch { batch, detections: kept.detections })
         }
         _ => None,

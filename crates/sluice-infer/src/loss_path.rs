@@ -4,9 +4,9 @@
 //! agree to float rounding; the tests check it), which is how the GPU path is exercised end to end here.
 
 use crate::error::Result;
-use candle_core::{DType, Device, Tensor};
 use sluice_core::Batch;
 use sluice_core::syncs::{self, Site};
+use sluice_model::candle_core::{DType, Device, Tensor};
 use sluice_model::{DenseTargets, DetectionLoss, RawHead};
 use sluice_transfer::DeviceBatch;
 
@@ -41,7 +41,9 @@ impl Items {
             Items::Device(t) => {
                 syncs::record_if(!t.device().is_cpu(), Site::LossItems);
                 let v: Vec<f32> = t.to_dtype(DType::F32)?.to_vec1()?;
-                crate::ensure!(v.len() == 3, "loss items: {} values", v.len());
+                if v.len() != 3 {
+                    return Err(crate::InferError::Msg(format!("loss items: {} values", v.len())));
+                }
                 Ok([f64::from(v[0]), f64::from(v[1]), f64::from(v[2])])
             }
         }
