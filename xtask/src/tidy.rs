@@ -43,6 +43,18 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sluice-transfer",
         ],
     ),
+    (
+        "sluice-ledger",
+        &[
+            "sluice-core",
+            "sluice-eval",
+            "sluice-infer",
+            "sluice-kernels",
+            "sluice-model",
+            "sluice-optim",
+            "sluice-transfer",
+        ],
+    ),
     ("xtask", &[TESTKIT]),
 ];
 

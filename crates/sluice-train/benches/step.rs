@@ -7,9 +7,9 @@ use candle_core::{DType, Device};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_core::Transfer;
 use sluice_infer::loss_path::step_loss;
+use sluice_ledger::synthetic_batch;
 use sluice_model::{DetectionLoss, Mode, YoloV8};
 use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, StepOptions, StepPath};
-use sluice_train::step_cost::synthetic_batch;
 use sluice_transfer::DeviceTransfer;
 
 const BATCH: usize = 4;

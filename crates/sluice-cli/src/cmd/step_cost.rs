@@ -1,12 +1,12 @@
 //! `sluice bench step-cost`: the op ledger of one training step and one validation batch
-//! ([`sluice_train::step_cost`]): per phase the ops, kernel launches, bytes read and written, allocations and host
+//! ([`sluice_ledger`]): per phase the ops, kernel launches, bytes read and written, allocations and host
 //! reads, and the 20 largest op groups by bytes and by count. Recorded on the CPU as a model of the CUDA step; no
 //! timing, so it runs anywhere and repeats exactly.
 
 use anyhow::Result;
+use sluice_ledger::{OpGroup, StepCost, StepCostOptions, budget, record_step, summarize};
 use sluice_model::candle_core::DType;
 use sluice_train::optim::OptimizerKind;
-use sluice_train::step_cost::{OpGroup, StepCost, StepCostOptions, budget, record_step, summarize};
 use sluice_train::train::{DevicePaths, parse_device_paths};
 
 /// Arguments of `sluice bench step-cost`.

@@ -21,11 +21,14 @@ use sluice_eval::{NmsParams, ShrinkParams};
 use sluice_model::{DetectionLoss, Mode, YoloV8};
 use sluice_transfer::{DeviceTransfer, Readback};
 
-use crate::error::{Context, Result};
-use crate::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings, StepOptions, StepPath};
-use crate::train::DevicePaths;
+use sluice_infer::DevicePaths;
 use sluice_infer::loss_path::{Items, step_loss};
 use sluice_infer::validate::{BatchWork, batch_on_device};
+use sluice_optim::{OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings, StepOptions, StepPath};
+
+mod error;
+
+pub use error::{LedgerError, Result};
 
 /// The phases of a training step, in order, then the validation batch.
 pub const PHASES: [&str; 6] = ["forward", "loss", "backward", "optimizer", "ema", "val"];
@@ -241,17 +244,20 @@ pub fn record_step(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
 }
 
 fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
-    crate::ensure!(ledger::AVAILABLE, "this build has no op ledger (candle-core's `ledger` feature)");
+    if !ledger::AVAILABLE {
+        return Err(LedgerError::Msg("this build has no op ledger (candle-core's `ledger` feature)".into()));
+    }
     // Under autocast a CUDA step runs cuDNN's and the BatchNorm kernels' half-precision paths; their CPU twins are
     // f32 only, so the CPU would take other ops than the device and the ledger would not model it.
-    crate::ensure!(
-        opts.amp.is_none(),
-        "the ledger models f32 steps only: the CPU has no twin of the half-precision cuDNN and BatchNorm paths"
-    );
-    crate::ensure!(
-        opts.batch > 0 && opts.imgsz.is_multiple_of(32) && opts.imgsz > 0,
-        "imgsz must be a positive multiple of 32"
-    );
+    if opts.amp.is_some() {
+        return Err(LedgerError::Msg(
+            "the ledger models f32 steps only: the CPU has no twin of the half-precision cuDNN and BatchNorm paths"
+                .into(),
+        ));
+    }
+    if opts.batch == 0 || opts.imgsz == 0 || !opts.imgsz.is_multiple_of(32) {
+        return Err(LedgerError::Msg("imgsz must be a positive multiple of 32, batch at least 1".into()));
+    }
     let device = Device::Cpu;
     let arch = sluice_model::parse_model(&opts.model)?;
     let model = YoloV8::new_seeded(arch.config(opts.nc), DType::F32, &device, 0)?;
@@ -269,7 +275,7 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     let mut readback = Readback::new(&device)?;
     let mut landed = Vec::new();
     let mut step = |opt: &mut Optimization, batch: &Batch, ni: usize| -> Result<()> {
-        let x = transfer.transfer(batch).context("transfer")?;
+        let x = transfer.transfer(batch).map_err(LedgerError::transfer)?;
         ledger::set_phase("forward");
         let (raw, _) = model.forward_raw(&x.images, Mode::Train)?;
         ledger::set_phase("loss");
@@ -304,7 +310,7 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     let work = BatchWork { device_nms: opts.device_paths.device_nms, half: false, end2end: false, dense: true };
     let shrink_params = ShrinkParams { fit: false, ..ShrinkParams::default() };
     let nms = NmsParams::ultralytics_val();
-    let x = transfer.transfer(&batch).context("transfer")?;
+    let x = transfer.transfer(&batch).map_err(LedgerError::transfer)?;
     ledger::start("val");
     let val = (|| -> Result<()> {
         let (l, out) = batch_on_device(val_model, &loss, &batch, &x, work, &nms, &shrink_params)?;

@@ -2,9 +2,9 @@
 //! batch at 640, batch 32, f32, SGD (`sluice bench step-cost --budget`), recorded as a model of the CUDA step on
 //! the CPU. A change that raises (or lowers) a phase's kernel launches or bytes moved by more than 2 % fails here
 //! and prints the ops that changed; a change that lowers it updates `tests/data/step_cost/` with
-//! `sluice bench step-cost --budget > crates/sluice-train/tests/data/step_cost/yolov8n_640_b32_f32_sgd.json`.
+//! `sluice bench step-cost --budget > crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_f32_sgd.json`.
 
-use sluice_train::step_cost::{Budget, StepCostOptions, budget, budget_changes, record_step};
+use sluice_ledger::{Budget, StepCostOptions, budget, budget_changes, record_step};
 
 const BUDGET: &str = include_str!("data/step_cost/yolov8n_640_b32_f32_sgd.json");
 
