@@ -118,6 +118,29 @@ pub fn snapshot() -> Counts {
     Counts(c)
 }
 
+/// Host-blocking device reads over a span of batches .
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SyncTelemetry {
+    /// All sites together.
+    pub total: u64,
+    /// `total` per batch.
+    pub per_batch: f64,
+    /// Per site (only sites with a count).
+    pub by_site: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl SyncTelemetry {
+    /// The reads between `before` and now, over `batches` batches.
+    pub fn since(before: &Counts, batches: u64) -> Self {
+        let d = snapshot().since(before);
+        Self {
+            total: d.total(),
+            per_batch: d.total() as f64 / batches.max(1) as f64,
+            by_site: d.nonzero().into_iter().collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! as Ultralytics' `yolo predict` does it ([`predict`]: sources, decode ahead of the model, letterbox, the fused
 //! forward, NMS or the end-to-end head, boxes in original pixels, COCO results), the validation pass that the
 //! trainer runs every epoch ([`validate`], with the loss path of a step, [`loss_path`]) and `sluice val`'s
-//! validation of a weights file ([`val`]). `sluice predict`, `sluice val` and `sluice export` start here.
+//! validation of a weights file ([`val`]), and the pass's figures ([`val_telemetry`]). `sluice predict`, `sluice val` and `sluice export` start here.
 #![warn(missing_docs)]
 
 pub mod device;
@@ -12,6 +12,7 @@ pub mod error;
 pub mod loss_path;
 pub mod predict;
 pub mod val;
+pub mod val_telemetry;
 pub mod validate;
 pub mod weights;
 
@@ -20,5 +21,6 @@ pub use device_paths::{CudnnSearch, DevicePaths, parse_device_paths};
 pub use error::{Context, InferError, Result};
 pub use predict::{PredictOptions, Prediction, Predictor};
 pub use val::{ValRequest, ValSettings, validate_weights};
+pub use val_telemetry::ValTelemetry;
 pub use validate::{Alone, FirstBatch, Ranks, ValOptions, ValResult, validate, validate_on};
 pub use weights::{checkpoint_model, load_model};

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::Serialize;
 use sluice_dataset::Split;
+use sluice_infer::ValTelemetry;
 use sluice_infer::{ValRequest, validate_weights};
-use sluice_train::train::telemetry::ValTelemetry;
 
 /// Arguments of `sluice val`.
 #[derive(Debug, clap::Args)]
