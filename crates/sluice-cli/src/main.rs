@@ -2,6 +2,7 @@
 //! that reports figures accepts `--json` and then prints exactly one JSON object on stdout.
 
 mod cmd;
+mod epoch_table;
 mod plots;
 mod preview;
 mod samples;

@@ -228,7 +228,7 @@ impl Observer for Console {
             r.metrics[3],
             if e.best { " (best)" } else { "" }
         );
-        eprintln!("{}", e.telemetry.table());
+        eprintln!("{}", crate::epoch_table::epoch_table(&e.telemetry));
     }
 
     fn first_batch(&mut self, e: &FirstBatchEvent<'_>) {

@@ -1,7 +1,7 @@
 //! Where an epoch's time went: images/s, the model step, the fraction of the step loop spent waiting for data,
 //! each stage's busy share, and the named bottleneck with a hint; then, for a validated epoch, the validation
-//! pass's images/s and where its time went ([`ValTelemetry`]). Printed as a short table after every epoch and
-//! appended to `telemetry.jsonl`.
+//! pass's images/s and where its time went ([`ValTelemetry`]). Appended to `telemetry.jsonl`; the `sluice` console
+//! prints them as a short table after every epoch.
 //!
 //! Stage busy % is busy time over the epoch's wall time, summed over that stage's workers, so a stage with 4 busy
 //! workers shows 400%: compare it with its worker count. `read` and `decode` come from the decoded-image source
@@ -10,8 +10,6 @@
 //! (pixels, targets, ids), so collate's time is inside `augment`'s and the table says `collate (in augment)`
 //! instead of a number. Post-processing (NMS + matching) happens only in validation, on the streaming
 //! validator's workers; its busy share is over the validation wall time, on the `val` line.
-
-use std::fmt::Write as _;
 
 use serde::Serialize;
 use sluice_core::PipelineReport;
@@ -102,8 +100,8 @@ impl CacheTelemetry {
         }
     }
 
-    /// The table's line, `None` when nothing is cached.
-    fn line(&self) -> Option<String> {
+    /// The epoch table's line, `None` when nothing is cached.
+    pub fn line(&self) -> Option<String> {
         let mut held = Vec::new();
         if self.memory_images > 0 {
             held.push(format!("{} images, {:.1} MB in memory", self.memory_images, self.memory_bytes as f64 / 1e6));
@@ -172,84 +170,13 @@ impl EpochTelemetry {
             device_pool: None,
         }
     }
-
-    /// The short table printed after the epoch.
-    pub fn table(&self) -> String {
-        let e = &self.shares;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "  {:.1} img/s · step {:.0} ms · data wait {:.1}% · val {:.1} s · bottleneck: {} ({})",
-            e.images_per_s,
-            e.step_s * 1e3,
-            e.data_wait_fraction * 100.0,
-            self.val_s,
-            e.bottleneck,
-            e.hint
-        );
-        s.push_str(&e.busy_line());
-        if let Some(st) = &self.step_interval_ms {
-            let _ = write!(
-                s,
-                "\n  step interval median {:.1} ms (range {:.1}–{:.1}, {} steps)",
-                st.median, st.min, st.max, st.steps
-            );
-        }
-        if let Some(line) = self.cache.line() {
-            let _ = write!(s, "\n{line}");
-        }
-        if let Some(v) = &self.val {
-            let _ = write!(s, "\n{}", v.line());
-        }
-        let syncs =
-            |t: &SyncTelemetry| t.by_site.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
-        if let Some(m) = self.device_memory_peak_bytes {
-            let _ = write!(s, "\n  device memory peak {:.2} GiB", m as f64 / (1u64 << 30) as f64);
-        }
-        if let Some(p) = &self.device_pool {
-            let _ = write!(
-                s,
-                "\n  device pool grew in {} of {} steps (+{:.1} MiB)",
-                p.growth_steps,
-                p.steps,
-                p.grown_bytes as f64 / (1u64 << 20) as f64
-            );
-        }
-        if self.blocking_syncs.total > 0 {
-            let b = &self.blocking_syncs;
-            let _ = write!(s, "\n  blocking device reads: {:.1}/batch in training ({})", b.per_batch, syncs(b));
-        }
-        if let Some(v) = self.val.as_ref().filter(|v| v.blocking_syncs.total > 0) {
-            let b = &v.blocking_syncs;
-            let _ = write!(s, "\n  blocking device reads: {:.1}/batch in validation ({})", b.per_batch, syncs(b));
-        }
-        if let Some(l) = &self.loss_scale {
-            let _ = write!(s, "\n  loss scale {} · {} steps skipped for float16 overflow", l.scale, l.overflow_steps);
-        }
-        if self.nonfinite_steps > 0 || self.skipped_samples > 0 {
-            let _ = write!(
-                s,
-                "\n  skipped: {} non-finite steps, {} bad samples",
-                self.nonfinite_steps, self.skipped_samples
-            );
-        }
-        s
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use sluice_eval::StreamStats;
-
     use super::*;
-    /// A loader report in which the consumer (the model step) bounds the epoch; the loader-side shares are
-    /// `sluice_loader::telemetry`'s to test.
-    fn report(bottleneck: &str) -> PipelineReport {
-        PipelineReport { bottleneck: bottleneck.into(), ..PipelineReport::default() }
-    }
-
     #[test]
     fn the_cache_line_counts_the_epoch_and_names_where_images_are_held() {
         let before = sluice_loader::SourceStats { hits: 10, misses: 4, ..Default::default() };
@@ -275,66 +202,5 @@ mod tests {
         assert_eq!((s.median, s.min, s.max, s.steps), (15.0, 5.0, 100.0, 4));
         assert_eq!(StepSpread::of(&[at(0), at(4), at(10)]).unwrap().median, 5.0);
         assert!(StepSpread::of(&[t0]).is_none());
-    }
-
-    #[test]
-    fn blocking_device_reads_are_reported_per_batch_only_when_there_are_any() {
-        let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 0.2, transfer_s: 0.1, model_s: 9.5 };
-        let mut e = EpochTelemetry::new(1, t, &report("consumer"), 1.0, 1.0);
-        assert!(!e.table().contains("blocking"));
-        let before = sluice_core::syncs::snapshot();
-        e.blocking_syncs = SyncTelemetry::since(&before, 10);
-        assert_eq!(e.blocking_syncs.total, 0);
-        e.blocking_syncs = SyncTelemetry {
-            total: 15,
-            per_batch: 1.5,
-            by_site: [("loss_items", 10), ("nonfinite_check", 5)].into_iter().collect(),
-        };
-        let table = e.table();
-        assert!(
-            table.contains("blocking device reads: 1.5/batch in training (loss_items 10, nonfinite_check 5)"),
-            "{table}"
-        );
-        assert!(!table.contains("device memory"));
-        e.device_memory_peak_bytes = Some(3 << 30);
-        assert!(e.table().contains("device memory peak 3.00 GiB"), "{}", e.table());
-        let json = serde_json::to_value(&e).expect("json");
-        assert_eq!(json["blocking_syncs"]["by_site"]["loss_items"], 10);
-        assert_eq!(json["device_memory_peak_bytes"], 3u64 << 30);
-        assert!(!e.table().contains("device pool"));
-        let mut g = sluice_transfer::PoolGrowth::new();
-        for r in [10u64 << 20, 12 << 20, 12 << 20, 12 << 20, 12 << 20] {
-            g.observe(Some(r));
-        }
-        e.device_pool = Some(g.into());
-        assert!(e.table().contains("device pool grew in 1 of 4 steps (+2.0 MiB)"), "{}", e.table());
-        let json = serde_json::to_value(&e).expect("json");
-        assert_eq!(json["device_pool"]["growths_per_step"], 0.25);
-    }
-
-    #[test]
-    fn the_table_names_collate_and_the_validation_pass() {
-        let t = LoopTimes { images: 80, batches: 10, wall_s: 10.0, data_wait_s: 0.2, transfer_s: 0.1, model_s: 9.5 };
-        let mut e = EpochTelemetry::new(1, t, &report("consumer"), 1.0, 1.0);
-        assert!(e.table().contains("collate (in augment) transfer"), "{}", e.table());
-        assert!(!e.table().contains("val:"));
-        let stats = StreamStats {
-            images: 40,
-            workers: 2,
-            worker_busy: Duration::from_millis(1500),
-            submit_blocked: Duration::from_millis(50),
-            finish_wait: Duration::from_millis(20),
-            wall: Duration::from_secs(2),
-            ..StreamStats::default()
-        };
-        e.val = Some(ValTelemetry::new(40, 2.0, 0.1, 1.7, &stats));
-        let v = e.val.as_ref().map(|v| (v.images_per_s, v.post_process_busy_fraction, v.bound.clone()));
-        assert_eq!(v, Some((20.0, 0.75, "inference".to_string())));
-        let table = e.table();
-        let line = table.lines().last().unwrap_or_default();
-        assert!(line.contains("val: 20.0 img/s") && line.contains("post-process 75%/2w"), "{table}");
-        assert!(line.contains("queue wait 0.05 s, drain 0.02 s · bound: inference"), "{table}");
-        let json = serde_json::to_value(&e).map_err(|e| e.to_string());
-        assert_eq!(json.map(|j| j["collate"].clone()), Ok(serde_json::json!("in augment")));
     }
 }
