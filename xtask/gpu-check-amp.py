@@ -1,4 +1,4 @@
-"""PyTorch's bf16 autocast on the check `sluice gpu smoke` makes of Sluice's: the reference for its tolerance.
+"""PyTorch's bf16 autocast on the check `gpu smoke` (sluice-infer's device-check test) makes of Sluice's: the reference for its tolerance.
 
 Usage: python3 amp_torch.py OUT.json   (needs the carried Ultralytics wheel on PYTHONPATH for the YOLOv8n model)
 Ultralytics' YOLOv8n (random init, train mode, as Sluice's seeded model) on a batch of 2 uniform-noise images at

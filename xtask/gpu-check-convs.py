@@ -1,4 +1,4 @@
-"""PyTorch side of `sluice gpu convs`: the same layers, repetitions and samples with torch.nn.functional.conv2d.
+"""PyTorch side of `gpu convs` (sluice-infer's device-check test): the same layers, repetitions and samples with torch.nn.functional.conv2d.
 
 Usage: python3 convs_torch.py SLUICE_CONVS.json OUT.json
 Reads the shapes, dtypes, repetition and sample counts Sluice's run wrote, times the same forward and training pass

@@ -5,10 +5,10 @@
 # (default 500) is skipped and recorded as such. The results gather in $HERE/results and leave as one archive,
 # $OUT/gpu-check.tgz, with log.txt, steps.jsonl, paths.json, smoke.json and the two conv tables beside it:
 #   device.json      nvidia-smi, torch, libraries found / missing
-#   smoke.json       `sluice gpu smoke`: GPU vs CPU results of the model's ops (convolutions in f32 and bf16 on
+#   smoke.json       `gpu smoke` (sluice-infer's device-check test): GPU vs CPU results of the model's ops (convolutions in f32 and bf16 on
 #                    odd shapes, stride 2, 1×1, batch 1), the transfer, one YOLOv8n loss, the cuDNN plan cache
 #   amp_torch.json   PyTorch's bf16 autocast on the smoke's autocast check (Ultralytics' YOLOv8n), its reference
-#   convs.json       `sluice gpu convs`: Sluice's cuDNN convolutions vs candle's stock conv2d on YOLOv8n's layers
+#   convs.json       `gpu convs`: Sluice's cuDNN convolutions vs candle's stock conv2d on YOLOv8n's layers
 #   convs_torch.json the same layers with PyTorch (cuDNN heuristics, then cudnn.benchmark), ratios to Sluice's
 #   train/           `sluice train` yolov8n, 640, batch 32, 3 epochs on the slice 16 times over (1024 images, built on
 #                    the device; the steps below that name no set use the 64-image slice) with every opt-in device
@@ -23,7 +23,7 @@
 #   train_composed/  one epoch of the `train` run on the verified defaults (the optimizer step as composed ops,
 #                    cuDNN's heuristics)
 #   paths.json       each opt-in device path, the steps that exercised it and whether they passed
-#   h2d.json         `sluice gpu h2d`: plain pinned / pageable copies vs the training transfer
+#   h2d.json         `gpu h2d`: plain pinned / pageable copies vs the training transfer
 #   conformance.*   the decode conformance suite with nvjpeg required (SLUICE_REQUIRE_NVJPEG=1)
 #   decode_*.out     `sluice bench decode --json`: nvjpeg vs the CPU backend
 #   train_amp/       one epoch on the 64-image slice with `--amp` (float16 convolutions, dynamic loss scaling)
@@ -45,11 +45,11 @@ RES="$HERE/results"
 rm -rf "$RES"
 mkdir -p "$OUT" "$RES"
 # `cargo xtask gpu-check` packs the executables and libraries with xz.
-for f in "$HERE"/sluice.xz "$HERE"/conformance.xz "$HERE"/lib/*.xz; do
+for f in "$HERE"/sluice.xz "$HERE"/conformance.xz "$HERE"/gpu.xz "$HERE"/lib/*.xz; do
   [ -f "$f" ] || continue
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f"
 done
-chmod +x "$HERE/sluice" "$HERE/conformance" 2>/dev/null
+chmod +x "$HERE/sluice" "$HERE/conformance" "$HERE/gpu" 2>/dev/null
 S="$HERE/sluice"
 DATA="$HERE/data/data.yaml"
 # Without the carried coco128 slice (left out when the working tree leaves no room for it), a synthetic set of 64
@@ -173,7 +173,7 @@ if ! grep -q '"rc": 0' <(tail -n 1 "$RES/steps.jsonl"); then
   cat "$RES/info.err" "$RES/ldd.txt"
   exit 1
 fi
-step smoke 60 "$S" gpu smoke --json "$RES/smoke.json"
+step smoke 60 "$HERE/gpu" smoke --json "$RES/smoke.json"
 cat "$RES/smoke.out" 2>/dev/null
 WHEELS=$(ls "$HERE"/wheels/*.whl 2>/dev/null)
 if [ -n "$WHEELS" ]; then
@@ -186,7 +186,7 @@ if [ -n "$WHEELS" ]; then
     --model yolov8n --imgsz 640 --batch 32 --amp f32 --optimizer sgd --device cuda --json "$RES/step_cost_torch.json"
   tail -n 12 "$RES/step_cost_torch.out" 2>/dev/null
 fi
-step convs 60 "$S" gpu convs --json "$RES/convs.json"
+step convs 60 "$HERE/gpu" convs --json "$RES/convs.json"
 cat "$RES/convs.out" 2>/dev/null
 if [ -f "$RES/convs.json" ]; then
   step convs_torch 90 python3 "$HERE/convs_torch.py" "$RES/convs.json" "$RES/convs_torch.json"
@@ -269,7 +269,7 @@ for line in open(sys.argv[1]):
     done
   done
 fi
-step h2d 30 "$S" gpu h2d --json "$RES/h2d.json"
+step h2d 30 "$HERE/gpu" h2d --json "$RES/h2d.json"
 if [ -x "$HERE/conformance" ] && [ -d "$HERE/../../crates/sluice-decode/tests/data" ]; then
   SLUICE_REQUIRE_NVJPEG=1 SLUICE_DECODE_TEST_DATA="$HERE/../../crates/sluice-decode/tests/data" \
     step conformance 40 "$HERE/conformance" --nocapture --test-threads 1

@@ -374,26 +374,52 @@ fn tracked_bytes(root: &Path) -> Result<u64> {
         .sum())
 }
 
-/// Builds `sluice-decode`'s conformance suite with `nvjpeg` (release) and returns the test executable.
-fn conformance_binary(root: &Path) -> Result<PathBuf> {
-    let out = Command::new("cargo")
-        .args(["test", "--release", "--locked", "-p", "sluice-decode", "--features", "nvjpeg"])
-        .args(["--test", "conformance", "--no-run"])
-        .current_dir(root)
-        .output()
-        .context("cannot start cargo")?;
+/// The test executable cargo names for `source` (`tests/conformance.rs`) when `cmd` (a `cargo test --no-run`)
+/// builds it.
+fn test_executable(cmd: &mut Command, root: &Path, source: &str) -> Result<PathBuf> {
+    let out = cmd.current_dir(root).output().context("cannot start cargo")?;
     let text = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         bail!("cargo test --no-run failed:\n{text}");
     }
     // cargo prints `Executable tests/conformance.rs (target/release/deps/conformance-<hash>)`.
+    let prefix = format!("Executable {source} (");
     let exe = text
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("Executable tests/conformance.rs ("))
+        .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
         .filter_map(|l| l.strip_suffix(')'))
         .next_back()
-        .context("cargo did not name the conformance executable")?;
+        .with_context(|| format!("cargo did not name the executable of {source}"))?;
     Ok(root.join(exe))
+}
+
+/// Builds `sluice-decode`'s conformance suite with `nvjpeg` (release) and returns the test executable.
+fn conformance_binary(root: &Path) -> Result<PathBuf> {
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "--release", "--locked", "-p", "sluice-decode", "--features", "nvjpeg"]).args([
+        "--test",
+        "conformance",
+        "--no-run",
+    ]);
+    test_executable(&mut cmd, root, "tests/conformance.rs")
+}
+
+/// Builds the device checks (`sluice-infer`'s `gpu` test: `smoke`, `h2d`, `convs`) with CUDA in release, with the
+/// CUDA features of `features` that `sluice-infer` has, and returns the test executable.
+fn device_checks_binary(root: &Path, features: &str) -> Result<PathBuf> {
+    let home = ensure_sdk(root)?;
+    let wanted: Vec<&str> = features.split(',').map(str::trim).filter(|f| ["cuda", "cudnn"].contains(f)).collect();
+    let infer = if wanted.is_empty() { "cuda".to_string() } else { wanted.join(",") };
+    let mut cmd = Command::new("cargo");
+    cmd.args(["test", "--release", "--locked", "-p", "sluice-infer", "--features", &infer])
+        .args(["--test", "gpu", "--no-run", "--target-dir"])
+        .arg(cuda_target(root));
+    cuda_env(&mut cmd, &home);
+    if wanted.contains(&"cudnn") {
+        cmd.env("CUDNN_LIB", ensure_cudnn()?);
+    }
+    eprintln!("xtask: cargo test --release -p sluice-infer --features {infer} --test gpu --no-run (the device checks)");
+    test_executable(&mut cmd, root, "tests/gpu/main.rs")
 }
 
 /// `cargo xtask gpu-check`: prepares `<target>/gpu-check/` and prints how to run it. With `max_mib`, the folder and
@@ -431,6 +457,14 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
         }
         Err(e) => eprintln!("xtask: the nvjpeg conformance suite was not built ({e:#}); that step will be skipped"),
     }
+    // The device checks (GPU against CPU results, the transfer's bandwidth, the convolutions' speed), prebuilt.
+    match device_checks_binary(root, features) {
+        Ok(bin) => {
+            copy(&bin, &dir.join("gpu"))?;
+            crate::run(Command::new("strip").arg(dir.join("gpu")))?;
+        }
+        Err(e) => eprintln!("xtask: the device checks were not built ({e:#}); their steps will be skipped"),
+    }
     std::fs::write(dir.join("run.sh"), SCRIPT).context("writing run.sh")?;
     std::fs::write(dir.join("ul_train.py"), UL_SCRIPT).context("writing ul_train.py")?;
     std::fs::write(dir.join("convs_torch.py"), CONVS_SCRIPT).context("writing convs_torch.py")?;
@@ -445,8 +479,10 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
     }
     // The executables and libraries travel xz-compressed (a third of their size; `run.sh` unpacks them).
     let mut packed = vec![dir.join("sluice")];
-    if dir.join("conformance").exists() {
-        packed.push(dir.join("conformance"));
+    for name in ["conformance", "gpu"] {
+        if dir.join(name).exists() {
+            packed.push(dir.join(name));
+        }
     }
     for entry in std::fs::read_dir(dir.join("lib")).context("reading the prepared lib folder")? {
         packed.push(entry?.path());
@@ -456,12 +492,13 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
     let mib = |b: u64| b as f64 / 1048576.0;
     // Under a size cap, what does not fit is left behind, the least needed first: the coco128 slice (the script
     // then generates a synthetic 640 px set on the device), the nvJPEG conformance suite and nvJPEG itself (their
-    // steps are then skipped).
+    // steps are then skipped), and last the device checks' executable.
     let cap = max_mib.map_or(u64::MAX, |m| m << 20);
     let optional = [
         (dir.join("data"), "the coco128 slice: the device generates a synthetic set instead"),
         (dir.join("conformance.xz"), "the nvJPEG conformance suite"),
         (dir.join("lib/libnvjpeg.so.13.xz"), "nvJPEG: the nvJPEG steps are skipped"),
+        (dir.join("gpu.xz"), "the device checks: the smoke, h2d and convs steps are skipped"),
     ];
     for (path, what) in optional {
         if folder_bytes(&dir) + tree <= cap {

@@ -48,9 +48,6 @@ enum Command {
     /// Export a model (.pt, checkpoint or safetensors) as ONNX in Ultralytics' layout (`--format onnx --imgsz 640
     /// [--batch B] [--dynamic] [--half] [--opset N]`).
     Export(cmd::export::Args),
-    /// GPU checks (builds with `cuda`): `gpu smoke` (GPU vs CPU results of the model's ops), `gpu h2d`
-    /// (host→device bandwidth, plain and through the training transfer), `gpu convs` (conv speed, with `cudnn`).
-    Gpu(cmd::gpu::Args),
 }
 
 fn main() -> Result<()> {
@@ -68,6 +65,5 @@ fn main() -> Result<()> {
         Command::Pack(args) => cmd::pack::run(args),
         Command::Predict(args) => cmd::predict::run(args),
         Command::Export(args) => cmd::export::run(args),
-        Command::Gpu(args) => cmd::gpu::run(args),
     }
 }

@@ -2,7 +2,7 @@
 //! weights and batch, on the CPU; and the half-precision inference copy ([`YoloV8::fuse_to`], `--half`) against the
 //! f32 fused model. The trainer uses f16 (`amp: true`) or bf16 on a GPU (cuDNN); candle 0.11's CPU conv2d has no bf16
 //! matmul (it calls its f16/f32/f64-only gemm directly), so the CPU test runs the same graph with f16, which
-//! exercises the same casts, gradients and master weights. `sluice gpu smoke` checks bf16 on the device.
+//! exercises the same casts, gradients and master weights. the device check `gpu smoke` checks bf16 on the device.
 #![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
 
 use candle_core::{DType, Device, Tensor};

@@ -4,7 +4,6 @@ pub(crate) mod bench;
 pub(crate) mod data;
 pub(crate) mod eval_coco;
 pub(crate) mod export;
-pub(crate) mod gpu;
 pub(crate) mod info;
 pub(crate) mod model;
 pub(crate) mod pack;

@@ -11,7 +11,7 @@
 //! the norm sums in a different order.
 //!
 //! On the CPU the same type runs the same arithmetic per element ([`twin`]), so the driver's use of it is tested
-//! here; the trainer uses it on CUDA devices, where the launches are the cost. `sluice gpu smoke` compares the
+//! here; the trainer uses it on CUDA devices, where the launches are the cost. the device check `gpu smoke` compares the
 //! kernels with the composed ops on the CPU.
 
 use candle_core::{DType, Device, Result, Tensor, Var, bail};

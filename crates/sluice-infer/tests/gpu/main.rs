@@ -1,96 +1,103 @@
-//! `sluice gpu smoke|h2d`: the device checks that `cargo xtask gpu-check`'s script runs first (feature `cuda`).
+//! The device checks, for any CUDA machine: `cargo test -p sluice-infer --features cuda,cudnn --test gpu` runs
+//! `smoke`; the executable (`cargo xtask gpu-check` packs it) also takes the check to run and its options:
+//! `gpu smoke|h2d|convs [--device N] [--json FILE]` (`convs`: `[--batch 32] [--imgsz 640] [--samples 11]`).
 //!
 //! - `smoke`: every op the model and the validation use, run on the GPU and on the CPU from the same inputs —
 //!   convolution forward and backward, training BatchNorm + SiLU (Sluice's fused CUDA kernels), max-pool,
-//!   nearest upsample, DFL decode, BCE, argsort / the validation shrink at 8400 anchors, the CUDA transfer
-//!   (bit-identical to the CPU one) and one YOLOv8n training loss — with the largest difference relative to the
-//!   CPU result's magnitude.
+//!   nearest upsample, DFL decode, BCE, argsort / the validation shrink at 8400 anchors, batched NMS, the CUDA
+//!   transfer (bit-identical to the CPU one), one YOLOv8n training loss and the fused optimizer step — with the
+//!   largest difference relative to the CPU result's magnitude; it fails when any check is out of its tolerance.
 //! - `h2d`: host→device bandwidth of a plain 256 MiB copy from pinned and from pageable memory, and of the
-//!   training transfer (pinned ring + copy stream + device conversion) on 640 × 640 batches of 32.
+//!   training transfer (pinned ring + copy stream + device conversion) on 640 × 640 batches of 32. A measurement:
+//!   it asserts nothing about speed.
 //! - `convs`: the convolutions' speed on YOLOv8n's layer shapes, Sluice's cuDNN ops against candle's stock conv2d
-//!   ([`convs`]; needs `cudnn`).
+//!   ([`convs`]; needs `cudnn`). A measurement too.
 //!
-//! In a build without `cuda` they say so and fail.
+//! A test target without libtest's harness (`harness = false`), built only with `cuda`: it needs a device, and
+//! with one it runs as any other test. A name that is not a check (a `cargo test` filter meant for other tests)
+//! runs nothing.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::Result;
-#[cfg(not(feature = "cuda"))]
-use anyhow::bail;
-
-/// Arguments of `sluice gpu`.
-#[derive(Debug, clap::Args)]
-pub(crate) struct Args {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(Debug, clap::Subcommand)]
-enum What {
-    /// GPU vs CPU results of the model's ops.
-    Smoke {
-        /// CUDA device ordinal.
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-        /// Also write the results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Host→device bandwidth: plain pinned / pageable copies and the training transfer.
-    H2d {
-        /// CUDA device ordinal.
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-        /// Also write the results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Convolution forward and training-pass times on YOLOv8n's layer shapes: Sluice's ops vs candle's stock conv2d.
-    Convs {
-        /// CUDA device ordinal.
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-        /// Batch size of the layer inputs.
-        #[arg(long, default_value_t = 32)]
-        batch: usize,
-        /// Image size the layer sides are taken at.
-        #[arg(long, default_value_t = 640)]
-        imgsz: usize,
-        /// Timed samples per implementation and pass.
-        #[arg(long, default_value_t = 11)]
-        samples: usize,
-        /// Also write the results as JSON here (what the device check's PyTorch script reads).
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-}
+use anyhow::{Context, Result};
 
 #[cfg(feature = "cudnn")]
 mod convs;
 #[cfg(feature = "cudnn")]
 use convs::convs;
 
-#[cfg(all(feature = "cuda", not(feature = "cudnn")))]
+#[cfg(not(feature = "cudnn"))]
 fn convs(_: usize, _: usize, _: usize, _: usize, _: Option<&std::path::Path>) -> Result<()> {
-    anyhow::bail!("`sluice gpu convs` times Sluice's cuDNN convolutions: build with `--features cuda,cudnn`")
+    anyhow::bail!("`convs` times Sluice's cuDNN convolutions: build with `--features cuda,cudnn`")
 }
 
-#[cfg(not(feature = "cuda"))]
-pub(crate) fn run(args: Args) -> Result<()> {
-    let _ = args.what;
-    bail!("this sluice was built without the `cuda` feature (build one with `cargo xtask gpu-build`)")
+/// What to run and with which options.
+#[derive(Debug)]
+struct Args {
+    what: Option<String>,
+    device: usize,
+    json: Option<PathBuf>,
+    batch: usize,
+    imgsz: usize,
+    samples: usize,
 }
 
-#[cfg(feature = "cuda")]
-pub(crate) fn run(args: Args) -> Result<()> {
-    match args.what {
-        What::Smoke { device, json } => imp::smoke(device, json.as_deref()),
-        What::H2d { device, json } => imp::h2d(device, json.as_deref()),
-        What::Convs { device, batch, imgsz, samples, json } => convs(device, batch, imgsz, samples, json.as_deref()),
+/// Libtest's options that take a value, which `cargo test` passes through.
+const LIBTEST_VALUED: &[&str] = &["--test-threads", "--skip", "--color", "--format", "--logfile", "-Z"];
+
+fn parse(args: impl IntoIterator<Item = String>) -> Result<Args> {
+    let mut a = Args { what: Some("smoke".into()), device: 0, json: None, batch: 32, imgsz: 640, samples: 11 };
+    let mut named = false;
+    let mut it = args.into_iter();
+    let value =
+        |it: &mut dyn Iterator<Item = String>, flag: &str| it.next().with_context(|| format!("{flag} needs a value"));
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--device" => a.device = value(&mut it, "--device")?.parse().context("--device")?,
+            "--json" => a.json = Some(PathBuf::from(value(&mut it, "--json")?)),
+            "--batch" => a.batch = value(&mut it, "--batch")?.parse().context("--batch")?,
+            "--imgsz" => a.imgsz = value(&mut it, "--imgsz")?.parse().context("--imgsz")?,
+            "--samples" => a.samples = value(&mut it, "--samples")?.parse().context("--samples")?,
+            f if LIBTEST_VALUED.contains(&f) => {
+                value(&mut it, f)?;
+            }
+            f if f.starts_with('-') => {}
+            name => {
+                // The first name picks the check; a name that is none (a filter for other tests) runs nothing.
+                if !named {
+                    a.what = ["smoke", "h2d", "convs"].contains(&name).then(|| name.to_string());
+                    named = true;
+                }
+            }
+        }
+    }
+    Ok(a)
+}
+
+fn run(a: Args) -> Result<()> {
+    let json = a.json.as_deref();
+    match a.what.as_deref() {
+        Some("smoke") => imp::smoke(a.device, json),
+        Some("h2d") => imp::h2d(a.device, json),
+        Some("convs") => convs(a.device, a.batch, a.imgsz, a.samples, json),
+        _ => {
+            println!("gpu: no device check matches; nothing run");
+            Ok(())
+        }
     }
 }
 
-#[cfg(feature = "cuda")]
+fn main() -> ExitCode {
+    match parse(std::env::args().skip(1)).and_then(run) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpu: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 mod imp {
     use std::path::Path;
     use std::time::Instant;
@@ -533,7 +540,7 @@ mod imp {
     /// are fixed random tensors (so the model's own numerics play no part), one of them clipped, then a step with a
     /// non-finite gradient, which must change nothing but the scale.
     fn optimizer_checks(gpu: &Device, rng: &mut RngStream, checks: &mut Vec<Check>) -> Result<()> {
-        use sluice_train::optim::{
+        use sluice_optim::{
             OptimSettings, Optimization, OptimizerKind, RunShape, ScalerSettings, StepOptions, StepPath,
         };
         let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);

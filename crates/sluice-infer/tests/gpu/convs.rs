@@ -1,4 +1,4 @@
-//! `sluice gpu convs`: the speed of the convolutions on the device, on YOLOv8n's layer shapes, Sluice's ops
+//! `gpu convs`: the speed of the convolutions on the device, on YOLOv8n's layer shapes, Sluice's ops
 //! (`sluice_kernels::conv::conv2d`: cuDNN for all three passes, algorithms chosen once per shape) against candle's
 //! stock `conv2d` (cuDNN forward chosen on every call, input gradient through candle's own `conv_transpose2d`
 //! kernel) in the same process, in f32 and bf16.
@@ -143,7 +143,7 @@ impl Passes<'_> {
     }
 }
 
-/// `sluice gpu convs`.
+/// `gpu convs`.
 pub(super) fn convs(ordinal: usize, batch: usize, imgsz: usize, samples: usize, json: Option<&Path>) -> Result<()> {
     let gpu = Device::new_cuda(ordinal).context("opening the CUDA device")?;
     sluice_transfer::retain_device_pool(&gpu).context("the device memory pool")?;
