@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sluice_model::candle_core::{DType, Device, Tensor};
-use sluice_model::{Family, LoadMode, Scale, YoloConfig, YoloV8};
+use sluice_model::{Family, LoadMode, Scale, Yolo, YoloConfig};
 
 fn pt(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sluice-model/tests/fixtures/pt").join(name)
@@ -18,7 +18,7 @@ fn pt(name: &str) -> PathBuf {
 /// tests hold to the fixture's hashes) rounded to float16 as the fixture script rounds them, then the tensors the
 /// script changed (`overlay`).
 fn fixture_weights(cfg: YoloConfig, overlay: &Path, out: &Path) -> PathBuf {
-    let mut m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0).expect("seeded model");
+    let mut m = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 0).expect("seeded model");
     let sd: HashMap<String, Tensor> = m
         .state_dict()
         .expect("state dict")

@@ -9,7 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{Scale, YoloConfig, YoloV8};
+use sluice_model::{Scale, Yolo, YoloConfig};
 
 const NC: usize = 6;
 
@@ -22,7 +22,7 @@ fn setup(dir: &Path) -> (PathBuf, PathBuf) {
     let first = image::open(images.join("000000.jpg")).expect("decode").to_rgb8();
     image::imageops::crop_imm(&first, 0, 10, 96, 60).to_image().save(images.join("extra.png")).expect("png");
     let weights = dir.join("fresh.safetensors");
-    YoloV8::new(YoloConfig::new(Scale::N, NC), DType::F32, &Device::Cpu)
+    Yolo::new(YoloConfig::new(Scale::N, NC), DType::F32, &Device::Cpu)
         .and_then(|m| m.save(&weights))
         .expect("save weights");
     (images, weights)

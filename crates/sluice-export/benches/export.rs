@@ -1,10 +1,10 @@
-//! The export's hot path: `YoloV8::graph` (BatchNorm folding, weights to the host) and the ONNX writer with its
+//! The export's hot path: `Yolo::graph` (BatchNorm folding, weights to the host) and the ONNX writer with its
 //! protobuf encoding, for yolov8n (80 classes) at 640, the size Ultralytics exports by default.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_export::{ExportArgs, Metadata, OnnxOptions, to_onnx_bytes};
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{Scale, YoloConfig, YoloV8};
+use sluice_model::{Scale, Yolo, YoloConfig};
 
 fn meta(nc: usize) -> Metadata {
     Metadata {
@@ -27,7 +27,7 @@ fn meta(nc: usize) -> Metadata {
 }
 
 fn bench(c: &mut Criterion) {
-    let Ok(model) = YoloV8::new_seeded(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu, 0) else {
+    let Ok(model) = Yolo::new_seeded(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu, 0) else {
         panic!("building yolov8n");
     };
     let opts = OnnxOptions::default();

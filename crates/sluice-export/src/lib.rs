@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use sluice_export::{Metadata, OnnxOptions, to_onnx_bytes};
-//! # fn run(model: &sluice_model::YoloV8, meta: &Metadata) -> sluice_export::Result<()> {
+//! # fn run(model: &sluice_model::Yolo, meta: &Metadata) -> sluice_export::Result<()> {
 //! let bytes = to_onnx_bytes(&model.graph()?, &OnnxOptions { imgsz: (640, 640), ..Default::default() }, meta)?;
 //! std::fs::write("yolov8n.onnx", bytes).ok();
 //! # Ok(()) }

@@ -1,5 +1,5 @@
 //! The exported ONNX graphs run in a real runtime (tract, pure Rust) and give the model's eval forward
-//! (`YoloV8::forward`, what `sluice model run` writes): the tiny yolov8 of `configs/models/yolov8-tiny.yaml` with
+//! (`Yolo::forward`, what `sluice model run` writes): the tiny yolov8 of `configs/models/yolov8-tiny.yaml` with
 //! non-trivial BatchNorm statistics, and yolov8n with the parity fixture's weights on its input
 //! (`crates/sluice-model/tests/data`), batch 1 and 4, fixed and symbolic shapes, float32 and float16. The tiny
 //! model agrees within 1e-4 relative to `max(1, |y|)`; yolov8n's scores within 1e-4 and its boxes within 0.02 px,
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use prost::Message;
 use sluice_export::{ExportArgs, Metadata, OnnxOptions, to_onnx_bytes};
 use sluice_model::candle_core::{DType, Device, Tensor};
-use sluice_model::{Family, LoadMode, Scale, YoloConfig, YoloV8};
+use sluice_model::{Family, LoadMode, Scale, Yolo, YoloConfig};
 use tract_onnx::pb::ModelProto;
 use tract_onnx::pb::tensor_shape_proto::dimension::Value as DimValue;
 use tract_onnx::pb::type_proto::Value as TypeValue;
@@ -23,7 +23,7 @@ fn model_data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sluice-model/tests/data").join(name)
 }
 
-fn meta(model: &YoloV8, opts: &OnnxOptions) -> Metadata {
+fn meta(model: &Yolo, opts: &OnnxOptions) -> Metadata {
     Metadata {
         description: "test".into(),
         author: "sluice".into(),
@@ -45,13 +45,13 @@ fn meta(model: &YoloV8, opts: &OnnxOptions) -> Metadata {
 
 /// The tiny YOLOv8 (`configs/models/yolov8-tiny.yaml`, 5 classes), seeded, with every BatchNorm's statistics and
 /// affine parameters moved away from the identity so that the folding is exercised.
-fn tiny() -> YoloV8 {
+fn tiny() -> Yolo {
     randomised_bn(YoloConfig::new(Scale::custom(0.33, 0.125, 1024).unwrap(), 5))
 }
 
 /// A seeded model of `cfg` with every BatchNorm moved away from the identity.
-fn randomised_bn(cfg: YoloConfig) -> YoloV8 {
-    let m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 3).unwrap();
+fn randomised_bn(cfg: YoloConfig) -> Yolo {
+    let m = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 3).unwrap();
     let data = m.varmap().data().lock().unwrap().clone();
     for (i, (k, v)) in data.iter().enumerate() {
         let n = v.as_tensor().elem_count();
@@ -73,13 +73,13 @@ fn randomised_bn(cfg: YoloConfig) -> YoloV8 {
 
 /// The parity fixture's yolov8n: seed-0 weights (drawn as PyTorch draws them, which sluice-model's tests hold to
 /// Ultralytics' bit for bit) with the BN-calibrated statistics.
-fn yolov8n() -> YoloV8 {
-    let mut m = YoloV8::new_seeded(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu, 0).unwrap();
+fn yolov8n() -> Yolo {
+    let mut m = Yolo::new_seeded(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu, 0).unwrap();
     m.load_weights(model_data("yolov8n_seed0_bncal_overlay.safetensors"), LoadMode::Overlay).unwrap();
     m
 }
 
-fn export(model: &YoloV8, opts: &OnnxOptions) -> Vec<u8> {
+fn export(model: &Yolo, opts: &OnnxOptions) -> Vec<u8> {
     to_onnx_bytes(&model.graph().unwrap(), opts, &meta(model, opts)).unwrap()
 }
 

@@ -7,12 +7,12 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use sluice_core::ImageRgb8;
 use sluice_infer::{PredictOptions, Predictor};
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{Arch, Scale, YoloConfig, YoloV8};
+use sluice_model::{Arch, Scale, Yolo, YoloConfig};
 
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let weights = dir.path().join("n80.safetensors");
-    YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu)
+    Yolo::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu)
         .and_then(|m| m.save(&weights))
         .expect("save a model");
     let (w, h) = (640u32, 480u32);

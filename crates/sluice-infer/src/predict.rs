@@ -15,7 +15,7 @@ use sluice_decode::{Backend, Format};
 use sluice_eval::masknms::nms_tensor;
 use sluice_eval::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredView};
 use sluice_model::candle_core::{DType, Device, Tensor};
-use sluice_model::{Arch, ModelError, YoloV8};
+use sluice_model::{Arch, ModelError, Yolo};
 
 use crate::error::{InferError, Result};
 
@@ -48,7 +48,7 @@ pub struct PredictOptions {
     /// on the CPU) instead of on the host. Both keep the same detections; on a GPU it is an opt-in device path
     /// (`DevicePaths::device_nms`), off by default.
     pub device_nms: bool,
-    /// Ultralytics' `half`: the fused model cast to float16 after folding (`YoloV8::fuse_to`), its output back in
+    /// Ultralytics' `half`: the fused model cast to float16 after folding (`Yolo::fuse_to`), its output back in
     /// f32 for the thresholds and NMS. Honoured on any device; `sluice predict` asks for it on CUDA devices only,
     /// as Ultralytics.
     pub half: bool,
@@ -176,7 +176,7 @@ pub const DECODE_AHEAD: usize = 2;
 
 /// A loaded model ready to predict on images.
 pub struct Predictor {
-    model: YoloV8,
+    model: Yolo,
     nc: usize,
     opts: PredictOptions,
     nms: Nms,
@@ -286,7 +286,7 @@ impl Predictor {
         // Its architecture is the one it trained (a yolo11 checkpoint predicts as yolo11 whatever `arch` says).
         let arch = stored.and_then(|m| m.ok()).and_then(|m| sluice_model::parse_model(&m).ok()).unwrap_or(arch);
         let model = if pt {
-            YoloV8::from_pt(weights, DType::F32, device).and_then(|(m, ckpt)| {
+            Yolo::from_pt(weights, DType::F32, device).and_then(|(m, ckpt)| {
                 if ckpt.nc != nc {
                     return Err(sluice_model::ModelError::Pt {
                         file: weights.to_path_buf(),
@@ -296,14 +296,14 @@ impl Predictor {
                 Ok(m)
             })
         } else if checkpoint {
-            arch.config(nc).fit_to_weights(weights, "ema.").and_then(|c| YoloV8::new(c, DType::F32, device)).and_then(
+            arch.config(nc).fit_to_weights(weights, "ema.").and_then(|c| Yolo::new(c, DType::F32, device)).and_then(
                 |mut m| {
                     m.load_weights_prefixed(weights, "ema.", sluice_model::LoadMode::Strict)?;
                     Ok(m)
                 },
             )
         } else {
-            YoloV8::load(arch.config(nc), weights, DType::F32, device)
+            Yolo::load(arch.config(nc), weights, DType::F32, device)
         }
         .and_then(|m| m.fuse_to(if opts.half { DType::F16 } else { DType::F32 }))
         .map_err(model_err)?;
@@ -528,7 +528,7 @@ mod tests {
 
     fn saved_model(dir: &Path, nc: usize) -> PathBuf {
         let path = dir.join(format!("n{nc}.safetensors"));
-        YoloV8::new(YoloConfig::new(Scale::N, nc), DType::F32, &Device::Cpu).and_then(|m| m.save(&path)).expect("save");
+        Yolo::new(YoloConfig::new(Scale::N, nc), DType::F32, &Device::Cpu).and_then(|m| m.save(&path)).expect("save");
         path
     }
 

@@ -23,7 +23,7 @@ use sluice_eval::{
 };
 use sluice_kernels::threads::on_compute_pool;
 use sluice_model::candle_core::DType;
-use sluice_model::{DetectionLoss, YoloV8};
+use sluice_model::{DetectionLoss, Yolo};
 use sluice_transfer::{DeviceTransfer, Readback};
 
 use crate::loss_path::{Items, StepLoss, dense_on, step_loss};
@@ -48,7 +48,7 @@ pub struct ValOptions {
     pub gpu_timer: bool,
     /// The device's loss path on the CPU too (the config's `dense_loss`).
     pub dense_loss: bool,
-    /// Ultralytics' `half`: the fused model cast to float16 after folding ([`YoloV8::fuse_to`]), the images cast
+    /// Ultralytics' `half`: the fused model cast to float16 after folding ([`Yolo::fuse_to`]), the images cast
     /// on the device, the head's outputs back to f32 for the loss, NMS and the metrics. Honoured on any device;
     /// `sluice val` and `sluice predict` turn it on for CUDA devices only, as Ultralytics does.
     pub half: bool,
@@ -269,7 +269,7 @@ pub struct BatchWork {
 /// One validation batch's device work: the forward, the loss and the shrink (or NMS) of the predictions, all on
 /// the model's device; nothing is read back here.
 pub fn batch_on_device(
-    model: &YoloV8,
+    model: &Yolo,
     loss: &DetectionLoss,
     batch: &Batch,
     x: &sluice_transfer::DeviceBatch,
@@ -303,7 +303,7 @@ pub fn batch_on_device(
 /// Validates `model` over one pass of `loader`: inference on this thread, NMS and matching on `workers`
 /// post-process threads fed through a bounded queue, so the two overlap.
 pub fn validate(
-    model: &YoloV8,
+    model: &Yolo,
     loader: &ValLoader,
     loss: &DetectionLoss,
     transfer: &DeviceTransfer,
@@ -317,7 +317,7 @@ pub fn validate(
 /// whole split, identical to one process validating it with the same batches), and the losses and counts summed.
 /// Timings and the post-process figures stay this rank's.
 pub fn validate_on(
-    model: &YoloV8,
+    model: &Yolo,
     loader: &ValLoader,
     loss: &DetectionLoss,
     transfer: &DeviceTransfer,

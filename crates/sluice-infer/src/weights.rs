@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{LoadMode, YoloV8};
+use sluice_model::{LoadMode, Yolo};
 
 use crate::error::{InferError, Result};
 
@@ -53,12 +53,12 @@ pub fn checkpoint_model(weights: &Path) -> Option<Result<String>> {
 /// the stored configuration unless `model` is given), an Ultralytics `.pt` checkpoint (its own architecture unless
 /// `model` is given) or a plain weights file (Ultralytics key names; `model` required). `nc` is the dataset's class
 /// count.
-pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Device) -> Result<YoloV8> {
+pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Device) -> Result<Yolo> {
     let bad = |reason: String| InferError::Weights { path: weights.to_path_buf(), reason };
     let model_err = |source| InferError::Model { context: format!("loading {}", weights.display()), source };
     if model.is_none() && sluice_model::is_pt(weights) {
         // An Ultralytics checkpoint says its own architecture; its class count must be the dataset's.
-        let m = YoloV8::from_pt(weights, DType::F32, device).map_err(|e| model_err(Box::new(e)))?.0;
+        let m = Yolo::from_pt(weights, DType::F32, device).map_err(|e| model_err(Box::new(e)))?.0;
         if m.config().nc != nc {
             return Err(bad(format!("a model for {} classes, the dataset has {nc}", m.config().nc)));
         }
@@ -78,9 +78,9 @@ pub fn load_model(weights: &Path, model: Option<&str>, nc: usize, device: &Devic
         ))
     })?;
     let prefix = if checkpoint { "ema." } else { "" };
-    let load = || -> sluice_model::Result<YoloV8> {
+    let load = || -> sluice_model::Result<Yolo> {
         let config = arch.config(nc).fit_to_weights(weights, prefix)?;
-        let mut m = YoloV8::new(config, DType::F32, device)?;
+        let mut m = Yolo::new(config, DType::F32, device)?;
         if checkpoint {
             m.load_weights_prefixed(weights, prefix, LoadMode::Strict)?;
         } else {
@@ -104,7 +104,7 @@ mod tests {
     fn a_plain_weights_file_needs_its_architecture() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("plain.safetensors");
-        let saved = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).expect("model");
+        let saved = Yolo::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).expect("model");
         saved.save(&path).expect("save");
         assert!(checkpoint_model(&path).is_none());
         let e = load_model(&path, None, 3, &Device::Cpu).expect_err("no architecture").to_string();

@@ -18,7 +18,7 @@ use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 use sluice_core::{Batch, BatchShape, BoxXyxy, Target, Transfer};
 use sluice_eval::{NmsParams, ShrinkParams};
-use sluice_model::{DetectionLoss, Mode, YoloV8};
+use sluice_model::{DetectionLoss, Mode, Yolo};
 use sluice_transfer::{DeviceTransfer, Readback};
 
 use sluice_infer::DevicePaths;
@@ -260,7 +260,7 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     }
     let device = Device::Cpu;
     let arch = sluice_model::parse_model(&opts.model)?;
-    let model = YoloV8::new_seeded(arch.config(opts.nc), DType::F32, &device, 0)?;
+    let model = Yolo::new_seeded(arch.config(opts.nc), DType::F32, &device, 0)?;
     model.set_autocast(opts.amp)?;
     // Every batch an optimizer step (nbs = batch): the record holds one whole step, as the peer's.
     let settings = OptimSettings { optimizer: opts.optimizer, nbs: opts.batch, ..OptimSettings::default() };

@@ -4,11 +4,11 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use criterion::{Criterion, Throughput, criterion_group};
-use sluice_model::{BenchOptions, Scale, YoloConfig, YoloV8, bench_model, ops};
+use sluice_model::{BenchOptions, Scale, Yolo, YoloConfig, bench_model, ops};
 
 fn forward(c: &mut Criterion) {
     let dev = Device::Cpu;
-    let model = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &dev).expect("model");
+    let model = Yolo::new(YoloConfig::new(Scale::N, 80), DType::F32, &dev).expect("model");
     let fused = model.fuse().expect("fuse");
     let x = Tensor::rand(0f32, 1.0, (1, 3, 320, 320), &dev).expect("input");
     let mut g = c.benchmark_group("yolov8n_320_cpu");

@@ -3,11 +3,11 @@
 use candle_core::{DType, Device, Tensor};
 use criterion::{Criterion, criterion_group};
 use sluice_core::{BoxXyxy, Target};
-use sluice_model::{DenseTargets, DetectionLoss, Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{DenseTargets, DetectionLoss, Mode, Scale, Yolo, YoloConfig};
 
 fn loss(c: &mut Criterion) {
     let (b, side, nc) = (8usize, 320usize, 80usize);
-    let model = YoloV8::new_seeded(YoloConfig::new(Scale::N, nc), DType::F32, &Device::Cpu, 0).expect("model");
+    let model = Yolo::new_seeded(YoloConfig::new(Scale::N, nc), DType::F32, &Device::Cpu, 0).expect("model");
     let x = Tensor::rand(0f32, 1.0, (b, 3, side, side), &Device::Cpu).expect("input");
     let (raw, _) = model.forward_raw(&x, Mode::Train).expect("forward");
     let raw = sluice_model::RawHead {

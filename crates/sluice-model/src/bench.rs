@@ -15,7 +15,7 @@ use crate::config::YoloConfig;
 use crate::error::Result;
 use crate::layers::Mode;
 use crate::loss::DetectionLoss;
-use crate::model::YoloV8;
+use crate::model::Yolo;
 
 /// What to time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,14 +92,14 @@ pub fn bench_model(opts: &BenchOptions, device: &Device) -> Result<BenchReport> 
 pub fn bench_model_with<E, U>(
     opts: &BenchOptions,
     device: &Device,
-    make_update: impl FnOnce(&YoloV8) -> std::result::Result<U, E>,
+    make_update: impl FnOnce(&Yolo) -> std::result::Result<U, E>,
 ) -> std::result::Result<BenchReport, E>
 where
     E: From<crate::error::ModelError> + Send,
     U: FnMut(&GradStore) -> std::result::Result<(), E> + Send,
 {
     let model_err = |e: candle_core::Error| E::from(e.into());
-    let model = YoloV8::new(opts.config, DType::F32, device).map_err(E::from)?;
+    let model = Yolo::new(opts.config, DType::F32, device).map_err(E::from)?;
     let fused = model.fuse().map_err(E::from)?;
     let x = Tensor::rand(0f32, 1.0, (opts.batch, 3, opts.imgsz, opts.imgsz), device).map_err(model_err)?;
     let s = opts.imgsz as f32;

@@ -9,7 +9,7 @@ use candle_core::Tensor;
 use crate::config::STRIDES;
 use crate::error::{ModelError, Result};
 use crate::layers::{C2f, Conv, Sppf};
-use crate::model::YoloV8;
+use crate::model::Yolo;
 
 /// The index of a value: 0 is the graph's input, `i + 1` the output of node `i`.
 pub type ValueId = usize;
@@ -191,9 +191,9 @@ impl Builder {
     }
 }
 
-impl YoloV8 {
+impl Yolo {
     /// The evaluation graph with every BatchNorm folded into its convolution (the arithmetic of
-    /// [`YoloV8::fuse`]), weights as float32 on the CPU. An end-to-end model (YOLO26) is described by its
+    /// [`Yolo::fuse`]), weights as float32 on the CPU. An end-to-end model (YOLO26) is described by its
     /// one-to-many head, its default eval output.
     pub fn graph(&self) -> Result<Graph> {
         let mut b = Builder { nodes: Vec::new() };
@@ -225,7 +225,7 @@ impl YoloV8 {
     }
 }
 
-/// A borrowed view of one top-level layer (see [`YoloV8::layer_views`]).
+/// A borrowed view of one top-level layer (see [`Yolo::layer_views`]).
 pub(crate) enum LayerView<'a> {
     Conv(&'a Conv),
     C2f(&'a C2f),

@@ -4,9 +4,9 @@
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
-//! use sluice_model::{Scale, YoloConfig, YoloV8};
+//! use sluice_model::{Scale, YoloConfig, Yolo};
 //! # fn main() -> sluice_model::Result<()> {
-//! let model = YoloV8::load(YoloConfig::new(Scale::N, 80), "yolov8n.safetensors", DType::F32, &Device::Cpu)?;
+//! let model = Yolo::load(YoloConfig::new(Scale::N, 80), "yolov8n.safetensors", DType::F32, &Device::Cpu)?;
 //! let x = Tensor::zeros((1, 3, 320, 320), DType::F32, &Device::Cpu)?;
 //! let out = model.forward(&x)?; // out.y: (1, 84, 2100)
 //! # Ok(()) }
@@ -37,7 +37,7 @@ pub use graph::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Node, Op, 
 pub use head::RawHead;
 pub use layers::Mode;
 pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
-pub use model::{Detections, YoloV8, dfl_key};
+pub use model::{Detections, Yolo, dfl_key};
 pub use pt::{PtCheckpoint, is_pt, read_pt, read_pt_bytes};
 pub use run::{RunOptions, RunSummary, run_npy};
 pub use weights::{LoadMode, Transferred};

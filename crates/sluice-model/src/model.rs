@@ -38,9 +38,9 @@ pub struct Detections {
     pub feats: [Tensor; 3],
 }
 
-/// A YOLOv8 or YOLO11 detection model (the name is the first family's). Parameters live in a [`VarMap`] under
-/// Ultralytics' state-dict names.
-pub struct YoloV8 {
+/// A YOLO detection model of any family Sluice builds (YOLOv8, YOLO11, YOLO26; [`crate::Arch`]). Parameters live
+/// in a [`VarMap`] under Ultralytics' state-dict names.
+pub struct Yolo {
     cfg: YoloConfig,
     layers: Vec<Layer>,
     detect: Detect,
@@ -52,9 +52,9 @@ pub struct YoloV8 {
     pub(crate) num_batches_tracked: BTreeMap<String, i64>,
 }
 
-impl std::fmt::Debug for YoloV8 {
+impl std::fmt::Debug for Yolo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("YoloV8")
+        f.debug_struct("Yolo")
             .field("cfg", &self.cfg)
             .field("fused", &self.fused)
             .field("dtype", &self.dtype)
@@ -71,7 +71,7 @@ pub fn dfl_key(family: Family) -> String {
     format!("model.{}.dfl.conv.weight", family.detect_index())
 }
 
-impl YoloV8 {
+impl Yolo {
     /// A freshly initialised model (PyTorch default conv init, BN weight 1 / bias 0 / mean 0 / var 1,
     /// Ultralytics' head bias init), from the device's random generator.
     pub fn new(cfg: YoloConfig, dtype: DType, device: &Device) -> Result<Self> {
@@ -305,7 +305,7 @@ impl YoloV8 {
         self.fuse_to(self.dtype)
     }
 
-    /// [`YoloV8::fuse`], then every weight cast to `dtype` (Ultralytics' `model.fuse()` then `.half()`, its `half`
+    /// [`Yolo::fuse`], then every weight cast to `dtype` (Ultralytics' `model.fuse()` then `.half()`, its `half`
     /// inference): the folding runs in the model's own precision, so only the final weights are rounded. The copy
     /// takes inputs in `dtype` and returns its outputs in `dtype`.
     pub fn fuse_to(&self, dtype: DType) -> Result<Self> {

@@ -123,18 +123,18 @@ impl<'a> Params<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Scale, YoloConfig, YoloV8};
+    use crate::{Scale, Yolo, YoloConfig};
 
-    fn weight(m: &YoloV8) -> Vec<f32> {
+    fn weight(m: &Yolo) -> Vec<f32> {
         m.var("model.2.m.0.cv1.conv.weight").unwrap().as_tensor().flatten_all().unwrap().to_vec1().unwrap()
     }
 
     #[test]
     fn seeded_models_repeat_and_follow_the_pytorch_bounds() {
         let cfg = YoloConfig::new(Scale::N, 3);
-        let a = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 7).unwrap();
-        let b = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 7).unwrap();
-        let c = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 8).unwrap();
+        let a = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 7).unwrap();
+        let b = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 7).unwrap();
+        let c = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 8).unwrap();
         assert_eq!(weight(&a), weight(&b));
         assert_ne!(weight(&a), weight(&c));
         // 16 input channels x 3 x 3: U(-1/12, 1/12), mean near 0.

@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::{Family, REG_MAX, Scale, YoloConfig};
 use crate::error::{ModelError, Result};
-use crate::model::YoloV8;
+use crate::model::Yolo;
 use crate::weights::LoadMode;
 
 /// The deepest module nesting walked; YOLOv8's is 5 (`model.2.m.0.cv1.conv`).
@@ -163,7 +163,7 @@ pub fn read_pt_bytes(bytes: &[u8], origin: &Path) -> Result<PtCheckpoint> {
     Ok(PtCheckpoint { file: origin.to_path_buf(), entry, tensors, names, nc, scale, family, dtype })
 }
 
-impl YoloV8 {
+impl Yolo {
     /// The model an Ultralytics checkpoint holds, with its architecture, class count and weights (float16
     /// weights widen exactly to `dtype`).
     pub fn from_pt(path: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<(Self, PtCheckpoint)> {

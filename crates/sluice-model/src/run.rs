@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::YoloConfig;
 use crate::error::{ModelError, Result};
-use crate::model::YoloV8;
+use crate::model::Yolo;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -51,7 +51,7 @@ fn write_npy(t: &Tensor, path: &Path) -> Result<()> {
 /// Loads the model and the input, runs the eval forward on the CPU and writes the outputs.
 pub fn run_npy(opts: &RunOptions) -> Result<RunSummary> {
     let device = Device::Cpu;
-    let model = YoloV8::load(opts.config, &opts.weights, DType::F32, &device)?;
+    let model = Yolo::load(opts.config, &opts.weights, DType::F32, &device)?;
     let model = if opts.fuse { model.fuse()? } else { model };
     let x = Tensor::read_npy(&opts.input).map_err(|source| ModelError::Npy { file: opts.input.clone(), source })?;
     if x.dtype() != DType::F32 {

@@ -9,9 +9,9 @@ use candle_core::{DType, Tensor};
 
 use crate::config::REG_MAX;
 use crate::error::{ModelError, Result};
-use crate::model::{YoloV8, dfl_key};
+use crate::model::{Yolo, dfl_key};
 
-/// How [`YoloV8::load_weights`] treats the keys of the file.
+/// How [`Yolo::load_weights`] treats the keys of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadMode {
     /// Every parameter and running statistic of the model must be in the file, and nothing else
@@ -25,7 +25,7 @@ pub enum LoadMode {
 /// The prefix of the EMA weights in a Sluice training checkpoint (`sluice-train`'s `last`/`best`).
 const TRAINING_EMA_PREFIX: &str = "ema.";
 
-/// What [`YoloV8::transfer_weights`] copied: Ultralytics' "Transferred 349/355 items from pretrained weights".
+/// What [`Yolo::transfer_weights`] copied: Ultralytics' "Transferred 349/355 items from pretrained weights".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transferred {
     /// Tensors copied from the file.
@@ -36,7 +36,7 @@ pub struct Transferred {
     pub skipped: Vec<String>,
 }
 
-impl YoloV8 {
+impl Yolo {
     /// A model of this configuration with the weights of a safetensors file (Ultralytics key names) or an Ultralytics
     /// `.pt` checkpoint.
     pub fn load(
@@ -226,7 +226,7 @@ impl YoloV8 {
         Ok(out)
     }
 
-    /// Writes [`YoloV8::state_dict`] as a safetensors file.
+    /// Writes [`Yolo::state_dict`] as a safetensors file.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let sd = self.state_dict()?;

@@ -1,15 +1,15 @@
-//! Mixed precision ([`YoloV8::set_autocast`]): the half-precision train-mode step against the f32 one on the same
-//! weights and batch, on the CPU; and the half-precision inference copy ([`YoloV8::fuse_to`], `--half`) against the
+//! Mixed precision ([`Yolo::set_autocast`]): the half-precision train-mode step against the f32 one on the same
+//! weights and batch, on the CPU; and the half-precision inference copy ([`Yolo::fuse_to`], `--half`) against the
 //! f32 fused model. The trainer uses f16 (`amp: true`) or bf16 on a GPU (cuDNN); candle 0.11's CPU conv2d has no bf16
 //! matmul (it calls its f16/f32/f64-only gemm directly), so the CPU test runs the same graph with f16, which
 //! exercises the same casts, gradients and master weights. the device check `gpu smoke` checks bf16 on the device.
 #![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
 
 use candle_core::{DType, Device, Tensor};
-use sluice_model::{Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{Mode, Scale, Yolo, YoloConfig};
 
-fn model() -> YoloV8 {
-    YoloV8::new_seeded(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu, 7).unwrap()
+fn model() -> Yolo {
+    Yolo::new_seeded(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu, 7).unwrap()
 }
 
 fn batch() -> Tensor {
@@ -20,7 +20,7 @@ fn batch() -> Tensor {
 
 /// A train-mode forward and a scalar of every head output (so every weight gets a gradient), with the gradients
 /// of the named weights.
-fn step(m: &YoloV8, x: &Tensor, names: &[&str]) -> (Vec<f32>, Vec<Vec<f32>>, Vec<DType>) {
+fn step(m: &Yolo, x: &Tensor, names: &[&str]) -> (Vec<f32>, Vec<Vec<f32>>, Vec<DType>) {
     let (raw, _) = m.forward_raw(x, Mode::Train).unwrap();
     let out = Tensor::cat(&[&raw.boxes, &raw.scores], 1).unwrap();
     // Summed, not averaged: the gradients stay well inside f16's range without a loss scale.
@@ -106,7 +106,7 @@ fn autocast_takes_half_dtypes_on_f32_unfused_models_only() {
     let fused = m.fuse().unwrap();
     assert_eq!(fused.autocast(), None);
     assert!(fused.set_autocast(Some(DType::BF16)).is_err());
-    let f64_model = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F64, &Device::Cpu).unwrap();
+    let f64_model = Yolo::new(YoloConfig::new(Scale::N, 3), DType::F64, &Device::Cpu).unwrap();
     assert!(f64_model.set_autocast(Some(DType::BF16)).is_err());
     assert!(f64_model.set_autocast(None).is_ok());
 }
@@ -118,7 +118,7 @@ fn the_half_inference_copy_tracks_the_f32_fused_model() {
     let x = batch();
     for name in ["yolov8n", "yolo11n", "yolo26n"] {
         let cfg = sluice_model::parse_model(name).unwrap().config(3);
-        let m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 11).unwrap();
+        let m = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 11).unwrap();
         let f32_fused = m.fuse().unwrap();
         let same = m.fuse_to(DType::F32).unwrap();
         let half = m.fuse_to(DType::F16).unwrap();
@@ -145,7 +145,7 @@ fn every_family_trains_with_half_activations() {
     for name in ["yolo11n", "yolo26n"] {
         let cfg = sluice_model::parse_model(name).unwrap().config(3);
         let step_of = |half: Option<DType>| {
-            let m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 5).unwrap();
+            let m = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 5).unwrap();
             m.set_autocast(half).unwrap();
             let (raw, feats) = m.forward_raw(&x, Mode::Train).unwrap();
             let mut parts = vec![raw.boxes.clone(), raw.scores.clone()];

@@ -13,7 +13,7 @@
 #![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
 
 use candle_core::{DType, Device, Tensor, Var};
-use sluice_model::{Mode, Scale, YoloConfig, YoloV8, ops};
+use sluice_model::{Mode, Scale, Yolo, YoloConfig, ops};
 
 const H: f64 = 1e-6;
 
@@ -167,7 +167,7 @@ fn train_mode_model_gradients_match_central_differences() {
     // yolov8n, nc 3, a 2x3x64x64 f64 input, train mode (BatchNorm on batch statistics); a fixed random
     // projection of the raw outputs as the scalar.
     let dev = Device::Cpu;
-    let model = YoloV8::new_seeded(YoloConfig::new(Scale::N, 3), DType::F64, &dev, 0).unwrap();
+    let model = Yolo::new_seeded(YoloConfig::new(Scale::N, 3), DType::F64, &dev, 0).unwrap();
     let x = randn(&[2, 3, 64, 64], 0.5);
     let (raw, _) = model.forward_raw(&x, Mode::Train).unwrap();
     let wb = randn(raw.boxes.dims(), 3.3);

@@ -9,7 +9,7 @@
 mod poison;
 
 use candle_core::{DType, Device, Tensor};
-use sluice_model::{Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{Mode, Scale, Yolo, YoloConfig};
 
 /// Deterministic values in [0, 1).
 fn uniform(shape: &[usize], seed: u64, dtype: DType) -> Tensor {
@@ -40,13 +40,13 @@ fn check(shape: [usize; 4]) {
     assert!(poison::active());
     let dev = Device::Cpu;
     let cfg = YoloConfig::new(Scale::N, 6);
-    let m64 = YoloV8::new_seeded(cfg, DType::F64, &dev, 7).unwrap();
-    let m32 = YoloV8::new_seeded(cfg, DType::F32, &dev, 7).unwrap();
+    let m64 = Yolo::new_seeded(cfg, DType::F64, &dev, 7).unwrap();
+    let m32 = Yolo::new_seeded(cfg, DType::F32, &dev, 7).unwrap();
     for (name, v) in m32.trainable_vars() {
         v.set(&m64.var(&name).unwrap().as_tensor().to_dtype(DType::F32).unwrap()).unwrap();
     }
     let x64 = uniform(&shape, 11, DType::F64);
-    let run = |m: &YoloV8, dtype: DType| {
+    let run = |m: &Yolo, dtype: DType| {
         let (raw, _) = m.forward_raw(&x64.to_dtype(dtype).unwrap(), Mode::Train).unwrap();
         let wb = uniform(raw.boxes.dims(), 3, dtype).affine(2.0, -1.0).unwrap();
         let ws = uniform(raw.scores.dims(), 5, dtype).affine(2.0, -1.0).unwrap();

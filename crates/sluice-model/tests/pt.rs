@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use sluice_model::{Family, LoadMode, Scale, YoloConfig, YoloV8, read_pt, read_pt_bytes};
+use sluice_model::{Family, LoadMode, Scale, Yolo, YoloConfig, read_pt, read_pt_bytes};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt").join(name)
@@ -62,7 +62,7 @@ fn yolo11_and_yolo26_checkpoints_load_and_run_as_ultralytics() {
     // The weights are float16 and both sides widen them to float32 before the forward, so the outputs differ by
     // float32 rounding alone, as the float32 YOLOv8's do (`float32_checkpoint_matches_the_ultralytics_forward`):
     // the boxes and the scores (about 1e-3 here) are each held to 1e-4 of their own size.
-    let (m, ckpt) = YoloV8::from_pt(fixture("y11t.pt"), DType::F32, &Device::Cpu).unwrap();
+    let (m, ckpt) = Yolo::from_pt(fixture("y11t.pt"), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(ckpt.family, Family::V11);
     assert_eq!((ckpt.scale, ckpt.nc, ckpt.dtype), (tiny(), 3, DType::F16));
     let y = m.forward(&input()).unwrap().y;
@@ -70,14 +70,14 @@ fn yolo11_and_yolo26_checkpoints_load_and_run_as_ultralytics() {
     println!("y11t: boxes {boxes:e}, scores {scores:e} (relative)");
     assert!(boxes < 1e-4 && scores < 1e-4, "boxes {boxes}, scores {scores}");
     // YOLO26: an end-to-end head with reg_max 1 on YOLO11's blocks.
-    let (m26, ckpt) = YoloV8::from_pt(fixture("y26t.pt"), DType::F32, &Device::Cpu).unwrap();
+    let (m26, ckpt) = Yolo::from_pt(fixture("y26t.pt"), DType::F32, &Device::Cpu).unwrap();
     assert_eq!((ckpt.family, ckpt.scale, ckpt.nc), (Family::V26, tiny(), 3));
     let y = m26.forward(&input()).unwrap().y;
     let (boxes, scores) = box_and_score_errors(&y, &Tensor::read_npy(fixture("y26t_out_64.npy")).unwrap());
     println!("y26t: boxes {boxes:e}, scores {scores:e} (relative)");
     assert!(boxes < 1e-4 && scores < 1e-4, "boxes {boxes}, scores {scores}");
     // A YOLOv8 of the same scale refuses a YOLO11 by family, naming both.
-    let mut v8 = YoloV8::new(YoloConfig::new(tiny(), 3), DType::F32, &Device::Cpu).unwrap();
+    let mut v8 = Yolo::new(YoloConfig::new(tiny(), 3), DType::F32, &Device::Cpu).unwrap();
     let e = v8.load_weights(fixture("y11t.pt"), LoadMode::Strict).expect_err("family").to_string();
     assert!(e.contains("y11t.pt") && e.contains("yolo11") && e.contains("yolov8"), "{e}");
 }
@@ -90,7 +90,7 @@ fn yolo11_and_yolo26_checkpoints_load_and_run_as_ultralytics() {
 /// the class and the score must agree.
 #[test]
 fn yolo26_end_to_end_rows_match_ultralytics() {
-    let (m26, _) = YoloV8::from_pt(fixture("y26t.pt"), DType::F32, &Device::Cpu).unwrap();
+    let (m26, _) = Yolo::from_pt(fixture("y26t.pt"), DType::F32, &Device::Cpu).unwrap();
     let got = m26.forward_end2end(&input(), 300).unwrap();
     let want = Tensor::read_npy(fixture("y26t_e2e_64.npy")).unwrap();
     assert_eq!(got.dims(), want.dims());
@@ -133,9 +133,9 @@ fn trainer_checkpoint_gives_its_ema_bit_for_bit_as_the_safetensors_conversion() 
     // of the optimizer's float16 momenta in the same pickle.
     assert_eq!(ckpt.tensors.len(), 355);
 
-    let (from_pt, _) = YoloV8::from_pt(fixture("v8t_trainer.pt"), DType::F32, &Device::Cpu).unwrap();
+    let (from_pt, _) = Yolo::from_pt(fixture("v8t_trainer.pt"), DType::F32, &Device::Cpu).unwrap();
     let from_st =
-        YoloV8::load(YoloConfig::new(tiny(), 3), fixture("v8t_trainer_ema.safetensors"), DType::F32, &Device::Cpu)
+        Yolo::load(YoloConfig::new(tiny(), 3), fixture("v8t_trainer_ema.safetensors"), DType::F32, &Device::Cpu)
             .unwrap();
     let (a, b) = (from_pt.state_dict().unwrap(), from_st.state_dict().unwrap());
     assert_eq!(a.len(), b.len());
@@ -154,7 +154,7 @@ fn trainer_checkpoint_gives_its_ema_bit_for_bit_as_the_safetensors_conversion() 
 fn saved_model_reads_its_model_entry_and_loads_through_load_weights() {
     let ckpt = read_pt(fixture("v8t_save.pt")).unwrap();
     assert_eq!((ckpt.entry, ckpt.dtype, ckpt.nc), ("model", DType::F16, 3));
-    let mut m = YoloV8::new(YoloConfig::new(tiny(), 3), DType::F32, &Device::Cpu).unwrap();
+    let mut m = Yolo::new(YoloConfig::new(tiny(), 3), DType::F32, &Device::Cpu).unwrap();
     m.load_weights(fixture("v8t_save.pt"), LoadMode::Strict).unwrap();
     let w = m.var("model.0.conv.weight").unwrap().as_tensor().clone();
     assert_eq!(bits(&w), bits(&ckpt.tensors["model.0.conv.weight"]));
@@ -165,7 +165,7 @@ fn saved_model_reads_its_model_entry_and_loads_through_load_weights() {
 
 #[test]
 fn float32_checkpoint_matches_the_ultralytics_forward() {
-    let (m, ckpt) = YoloV8::from_pt(fixture("v8t_float.pt"), DType::F32, &Device::Cpu).unwrap();
+    let (m, ckpt) = Yolo::from_pt(fixture("v8t_float.pt"), DType::F32, &Device::Cpu).unwrap();
     assert_eq!((ckpt.entry, ckpt.dtype), ("model", DType::F32));
     let y = m.forward(&input()).unwrap().y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let want = Tensor::read_npy(fixture("v8t_float_out_64.npy")).unwrap();
@@ -195,10 +195,10 @@ fn checkpoints_sluice_cannot_use_are_refused_naming_the_file_and_what_was_found(
 
 #[test]
 fn a_checkpoint_for_other_classes_or_another_scale_is_an_error() {
-    let mut m = YoloV8::new(YoloConfig::new(tiny(), 5), DType::F32, &Device::Cpu).unwrap();
+    let mut m = Yolo::new(YoloConfig::new(tiny(), 5), DType::F32, &Device::Cpu).unwrap();
     let e = m.load_weights(fixture("v8t_save.pt"), LoadMode::Strict).expect_err("nc").to_string();
     assert!(e.contains("v8t_save.pt") && e.contains("3 classes (cat, dog, bird)") && e.contains("has 5"), "{e}");
-    let mut m = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).unwrap();
+    let mut m = Yolo::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).unwrap();
     let e = m.load_weights(fixture("v8t_save.pt"), LoadMode::Strict).expect_err("scale").to_string();
     assert!(e.contains("v8t_save.pt") && e.contains("shape"), "{e}");
 }

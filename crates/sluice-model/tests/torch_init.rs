@@ -5,7 +5,7 @@
 //! order of the draws, so a change in the order the builder creates tensors fails here.
 
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{YoloV8, parse_model};
+use sluice_model::{Yolo, parse_model};
 
 const FIXTURE: &str = include_str!("data/torch_init/torch_init.json");
 
@@ -18,7 +18,7 @@ fn seeded_weights_are_ultralytics_initial_weights() {
     assert_eq!(models.len(), 3);
     for (name, digests) in models {
         let arch = parse_model(name).expect("model name");
-        let m = YoloV8::new_seeded(arch.config(nc), DType::F32, &Device::Cpu, seed).expect("model");
+        let m = Yolo::new_seeded(arch.config(nc), DType::F32, &Device::Cpu, seed).expect("model");
         let digests = digests.as_object().expect("digests");
         let mut wrong = Vec::new();
         // The DFL's fixed 0..reg_max projection is a constant of the head here, not a tensor of the model.

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 use common::{assert_close, data, npy, seed0, seed0_file};
 use sha2::{Digest, Sha256};
-use sluice_model::{LoadMode, ModelError, Scale, YoloConfig, YoloV8};
+use sluice_model::{LoadMode, ModelError, Scale, Yolo, YoloConfig};
 
 fn load_st(path: &std::path::Path) -> HashMap<String, Tensor> {
     candle_core::safetensors::load(path, &Device::Cpu).unwrap()
@@ -63,7 +63,7 @@ fn save_gives_back_the_ultralytics_state_dict_bit_for_bit() {
     }
     assert!(differ.is_empty(), "{} of 355 tensors differ from Ultralytics': {differ:?}", differ.len());
     // And the saved file loads back to the same outputs.
-    let again = YoloV8::load(YoloConfig::new(Scale::N, 80), &out, DType::F32, &Device::Cpu).unwrap();
+    let again = Yolo::load(YoloConfig::new(Scale::N, 80), &out, DType::F32, &Device::Cpu).unwrap();
     let x = npy("parity_in_seed1_320.npy");
     assert_close("reloaded y", &again.forward(&x).unwrap().y, &model.forward(&x).unwrap().y, 0.0);
 }
@@ -71,7 +71,7 @@ fn save_gives_back_the_ultralytics_state_dict_bit_for_bit() {
 #[test]
 fn a_fresh_model_has_ultralytics_keys_shapes_and_parameter_counts() {
     let original = reference();
-    let fresh = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap().state_dict().unwrap();
+    let fresh = Yolo::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap().state_dict().unwrap();
     assert_eq!(fresh.len(), original.len());
     for (k, (_, dims, _)) in &original {
         assert_eq!(fresh.get(k).map(|f| f.dims().to_vec()), Some(dims.clone()), "{k}");
@@ -81,7 +81,7 @@ fn a_fresh_model_has_ultralytics_keys_shapes_and_parameter_counts() {
     assert!((b[0] as f64 - (5.0f64 / 80.0 / 80.0f64.powi(2)).ln()).abs() < 1e-6);
     // Parameter counts from the comments of Ultralytics' yolov8.yaml (nc 80; includes the 16 DFL weights).
     for (scale, want) in [(Scale::N, 3_157_200usize), (Scale::S, 11_166_560), (Scale::M, 25_902_640)] {
-        let m = YoloV8::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
+        let m = Yolo::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
         let n: usize = m.trainable_vars().iter().map(|(_, v)| v.elem_count()).sum::<usize>() + 16;
         assert_eq!(n, want, "{}", scale.name());
     }
@@ -91,7 +91,7 @@ fn a_fresh_model_has_ultralytics_keys_shapes_and_parameter_counts() {
 fn large_scales_have_ultralytics_parameter_counts() {
     // Counted from the shapes alone (no allocation of 68M parameters).
     for (scale, want) in [(Scale::L, 43_691_520usize), (Scale::X, 68_229_648)] {
-        let m = YoloV8::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
+        let m = Yolo::new(YoloConfig::new(scale, 80), DType::F32, &Device::Cpu).unwrap();
         let n: usize = m.trainable_vars().iter().map(|(_, v)| v.elem_count()).sum::<usize>() + 16;
         assert_eq!(n, want, "{}", scale.name());
     }
@@ -105,20 +105,20 @@ fn wrong_files_give_errors_naming_the_key() {
     sd.remove("model.4.m.1.cv2.bn.running_var");
     let p = dir.path().join("missing.safetensors");
     candle_core::safetensors::save(&sd, &p).unwrap();
-    let e = YoloV8::load(YoloConfig::new(Scale::N, 80), &p, DType::F32, &Device::Cpu).unwrap_err();
+    let e = Yolo::load(YoloConfig::new(Scale::N, 80), &p, DType::F32, &Device::Cpu).unwrap_err();
     assert!(matches!(&e, ModelError::MissingKey { key, .. } if key == "model.4.m.1.cv2.bn.running_var"), "{e}");
     // An overlay may leave keys out.
     let mut m = seed0();
     m.load_weights(&p, LoadMode::Overlay).unwrap();
     // Another class count: the class branch's last conv has another shape.
-    let e = YoloV8::load(YoloConfig::new(Scale::N, 3), &seed0_st, DType::F32, &Device::Cpu).unwrap_err();
+    let e = Yolo::load(YoloConfig::new(Scale::N, 3), &seed0_st, DType::F32, &Device::Cpu).unwrap_err();
     assert!(matches!(&e, ModelError::ShapeMismatch { .. }), "{e}");
     assert!(e.to_string().contains("yolov8n_seed0.safetensors"), "{e}");
     // Another scale: extra or missing keys.
-    let e = YoloV8::load(YoloConfig::new(Scale::M, 80), &seed0_st, DType::F32, &Device::Cpu).unwrap_err();
+    let e = Yolo::load(YoloConfig::new(Scale::M, 80), &seed0_st, DType::F32, &Device::Cpu).unwrap_err();
     assert!(matches!(&e, ModelError::ShapeMismatch { .. } | ModelError::UnexpectedKey { .. }), "{e}");
     // Not a safetensors file.
-    let e = YoloV8::load(YoloConfig::new(Scale::N, 80), data("parity_in_seed1_320.npy"), DType::F32, &Device::Cpu)
+    let e = Yolo::load(YoloConfig::new(Scale::N, 80), data("parity_in_seed1_320.npy"), DType::F32, &Device::Cpu)
         .unwrap_err();
     assert!(matches!(&e, ModelError::WeightsIo { .. }), "{e}");
     // A wrong DFL projection.
@@ -126,7 +126,7 @@ fn wrong_files_give_errors_naming_the_key() {
     sd.insert("model.22.dfl.conv.weight".into(), Tensor::ones((1, 16, 1, 1), DType::F32, &Device::Cpu).unwrap());
     let p = dir.path().join("dfl.safetensors");
     candle_core::safetensors::save(&sd, &p).unwrap();
-    let e = YoloV8::load(YoloConfig::new(Scale::N, 80), &p, DType::F32, &Device::Cpu).unwrap_err();
+    let e = Yolo::load(YoloConfig::new(Scale::N, 80), &p, DType::F32, &Device::Cpu).unwrap_err();
     assert!(matches!(&e, ModelError::BadWeight { .. }), "{e}");
 }
 
@@ -148,7 +148,7 @@ fn transfer_takes_what_fits_as_ultralytics_does() {
     let dir = tempfile::tempdir().unwrap();
     let file = seed0_file(dir.path());
     let sd = load_st(&file);
-    let mut m = YoloV8::new(YoloConfig::new(Scale::N, 6), DType::F32, &Device::Cpu).unwrap();
+    let mut m = Yolo::new(YoloConfig::new(Scale::N, 6), DType::F32, &Device::Cpu).unwrap();
     let before = m.state_dict().unwrap();
     let t = m.transfer_weights(&file).unwrap();
     assert_eq!((t.loaded, t.total, t.skipped.len()), (319, 355, 36));
@@ -164,7 +164,7 @@ fn transfer_takes_what_fits_as_ultralytics_does() {
     // and only the last convolutions are new, with Ultralytics' bias init for 6 classes: "Transferred 349/355".
     let cfg = YoloConfig::new(Scale::N, 6).for_transfer(&file).unwrap();
     assert_eq!((cfg.cls_width, cfg.cls_hidden()), (Some(80), 80));
-    let mut m = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+    let mut m = Yolo::new(cfg, DType::F32, &Device::Cpu).unwrap();
     let t = m.transfer_weights(&file).unwrap();
     assert_eq!((t.loaded, t.total), (349, 355));
     assert_eq!(t.skipped.iter().filter(|k| k.ends_with(".2.weight") || k.ends_with(".2.bias")).count(), 6);
@@ -175,7 +175,7 @@ fn transfer_takes_what_fits_as_ultralytics_does() {
     // Saved, it loads back with the width its weights have.
     let saved = dir.path().join("wide.safetensors");
     m.save(&saved).unwrap();
-    let back = YoloV8::load(YoloConfig::new(Scale::N, 6), &saved, DType::F32, &Device::Cpu).unwrap();
+    let back = Yolo::load(YoloConfig::new(Scale::N, 6), &saved, DType::F32, &Device::Cpu).unwrap();
     assert_eq!(back.config().cls_hidden(), 80);
 
     // A Sluice training checkpoint: its `ema.` weights, not the raw model's.
@@ -187,7 +187,7 @@ fn transfer_takes_what_fits_as_ultralytics_does() {
     }
     let p = dir.path().join("last.safetensors");
     candle_core::safetensors::save(&ckpt, &p).unwrap();
-    let mut m = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap();
+    let mut m = Yolo::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap();
     let t = m.transfer_weights(&p).unwrap();
     assert_eq!((t.loaded, t.total), (355, 355));
     let got = m.state_dict().unwrap();

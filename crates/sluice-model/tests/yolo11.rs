@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use candle_core::{DType, Device, Tensor};
 use common::{assert_close, check_stats};
 use sluice_core::{BoxXyxy, Target};
-use sluice_model::{DetectionLoss, Family, Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{DetectionLoss, Family, Mode, Scale, Yolo, YoloConfig};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/yolo11").join(name)
@@ -21,7 +21,7 @@ fn json() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(fixture("y11n_fixture.json")).unwrap()).unwrap()
 }
 
-fn model() -> YoloV8 {
+fn model() -> Yolo {
     let cfg = YoloConfig::from_model("yolo11n", 3).unwrap();
     assert_eq!(cfg, YoloConfig::new(Scale::N, 3).with_family(Family::V11));
     common::seeded_f16(cfg, &fixture("y11n_c3_bn.safetensors"), &json()["state_dict_f16"])
@@ -53,7 +53,7 @@ fn eval_forward_matches_ultralytics() {
     // A round trip through Ultralytics' key names keeps every value.
     let dir = tempfile::tempdir().unwrap();
     m.save(dir.path().join("y11.safetensors")).unwrap();
-    let again = YoloV8::load(m.config(), dir.path().join("y11.safetensors"), DType::F32, &Device::Cpu).unwrap();
+    let again = Yolo::load(m.config(), dir.path().join("y11.safetensors"), DType::F32, &Device::Cpu).unwrap();
     assert_close("reloaded y", &again.forward(&x).unwrap().y, &y, 0.0);
 }
 

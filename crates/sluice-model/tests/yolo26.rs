@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use candle_core::{DType, Device, Tensor};
 use common::{assert_close, check_stats};
 use sluice_core::{BoxXyxy, Target};
-use sluice_model::{DetectionLoss, Family, Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{DetectionLoss, Family, Mode, Scale, Yolo, YoloConfig};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/yolo26").join(name)
 }
 
-fn model() -> YoloV8 {
+fn model() -> Yolo {
     let cfg = YoloConfig::new(Scale::custom(0.5, 0.125, 1024).unwrap(), 3).with_family(Family::V26);
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("y26t_fixture.json")).unwrap()).unwrap();
@@ -93,7 +93,7 @@ fn eval_and_end2end_outputs_match_ultralytics() {
     // YOLO26 is named as Ultralytics names it, and other families have no end-to-end head.
     let n = YoloConfig::from_model("yolo26n.yaml", 3).unwrap();
     assert_eq!((n.family, n.scale, n.family.reg_max()), (Family::V26, Scale::N, 1));
-    let v8 = YoloV8::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).unwrap();
+    let v8 = Yolo::new(YoloConfig::new(Scale::N, 3), DType::F32, &Device::Cpu).unwrap();
     let e = v8.forward_end2end(&Tensor::zeros((1, 3, 64, 64), DType::F32, &Device::Cpu).unwrap(), 300).unwrap_err();
     assert!(e.to_string().contains("yolov8n") && e.to_string().contains("end-to-end"), "{e}");
 }

@@ -5,13 +5,13 @@
 
 use candle_core::{DType, Device, Tensor};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use sluice_model::{Scale, YoloConfig, YoloV8};
+use sluice_model::{Scale, Yolo, YoloConfig};
 use sluice_optim::optimizer::{GroupHyper, MAX_GRAD_NORM, clip_coefficient, scale_grads, total_grad_norm};
 use sluice_optim::{ModelEma, Optimizer, ParamGroups, Rule};
 
 fn step(c: &mut Criterion) {
     let dev = Device::Cpu;
-    let model = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &dev).expect("model");
+    let model = Yolo::new(YoloConfig::new(Scale::N, 80), DType::F32, &dev).expect("model");
     let groups = ParamGroups::new(&model).expect("groups");
     let grads: Vec<Option<Tensor>> =
         groups.params().iter().map(|p| Some(Tensor::randn(0f32, 1e-3, p.var.shape(), &dev).expect("grad"))).collect();

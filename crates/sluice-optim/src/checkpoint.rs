@@ -2,7 +2,7 @@
 //!
 //! Layout:
 //! - `model.<key>`: the trained model's Ultralytics `state_dict` (float32 parameters and running statistics,
-//!   int64 `num_batches_tracked`, the DFL projection); `YoloV8::load_weights_prefixed(path, "model.", Strict)`
+//!   int64 `num_batches_tracked`, the DFL projection); `Yolo::load_weights_prefixed(path, "model.", Strict)`
 //!   reads it.
 //! - `ema.<key>`: the EMA model's `state_dict`, the same way (`"ema."`): the weights for validation and
 //!   prediction.
@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Tensor;
-use sluice_model::{LoadMode, YoloV8};
+use sluice_model::{LoadMode, Yolo};
 
 use super::driver::{DriverState, Optimization};
 use super::error::{OptimError, Result};
@@ -63,7 +63,7 @@ fn prefixed(prefix: &str, sd: HashMap<String, Tensor>) -> Vec<(String, Tensor)> 
 impl Optimization {
     /// Writes `model` (the model being trained), the EMA, the optimizer state and `user` metadata to `path`,
     /// atomically: a kill or an error mid-save leaves the previous file intact.
-    pub fn save_state(&self, model: &YoloV8, path: impl AsRef<Path>, user: &serde_json::Value) -> Result<()> {
+    pub fn save_state(&self, model: &Yolo, path: impl AsRef<Path>, user: &serde_json::Value) -> Result<()> {
         self.save_with_pending(model, path.as_ref(), user, &self.pending)
     }
 
@@ -73,7 +73,7 @@ impl Optimization {
     /// run gives it to rank 0 and starts the other ranks' windows empty ([`Optimization::drop_pending`]).
     pub fn save_state_collective(
         &mut self,
-        model: &YoloV8,
+        model: &Yolo,
         path: impl AsRef<Path>,
         user: &serde_json::Value,
         write: bool,
@@ -103,7 +103,7 @@ impl Optimization {
 
     fn save_with_pending(
         &self,
-        model: &YoloV8,
+        model: &Yolo,
         path: &Path,
         user: &serde_json::Value,
         pending: &[Option<Tensor>],
@@ -144,7 +144,7 @@ impl Optimization {
     /// returns its `user` metadata. `self` must have been built for `model` with the checkpoint's settings and
     /// run shape (read them first with [`read_user_metadata`]); anything else is an error. The checkpoint is
     /// checked before anything is changed, except that a model and EMA that do not fit are found while loading.
-    pub fn load_state(&mut self, model: &mut YoloV8, path: impl AsRef<Path>) -> Result<serde_json::Value> {
+    pub fn load_state(&mut self, model: &mut Yolo, path: impl AsRef<Path>) -> Result<serde_json::Value> {
         let path = path.as_ref();
         let (mut tensors, meta) = load_safetensors(path, model.device())?;
         check_format(path, &meta)?;

@@ -3,7 +3,7 @@
 //! each optimizer step. The EMA model is what validation and checkpoints use.
 
 use candle_core::{Tensor, Var};
-use sluice_model::YoloV8;
+use sluice_model::Yolo;
 
 use super::error::{OptimError, Result};
 
@@ -15,7 +15,7 @@ pub const EMA_TAU: f64 = 2000.0;
 /// The moving average of a model.
 #[derive(Debug)]
 pub struct ModelEma {
-    ema: YoloV8,
+    ema: Yolo,
     /// `(name, EMA variable)` for every variable of the model, sorted by name.
     vars: Vec<(String, Var)>,
     updates: u64,
@@ -25,12 +25,12 @@ pub struct ModelEma {
 
 impl ModelEma {
     /// An EMA starting as a deep copy of `model`, with Ultralytics' decay and ramp.
-    pub fn new(model: &YoloV8) -> Result<Self> {
+    pub fn new(model: &Yolo) -> Result<Self> {
         Self::with_decay(model, EMA_DECAY, EMA_TAU)
     }
 
     /// An EMA with another maximum decay and ramp constant.
-    pub fn with_decay(model: &YoloV8, decay: f64, tau: f64) -> Result<Self> {
+    pub fn with_decay(model: &Yolo, decay: f64, tau: f64) -> Result<Self> {
         if !(0.0..=1.0).contains(&decay) || !tau.is_finite() || tau <= 0.0 {
             return Err(OptimError::BadSettings(format!("EMA decay {decay} must be in [0, 1] and tau {tau} > 0")));
         }
@@ -46,12 +46,12 @@ impl ModelEma {
     }
 
     /// The averaged model.
-    pub fn model(&self) -> &YoloV8 {
+    pub fn model(&self) -> &Yolo {
         &self.ema
     }
 
     /// Mutable access to the averaged model (for loading a checkpoint).
-    pub fn model_mut(&mut self) -> &mut YoloV8 {
+    pub fn model_mut(&mut self) -> &mut Yolo {
         &mut self.ema
     }
 
@@ -76,7 +76,7 @@ impl ModelEma {
 
     /// `updates += 1; d = decay(updates); ema = lerp(ema, model, 1 − d)` for every floating-point variable
     /// (parameters and running statistics; the integer `num_batches_tracked` counters are not averaged).
-    pub fn update(&mut self, model: &YoloV8) -> Result<()> {
+    pub fn update(&mut self, model: &Yolo) -> Result<()> {
         self.ledger_phase(|s| s.update_inner(model, None))
     }
 
@@ -90,7 +90,7 @@ impl ModelEma {
 
     /// [`ModelEma::update`] kept only where `ok` (a scalar `u8` tensor on the model's device) is 1: the device-side
     /// skip of a non-finite step (the update counter advances either way).
-    pub fn update_masked(&mut self, model: &YoloV8, ok: &Tensor) -> Result<()> {
+    pub fn update_masked(&mut self, model: &Yolo, ok: &Tensor) -> Result<()> {
         self.ledger_phase(|s| s.update_inner(model, Some(ok)))
     }
 
@@ -98,7 +98,7 @@ impl ModelEma {
     /// ([`sluice_kernels::multi_tensor`]); `mask` is the fused step's norm, whose finite flag gates the update.
     pub(crate) fn update_fused(
         &mut self,
-        model: &YoloV8,
+        model: &Yolo,
         mt: &mut sluice_kernels::multi_tensor::MultiTensor,
         mask: Option<&Tensor>,
     ) -> Result<()> {
@@ -114,7 +114,7 @@ impl ModelEma {
     }
 
     /// Every floating-point EMA variable with the model's variable of the same name (detached).
-    fn pairs(&self, model: &YoloV8) -> Result<Vec<(Var, Tensor)>> {
+    fn pairs(&self, model: &Yolo) -> Result<Vec<(Var, Tensor)>> {
         #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
         let src = model.varmap().data().lock().unwrap();
         if src.len() != self.vars.len() {
@@ -136,7 +136,7 @@ impl ModelEma {
         Ok(pairs)
     }
 
-    fn update_inner(&mut self, model: &YoloV8, ok: Option<&Tensor>) -> Result<()> {
+    fn update_inner(&mut self, model: &Yolo, ok: Option<&Tensor>) -> Result<()> {
         let d = self.decay_at(self.updates + 1);
         // torch's `lerp_(model, 1 − d)` (Ultralytics' `_foreach_lerp_`), with its weight in float32 and its two
         // branches: `ema + w·(model − ema)` for a small weight, `model + (w − 1)·(model − ema)` otherwise. Unlike
@@ -175,7 +175,7 @@ mod tests {
 
     #[test]
     fn ema_follows_the_ramp_on_parameters_and_running_stats() {
-        let model = YoloV8::new(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu).unwrap();
+        let model = Yolo::new(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu).unwrap();
         let mut ema = ModelEma::new(&model).unwrap();
         let names = ["model.0.conv.weight", "model.0.bn.running_var", "model.22.cv3.0.2.bias"];
         let start: Vec<Vec<f64>> = names.iter().map(|n| values(model.var(n).unwrap().as_tensor())).collect();

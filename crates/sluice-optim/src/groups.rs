@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 
 use candle_core::Var;
-use sluice_model::YoloV8;
+use sluice_model::Yolo;
 
 use super::error::{OptimError, Result};
 
@@ -71,21 +71,21 @@ pub struct ParamGroups {
 }
 
 impl ParamGroups {
-    /// Classifies [`YoloV8::trainable_vars`] as Ultralytics does: a name containing `bias` → bias group; the
+    /// Classifies [`Yolo::trainable_vars`] as Ultralytics does: a name containing `bias` → bias group; the
     /// weight of a normalisation layer (a variable with a `running_mean` sibling) → BN group; anything else →
     /// decayed weights. BatchNorm running statistics are not trainable and the DFL projection is a constant, so
     /// neither is ever touched by the optimizer.
-    pub fn new(model: &YoloV8) -> Result<Self> {
+    pub fn new(model: &Yolo) -> Result<Self> {
         Self::build(model, false)
     }
 
     /// MuSGD's groups: as [`ParamGroups::new`], except that every parameter of rank 2 or 4 goes to
     /// [`Group::Muon`] first, and the parameters of the head's `cv3` and `one2one_cv3` are marked boosted.
-    pub fn new_muon(model: &YoloV8) -> Result<Self> {
+    pub fn new_muon(model: &Yolo) -> Result<Self> {
         Self::build(model, true)
     }
 
-    fn build(model: &YoloV8, muon: bool) -> Result<Self> {
+    fn build(model: &Yolo, muon: bool) -> Result<Self> {
         if model.is_fused() {
             return Err(OptimError::BadInput("a fused model cannot be trained".into()));
         }
@@ -194,7 +194,7 @@ mod tests {
 
     #[test]
     fn yolov8n_groups_match_ultralytics_counts() {
-        let model = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap();
+        let model = Yolo::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu).unwrap();
         let g = ParamGroups::new(&model).unwrap();
         // Ultralytics 8.4 logs "57 weight(decay=0.0), 64 weight(decay=0.0005), 63 bias(decay=0.0)" for yolov8n
         // with 80 classes; its 64 includes `model.22.dfl.conv.weight`, frozen (requires_grad=False) and never
@@ -220,7 +220,7 @@ mod tests {
         // (`benches/ul_quick_family.py`): "114 weight(decay=0.0), 126 weight(decay=0.0005), 126 bias(decay=0.0)";
         // with reg_max 1 it has no DFL projection, so the counts are equal.
         let cfg = YoloConfig::new(Scale::custom(0.5, 0.125, 1024).unwrap(), 6).with_family(sluice_model::Family::V26);
-        let model = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+        let model = Yolo::new(cfg, DType::F32, &Device::Cpu).unwrap();
         let g = ParamGroups::new(&model).unwrap();
         assert_eq!(g.summary(0.0005), "114 weight(decay=0.0), 126 weight(decay=0.0005), 126 bias(decay=0.0)");
     }
@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn musgd_splits_eight_groups_as_ultralytics() {
         let cfg = YoloConfig::new(Scale::custom(0.5, 0.125, 1024).unwrap(), 6).with_family(sluice_model::Family::V26);
-        let model = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+        let model = Yolo::new(cfg, DType::F32, &Device::Cpu).unwrap();
         let g = ParamGroups::new_muon(&model).unwrap();
         assert!(g.is_muon());
         assert_eq!(g.len(), 8);

@@ -8,11 +8,11 @@
 //!
 //! ```no_run
 //! use candle_core::{DType, Device};
-//! use sluice_model::{DetectionLoss, Mode, Scale, YoloConfig, YoloV8};
+//! use sluice_model::{DetectionLoss, Mode, Scale, YoloConfig, Yolo};
 //! use sluice_optim::{OptimSettings, Optimization, RunShape};
 //! # fn batches() -> Vec<(candle_core::Tensor, Vec<sluice_core::Target>)> { Vec::new() }
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let model = YoloV8::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu)?;
+//! let model = Yolo::new(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu)?;
 //! let shape = RunShape { batch: 16, epochs: 3, batches_per_epoch: 8, train_images: 128 };
 //! let mut opt = Optimization::new(&model, &OptimSettings::default(), shape)?;
 //! let loss_fn = DetectionLoss::new(80);
@@ -32,7 +32,7 @@
 //!
 //! Resuming: [`read_user_metadata`] gives back the caller's JSON (to rebuild the configuration), then build the
 //! model and the [`Optimization`] as for a new run and call [`Optimization::load_state`]. The checkpoint layout
-//! is described in the `checkpoint` module; `YoloV8::load_weights_prefixed(path, "ema.", LoadMode::Strict)`
+//! is described in the `checkpoint` module; `Yolo::load_weights_prefixed(path, "ema.", LoadMode::Strict)`
 //! loads the EMA weights of a checkpoint for validation or prediction.
 
 #![warn(missing_docs)]

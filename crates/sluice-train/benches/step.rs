@@ -8,7 +8,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_core::Transfer;
 use sluice_infer::loss_path::step_loss;
 use sluice_ledger::synthetic_batch;
-use sluice_model::{DetectionLoss, Mode, YoloV8};
+use sluice_model::{DetectionLoss, Mode, Yolo};
 use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, StepOptions, StepPath};
 use sluice_transfer::DeviceTransfer;
 
@@ -18,7 +18,7 @@ const IMGSZ: usize = 160;
 fn step(c: &mut Criterion) {
     let dev = Device::Cpu;
     let arch = sluice_model::parse_model("yolov8n").expect("model name");
-    let model = YoloV8::new_seeded(arch.config(80), DType::F32, &dev, 0).expect("model");
+    let model = Yolo::new_seeded(arch.config(80), DType::F32, &dev, 0).expect("model");
     let loss = DetectionLoss::new(80);
     let batch = synthetic_batch(BATCH, IMGSZ, 8, 80).expect("batch");
     let x = DeviceTransfer::new(&dev, DType::F32).expect("transfer").transfer(&batch).expect("transferred");

@@ -331,7 +331,7 @@ impl sluice_infer::Ranks for Dist {
 }
 
 /// Every variable of `model` (parameters and BatchNorm statistics), sorted by name: the same order on every rank.
-pub fn all_vars(model: &sluice_model::YoloV8) -> Vec<(String, Var)> {
+pub fn all_vars(model: &sluice_model::Yolo) -> Vec<(String, Var)> {
     // A poisoned lock means another thread panicked while holding it; the map itself is intact.
     let data = model.varmap().data().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut v: Vec<_> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();

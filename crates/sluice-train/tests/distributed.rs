@@ -7,7 +7,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use sluice_core::{BoxXyxy, Target};
-use sluice_model::{DetectionLoss, Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{DetectionLoss, Mode, Scale, Yolo, YoloConfig};
 use sluice_train::dist::{Dist, all_vars};
 use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, ParamGroups, RunShape};
 
@@ -69,7 +69,7 @@ fn half_batch(k: u64, half: u64) -> candle_core::Result<(Tensor, Vec<Target>)> {
 
 /// The gradients of one half's loss (`(box + cls + dfl) · batch`, Ultralytics' per-rank loss), in the optimizer's
 /// parameter order.
-fn grads_of(model: &YoloV8, groups: &ParamGroups, k: u64, half: u64) -> Result<Vec<Tensor>, String> {
+fn grads_of(model: &Yolo, groups: &ParamGroups, k: u64, half: u64) -> Result<Vec<Tensor>, String> {
     let run = || -> Result<Vec<Tensor>, Box<dyn std::error::Error>> {
         let (x, t) = half_batch(k, half)?;
         let (raw, _) = model.forward_raw(&x, Mode::Train)?;
@@ -105,7 +105,7 @@ fn run(dist: &Dist, report: &mut dyn FnMut(&str, bool, String)) -> Result<(), St
         return Err(format!("run with 2 ranks, not {world}"));
     }
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let model = YoloV8::new_seeded(YoloConfig::new(Scale::N, NC), DType::F32, &Device::Cpu, 7).map_err(|x| e(&x))?;
+    let model = Yolo::new_seeded(YoloConfig::new(Scale::N, NC), DType::F32, &Device::Cpu, 7).map_err(|x| e(&x))?;
     let groups = ParamGroups::new(&model).map_err(|x| e(&x))?;
 
     // 1. One batch of 16: each rank's half, all-reduced, against one process's halves combined as DDP does

@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use sluice_core::{BoxXyxy, Target};
-use sluice_model::{DetectionLoss, LoadMode, Mode, Scale, YoloConfig, YoloV8};
+use sluice_model::{DetectionLoss, LoadMode, Mode, Scale, Yolo, YoloConfig};
 use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, RunShape, read_user_metadata};
 
 const NC: usize = 2;
@@ -48,7 +48,7 @@ fn shape() -> RunShape {
 }
 
 /// Trains batches `range` (global iterations) and returns the loss of each, as bits.
-fn train(model: &YoloV8, opt: &mut Optimization, range: std::ops::Range<usize>) -> Vec<u32> {
+fn train(model: &Yolo, opt: &mut Optimization, range: std::ops::Range<usize>) -> Vec<u32> {
     let loss_fn = DetectionLoss::new(NC);
     let mut losses = Vec::new();
     for ni in range {
@@ -65,7 +65,7 @@ fn train(model: &YoloV8, opt: &mut Optimization, range: std::ops::Range<usize>) 
     losses
 }
 
-fn bits(model: &YoloV8) -> Vec<(String, Vec<u32>)> {
+fn bits(model: &Yolo) -> Vec<(String, Vec<u32>)> {
     let sd = model.state_dict().unwrap();
     let mut v: Vec<(String, Vec<u32>)> = sd
         .into_iter()
@@ -79,7 +79,7 @@ fn bits(model: &YoloV8) -> Vec<(String, Vec<u32>)> {
 fn resume_is_exact(kind: OptimizerKind, k: usize, m: usize) {
     let expect_pending = true;
     let cfg = YoloConfig::new(Scale::N, NC);
-    let base = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+    let base = Yolo::new(cfg, DType::F32, &Device::Cpu).unwrap();
 
     // Uninterrupted run.
     let a = base.try_clone().unwrap();
@@ -106,7 +106,7 @@ fn resume_is_exact(kind: OptimizerKind, k: usize, m: usize) {
     let meta = read_user_metadata(&path).unwrap();
     assert_eq!(meta, user);
     let restored: OptimSettings = serde_json::from_value(meta["settings"].clone()).unwrap();
-    let mut c = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+    let mut c = Yolo::new(cfg, DType::F32, &Device::Cpu).unwrap();
     let mut opt_c = Optimization::new(&c, &restored, shape()).unwrap();
     assert_eq!(opt_c.load_state(&mut c, &path).unwrap(), user);
     let rest = train(&c, &mut opt_c, k..k + m);
@@ -119,9 +119,9 @@ fn resume_is_exact(kind: OptimizerKind, k: usize, m: usize) {
     );
 
     // The checkpoint's parts load as plain models.
-    let mut ema = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+    let mut ema = Yolo::new(cfg, DType::F32, &Device::Cpu).unwrap();
     ema.load_weights_prefixed(&path, "ema.", LoadMode::Strict).unwrap();
-    let mut trained = YoloV8::new(cfg, DType::F32, &Device::Cpu).unwrap();
+    let mut trained = Yolo::new(cfg, DType::F32, &Device::Cpu).unwrap();
     trained.load_weights_prefixed(&path, "model.", LoadMode::Strict).unwrap();
     assert!(ema.load_weights(&path, LoadMode::Strict).is_err(), "the whole file is not a plain weights file");
 }

@@ -19,7 +19,7 @@ use common::npz::{self, Array};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sluice_core::{BoxXyxy, Target};
-use sluice_model::{DenseTargets, DetectionLoss, LoadMode, Mode, YoloConfig, YoloV8, parse_model_yaml};
+use sluice_model::{DenseTargets, DetectionLoss, LoadMode, Mode, Yolo, YoloConfig, parse_model_yaml};
 use sluice_train::optim::{OptimSettings, Optimization, OptimizerKind, Rule, RunShape};
 
 const NC: usize = 6;
@@ -219,10 +219,10 @@ const YOLOV8_TINY: &str = include_str!("../../../configs/models/yolov8-tiny.yaml
 /// Ultralytics' initial weights: its trainer seeds PyTorch with 0 and the fixture's hooks round every float to
 /// float16. Sluice draws the same weights from the same seed; the fixture holds them as the SHA-256 of each tensor's
 /// bytes (`init_f16`), so a different draw fails here rather than as drift in the steps.
-fn model(fx: &Fixture, spec: &Spec) -> YoloV8 {
+fn model(fx: &Fixture, spec: &Spec) -> Yolo {
     let (family, scale) = parse_model_yaml(spec.model_yaml).unwrap();
     let cfg = YoloConfig::new(scale, NC).with_family(family);
-    let mut m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0).unwrap();
+    let mut m = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 0).unwrap();
     let manifest =
         if fx.meta["init_f16"].is_object() { &fx.meta["init_f16"] } else { &fx.meta["runs"][spec.run]["init_f16"] };
     let manifest = manifest.as_object().unwrap();
@@ -254,7 +254,7 @@ fn model(fx: &Fixture, spec: &Spec) -> YoloV8 {
 }
 
 /// float64 copies of the named tensors of a model's state dict.
-fn tensors(m: &YoloV8, names: &[String]) -> Vec<Vec<f64>> {
+fn tensors(m: &Yolo, names: &[String]) -> Vec<Vec<f64>> {
     let sd = m.state_dict().unwrap();
     names
         .iter()

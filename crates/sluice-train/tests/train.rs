@@ -334,7 +334,7 @@ fn weights_for_another_class_count_fine_tune_with_a_fresh_class_branch() {
     // Weights of an 80-class yolov8n; the data has 6 classes.
     let start = dir.path().join("eighty.safetensors");
     let cfg80 = sluice_model::YoloConfig::new(Scale::N, 80);
-    sluice_model::YoloV8::new_seeded(cfg80, sluice_model::candle_core::DType::F32, &Device::Cpu, 9)
+    sluice_model::Yolo::new_seeded(cfg80, sluice_model::candle_core::DType::F32, &Device::Cpu, 9)
         .unwrap()
         .save(&start)
         .unwrap();

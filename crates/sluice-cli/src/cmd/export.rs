@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use sluice_export::{ExportArgs, Metadata, OnnxOptions};
 use sluice_model::candle_core::{DType, Device};
-use sluice_model::{YoloV8, is_pt};
+use sluice_model::{Yolo, is_pt};
 
 /// Arguments of `sluice export`.
 #[derive(Debug, clap::Args)]
@@ -60,7 +60,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     }
     let device = Device::Cpu;
     let (model, mut names) = if is_pt(&a.weights) {
-        let (m, ckpt) = YoloV8::from_pt(&a.weights, DType::F32, &device)
+        let (m, ckpt) = Yolo::from_pt(&a.weights, DType::F32, &device)
             .with_context(|| format!("reading {}", a.weights.display()))?;
         if let Some(nc) = a.nc.filter(|&n| n != ckpt.nc) {
             bail!("{}: a model for {} classes, --nc says {nc}", a.weights.display(), ckpt.nc);

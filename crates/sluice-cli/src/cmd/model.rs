@@ -198,7 +198,7 @@ pub(crate) fn run_bench(a: BenchArgs) -> Result<()> {
 }
 
 fn run_convert(a: ConvertArgs) -> Result<()> {
-    let (model, ckpt) = sluice_model::YoloV8::from_pt(
+    let (model, ckpt) = sluice_model::Yolo::from_pt(
         &a.weights,
         sluice_model::candle_core::DType::F32,
         &sluice_model::candle_core::Device::Cpu,

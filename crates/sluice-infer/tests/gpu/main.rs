@@ -545,7 +545,7 @@ mod imp {
         };
         let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
         let names: Vec<String> = {
-            let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0)?;
+            let m = sluice_model::Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 0)?;
             let mut n: Vec<String> = m.trainable_vars().into_iter().map(|(k, _)| k).collect();
             n.sort();
             n
@@ -553,7 +553,7 @@ mod imp {
         // Per parameter and step, the gradient (the coefficient of a linear loss); step 1's are large (clipped).
         let mut coefs: Vec<Vec<Tensor>> = Vec::new();
         for step in 0..3 {
-            let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0)?;
+            let m = sluice_model::Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 0)?;
             let amp = if step == 1 { 50.0 } else { 0.01 };
             coefs.push(
                 names
@@ -567,7 +567,7 @@ mod imp {
         }
         for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW, OptimizerKind::MuSgd] {
             checks.push(compare(&format!("fused optimizer step, {kind:?}, fp16 loss scale"), 1e-5, gpu, |d| {
-                let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
+                let m = sluice_model::Yolo::new_seeded(cfg, DType::F32, d, 0)?;
                 let shape = RunShape { batch: 64, epochs: 3, batches_per_epoch: 4, train_images: 256 };
                 let settings = OptimSettings { optimizer: kind, warmup_epochs: 0.0, ..OptimSettings::default() };
                 // The GPU runs the fused passes, the CPU the composed ops (the reference).
@@ -619,7 +619,7 @@ mod imp {
         let batch = random_batch(rng, 2, 320)?;
         checks.push(compare("yolov8n loss at 320 (forward, host vs dense assigner, loss)", 5e-3, gpu, |d| {
             let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
-            let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, d, 0)?;
+            let m = sluice_model::Yolo::new_seeded(cfg, DType::F32, d, 0)?;
             let x = sluice_transfer::DeviceTransfer::new(d, DType::F32)?.transfer(&batch)?;
             let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
             // The CPU takes the host assigner, the GPU the dense (tensor-op) one: the check covers both.
@@ -639,7 +639,7 @@ mod imp {
                 let x = sluice_transfer::DeviceTransfer::new(gpu, DType::F32)?.transfer(&batch)?;
                 let run = |half: Option<DType>| -> Result<Vec<Tensor>> {
                     let cfg = sluice_model::YoloConfig::new(sluice_model::Scale::N, 80);
-                    let m = sluice_model::YoloV8::new_seeded(cfg, DType::F32, gpu, 0)?;
+                    let m = sluice_model::Yolo::new_seeded(cfg, DType::F32, gpu, 0)?;
                     m.set_autocast(half)?;
                     let (raw, _) = m.forward_raw(&x.images, sluice_model::Mode::Train)?;
                     let out = Tensor::cat(&[&raw.boxes, &raw.scores], 1)?;

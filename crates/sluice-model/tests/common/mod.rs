@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use sluice_model::{LoadMode, Scale, YoloConfig, YoloV8};
+use sluice_model::{LoadMode, Scale, Yolo, YoloConfig};
 
 /// `tests/data/<name>`.
 pub(crate) fn data(name: &str) -> PathBuf {
@@ -20,8 +20,8 @@ pub(crate) fn npy(name: &str) -> Tensor {
 /// The seed-0 yolov8n (nc 80): Ultralytics' `DetectionModel('yolov8n.yaml', nc=80)` after `torch.manual_seed(0)`,
 /// drawn here as PyTorch draws it (`tests/weights.rs` holds it to `data/yolov8n_seed0.json`, Ultralytics' state
 /// dict hashed key by key, so every reference output of that model applies to this one).
-pub(crate) fn seed0() -> YoloV8 {
-    YoloV8::new_seeded(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu, 0).unwrap()
+pub(crate) fn seed0() -> Yolo {
+    Yolo::new_seeded(YoloConfig::new(Scale::N, 80), DType::F32, &Device::Cpu, 0).unwrap()
 }
 
 /// [`seed0`] saved as `yolov8n_seed0.safetensors` in `dir`: the file Ultralytics' state dict would give.
@@ -32,13 +32,13 @@ pub(crate) fn seed0_file(dir: &std::path::Path) -> PathBuf {
 }
 
 /// A fixture model whose state dict Ultralytics' script made from torch's seed-0 draws, changed some tensors (the
-/// BatchNorms randomised, ...) and rounded every float to float16: the draws are made here (`YoloV8::new_seeded`,
+/// BatchNorms randomised, ...) and rounded every float to float16: the draws are made here (`Yolo::new_seeded`,
 /// seed 0) and rounded as the script rounds them, the changed tensors come from `overlay`, and every tensor is held
 /// to `manifest` (key → [dtype, shape, SHA-256 of its float16 bytes]), so a model that is not the fixture's fails
 /// here, not as output drift.
-pub(crate) fn seeded_f16(cfg: YoloConfig, overlay: &std::path::Path, manifest: &serde_json::Value) -> YoloV8 {
+pub(crate) fn seeded_f16(cfg: YoloConfig, overlay: &std::path::Path, manifest: &serde_json::Value) -> Yolo {
     use sha2::{Digest, Sha256};
-    let mut m = YoloV8::new_seeded(cfg, DType::F32, &Device::Cpu, 0).unwrap();
+    let mut m = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 0).unwrap();
     let sd: std::collections::HashMap<String, Tensor> = m
         .state_dict()
         .unwrap()
@@ -69,7 +69,7 @@ pub(crate) fn seeded_f16(cfg: YoloConfig, overlay: &std::path::Path, manifest: &
 }
 
 /// The BN-calibrated yolov8n model of the fixture (seed-0 weights + the BN overlay).
-pub(crate) fn bncal() -> YoloV8 {
+pub(crate) fn bncal() -> Yolo {
     let mut m = seed0();
     m.load_weights(data("yolov8n_seed0_bncal_overlay.safetensors"), LoadMode::Overlay).unwrap();
     m

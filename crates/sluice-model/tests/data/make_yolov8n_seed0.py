@@ -1,4 +1,4 @@
-"""The reference for Sluice's seed-0 yolov8n (`YoloV8::new_seeded(yolov8n, nc 80, seed 0)`, which the model tests
+"""The reference for Sluice's seed-0 yolov8n (`Yolo::new_seeded(yolov8n, nc 80, seed 0)`, which the model tests
 build instead of loading a 12.7 MB file): Ultralytics 8.4.190's `DetectionModel('yolov8n.yaml', nc=80)` after
 `torch.manual_seed(0)`, its state dict described key by key as dtype, shape and the SHA-256 of the tensor's
 little-endian bytes, so the test holds every value bit for bit. Run with the peers' venv (torch, ultralytics):

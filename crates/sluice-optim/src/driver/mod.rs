@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
-use sluice_model::YoloV8;
+use sluice_model::Yolo;
 
 use super::ema::ModelEma;
 use super::error::{OptimError, Result};
@@ -145,7 +145,7 @@ impl std::fmt::Debug for dyn GradReduce {
 
 impl Optimization {
     /// [`Optimization::new`] with the step run as `step` says.
-    pub fn with_step(model: &YoloV8, settings: &OptimSettings, shape: RunShape, step: StepOptions) -> Result<Self> {
+    pub fn with_step(model: &Yolo, settings: &OptimSettings, shape: RunShape, step: StepOptions) -> Result<Self> {
         let mut s = Self::new(model, settings, shape)?;
         s.device_checks = step.path != StepPath::Host;
         if step.path == StepPath::DeviceFused {
@@ -164,7 +164,7 @@ impl Optimization {
     /// Builds the optimizer for `model` (parameter groups, `auto` resolved for `model`'s class count), the
     /// schedule and warmup for a run of this shape, and the EMA (a copy of `model` as it is now), with the host's
     /// step path and no loss scaling ([`Optimization::with_step`] takes them).
-    pub fn new(model: &YoloV8, settings: &OptimSettings, shape: RunShape) -> Result<Self> {
+    pub fn new(model: &Yolo, settings: &OptimSettings, shape: RunShape) -> Result<Self> {
         let resolved = resolve(settings, model.config().nc, &shape)?;
         let schedule =
             Schedule::new(shape.epochs, settings.lrf, settings.cos_lr, settings.warmup_epochs, shape.batches_per_epoch);
@@ -281,7 +281,7 @@ impl Optimization {
     }
 
     /// The EMA model: what validation and checkpoints use.
-    pub fn ema_model(&self) -> &YoloV8 {
+    pub fn ema_model(&self) -> &Yolo {
         self.ema.model()
     }
 
@@ -299,7 +299,7 @@ impl Optimization {
     /// (from `warmup_momentum`); a non-finite loss skips everything below; backward, the gradients added to the
     /// accumulated ones; when `ni − last_step ≥ accumulate`: clipping to total norm 10 (a non-finite norm skips
     /// the step), the optimizer step, zeroed gradients and the EMA update.
-    pub fn batch(&mut self, model: &YoloV8, loss: &Tensor, ni: usize, epoch: usize) -> Result<BatchOutcome> {
+    pub fn batch(&mut self, model: &Yolo, loss: &Tensor, ni: usize, epoch: usize) -> Result<BatchOutcome> {
         self.batch_inner(model, loss, None, ni, epoch)
     }
 
@@ -307,7 +307,7 @@ impl Optimization {
     /// anyway), so the check costs no second device read.
     pub fn batch_known_finite(
         &mut self,
-        model: &YoloV8,
+        model: &Yolo,
         loss: &Tensor,
         finite: bool,
         ni: usize,
@@ -318,7 +318,7 @@ impl Optimization {
 
     fn batch_inner(
         &mut self,
-        model: &YoloV8,
+        model: &Yolo,
         loss: &Tensor,
         finite: Option<bool>,
         ni: usize,
@@ -449,7 +449,7 @@ impl Optimization {
         Ok(n)
     }
 
-    fn device_step(&mut self, model: &YoloV8, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
+    fn device_step(&mut self, model: &Yolo, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
         let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
         if let Some(norm) = total_grad_norm_tensor(&grads)? {
             #[allow(clippy::eq_op)] // x − x is 0 exactly when x is finite.
@@ -484,7 +484,7 @@ impl Optimization {
     }
 
     /// [`Optimization::device_step`] as the fused passes: the same masking, counters and loss-scaler update.
-    fn fused_step(&mut self, model: &YoloV8, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
+    fn fused_step(&mut self, model: &Yolo, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
         let (Some(rule), Some(mut mt)) = (self.fused_rule(), self.fused.take()) else {
             return Err(OptimError::BadInput("the fused step is not set up".into()));
         };
@@ -497,7 +497,7 @@ impl Optimization {
         &mut self,
         mt: &mut MultiTensor,
         rule: multi_tensor::Rule,
-        model: &YoloV8,
+        model: &Yolo,
         ni: usize,
         accumulate: usize,
     ) -> Result<BatchOutcome> {
@@ -592,7 +592,7 @@ impl Optimization {
         Ok(self.lr.clone())
     }
 
-    fn check_model(&self, model: &YoloV8) -> Result<()> {
+    fn check_model(&self, model: &Yolo) -> Result<()> {
         let first = &self.optimizer.groups().params()[0];
         match model.var(&first.name) {
             Some(v) if v.as_tensor().id() == first.var.as_tensor().id() => Ok(()),

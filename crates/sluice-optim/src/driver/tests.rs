@@ -10,8 +10,8 @@ use crate::settings::OptimizerKind;
 
 const BIAS: &str = "model.22.cv3.0.2.bias"; // a head conv bias: group pg2, one per class
 
-fn model() -> YoloV8 {
-    YoloV8::new(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu).unwrap()
+fn model() -> Yolo {
+    Yolo::new(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu).unwrap()
 }
 
 fn read(t: &Tensor) -> Vec<f64> {
@@ -19,7 +19,7 @@ fn read(t: &Tensor) -> Vec<f64> {
 }
 
 /// `sum(b · c)` for the head bias `b`: its gradient is `c`, whatever `b`.
-fn linear_loss(model: &YoloV8, c: &[f32]) -> Tensor {
+fn linear_loss(model: &Yolo, c: &[f32]) -> Tensor {
     let b = model.var(BIAS).unwrap();
     let c = Tensor::new(c, &Device::Cpu).unwrap();
     (b.as_tensor() * c).unwrap().sum_all().unwrap()
@@ -76,7 +76,7 @@ fn warmup_and_schedule_follow_ultralytics() {
 #[test]
 fn device_checks_equal_the_host_path_and_mask_a_non_finite_step() {
     let shape = RunShape { batch: 32, epochs: 5, batches_per_epoch: 10, train_images: 320 };
-    let all = |m: &YoloV8| -> Vec<Vec<f64>> {
+    let all = |m: &Yolo| -> Vec<Vec<f64>> {
         let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
         names.sort();
         names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
@@ -88,7 +88,7 @@ fn device_checks_equal_the_host_path_and_mask_a_non_finite_step() {
         (OptimSettings { optimizer: OptimizerKind::AdamW, ..Default::default() }, true),
         (OptimSettings { optimizer: OptimizerKind::Adam, ..Default::default() }, true),
     ] {
-        let seeded = || YoloV8::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 3).unwrap();
+        let seeded = || Yolo::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 3).unwrap();
         let (host_m, dev_m) = (seeded(), seeded());
         let mut host = Optimization::new(&host_m, &settings, shape).unwrap();
         let path = if fused { StepPath::DeviceFused } else { StepPath::Device };
@@ -142,20 +142,20 @@ fn device_checks_equal_the_host_path_and_mask_a_non_finite_step() {
 fn musgd_takes_the_fused_step_for_its_sgd_parameters() {
     let shape = RunShape { batch: 64, epochs: 5, batches_per_epoch: 10, train_images: 640 };
     let settings = OptimSettings { optimizer: OptimizerKind::MuSgd, warmup_epochs: 0.0, ..Default::default() };
-    let all = |m: &YoloV8| -> Vec<Vec<f64>> {
+    let all = |m: &Yolo| -> Vec<Vec<f64>> {
         let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
         names.sort();
         names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
     };
     // A head bias (an SGD parameter) and a conv weight (a Muon one), both with gradients.
     const WEIGHT: &str = "model.22.cv2.0.0.conv.weight";
-    let loss = |m: &YoloV8, scale: f32| -> Tensor {
+    let loss = |m: &Yolo, scale: f32| -> Tensor {
         let w = m.var(WEIGHT).unwrap();
         let c = Tensor::ones(w.dims(), DType::F32, &Device::Cpu).unwrap().affine(f64::from(scale), 0.0).unwrap();
         let lw = (w.as_tensor().sqr().unwrap() * c).unwrap().sum_all().unwrap();
         (linear_loss(m, &[scale, -2.0 * scale]) + lw).unwrap()
     };
-    let seeded = || YoloV8::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 4).unwrap();
+    let seeded = || Yolo::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 4).unwrap();
     let (a_m, b_m) = (seeded(), seeded());
     let device = StepOptions { path: StepPath::Device, loss_scaling: None };
     let mut a = Optimization::with_step(&a_m, &settings, shape, device).unwrap();

@@ -6,7 +6,7 @@
 
 use crate::error::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use sluice_model::{DenseTargets, DetectionLoss, Mode, YoloV8};
+use sluice_model::{DenseTargets, DetectionLoss, Mode, Yolo};
 
 use super::config::TrainConfig;
 
@@ -22,7 +22,7 @@ pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<(usiz
     let Some((_, total)) = sluice_transfer::device_memory(device) else {
         return Ok((CPU_BATCH, format!("AutoBatch: no CUDA device, using the default CPU batch size {CPU_BATCH}")));
     };
-    let model = YoloV8::new_seeded(cfg.arch()?.config(nc), DType::F32, device, cfg.seed)?;
+    let model = Yolo::new_seeded(cfg.arch()?.config(nc), DType::F32, device, cfg.seed)?;
     model.set_autocast(super::setup::amp_dtype(cfg, device))?;
     let loss = DetectionLoss::new(nc);
     let side = cfg.imgsz as usize;
@@ -42,7 +42,7 @@ pub fn auto_batch(cfg: &TrainConfig, nc: usize, device: &Device) -> Result<(usiz
 }
 
 /// Device memory in use after one training step at batch `b`, its tensors still alive.
-fn probe(model: &YoloV8, loss: &DetectionLoss, b: usize, side: usize, device: &Device) -> Result<u64> {
+fn probe(model: &Yolo, loss: &DetectionLoss, b: usize, side: usize, device: &Device) -> Result<u64> {
     let x = Tensor::zeros((b, 3, side, side), DType::F32, device)?;
     let (raw, _) = model.forward_raw(&x, Mode::Train)?;
     let classes = Tensor::zeros((b, 1), DType::F32, device)?;

@@ -156,7 +156,7 @@ pub struct TrainConfig {
     /// default does.
     pub nms: Option<bool>,
     /// Mixed precision ([`Amp`]): float16 activations with dynamic loss scaling, or bfloat16, forward and
-    /// backward, with f32 master weights, BatchNorm statistics and loss ([`sluice_model::YoloV8::set_autocast`]).
+    /// backward, with f32 master weights, BatchNorm statistics and loss ([`sluice_model::Yolo::set_autocast`]).
     /// Off by default (Ultralytics' default is on) until a GPU run shows the half-precision step faster than f32.
     pub amp: Amp,
     /// The device paths beyond the ones a device run has verified, each off by default ([`DevicePaths`]: the keys

@@ -13,7 +13,7 @@ use sluice_dataset::{IndexOptions, Split};
 use sluice_loader::split::{LoadedSplit, RemoteConfig, load_split_with, packed};
 use sluice_loader::{LoaderConfig, ReadFrom, STRIDE, TrainLoader, ValLoader, default_workers};
 use sluice_model::candle_core::DType;
-use sluice_model::{DetectionLoss, YoloV8};
+use sluice_model::{DetectionLoss, Yolo};
 use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::config::TrainConfig;
@@ -43,7 +43,7 @@ pub struct Trainer {
     pub(super) cfg: TrainConfig,
     pub(super) paths: RunPaths,
     pub(super) names: Vec<String>,
-    pub(super) model: YoloV8,
+    pub(super) model: Yolo,
     pub(super) opt: Optimization,
     pub(super) loss: DetectionLoss,
     pub(super) transfer: DeviceTransfer,
@@ -248,7 +248,7 @@ impl Trainer {
             (None, Some(w)) => base.for_transfer(w).with_context(|| format!("initial weights {}", w.display()))?,
             (None, None) => base,
         };
-        let mut model = YoloV8::new_seeded(arch, DType::F32, &device, cfg.seed)?;
+        let mut model = Yolo::new_seeded(arch, DType::F32, &device, cfg.seed)?;
         if let (None, Some(w)) = (resume_from, &cfg.weights) {
             // As Ultralytics' trainer: every tensor whose name and shape fit is taken, so weights trained for
             // another class count fine-tune here with a fresh classification output.
