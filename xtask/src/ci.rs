@@ -1,29 +1,30 @@
 //! `cargo xtask ci`: every check CI runs, one after the other, each timed (the figures are printed at the end).
 //!
 //! 1. `cargo fmt --check` of the workspace and of `fuzz/` (its own workspace).
-//! 2. clippy `-D warnings` of the workspace, then its tests, with object storage (feature `object-store`) on: its
-//!    tests run against a local moto server where python3 has `moto[server]` (`SLUICE_REQUIRE_MOTO=1` makes its
-//!    absence an error, as `.ci/run` does).
+//! 2. clippy `-D warnings` of the workspace, then its tests, with object storage (feature `object-store`) on, and
+//!    data-parallel training on CPU ranks (feature `mpi`) where Open MPI is installed (`SLUICE_REQUIRE_MPI=1` makes
+//!    its absence an error, as `.ci/run` does): the object-storage tests run against a local moto server where
+//!    python3 has `moto[server]` (`SLUICE_REQUIRE_MOTO=1` makes its absence an error, as `.ci/run` does), and the
+//!    MPI engine's tests (`sluice-dist`) and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`
+//!    run with the rest, from the same build.
 //! 3. `sluice-decode`'s `nvjpeg` backend: clippy and tests (it loads its libraries at run time, so it builds and
 //!    its no-GPU paths are tested everywhere).
 //! 4. `sluice-decode`'s `turbojpeg` backend: clippy and tests, where CMake and NASM are installed
 //!    (`SLUICE_REQUIRE_TURBOJPEG=1` makes their absence an error, as `.ci/run` does).
-//! 5. Data-parallel training on CPU ranks (feature `mpi`): clippy of the crates that have it, `sluice-dist`'s tests
-//!    and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`, where Open MPI is installed
-//!    (`SLUICE_REQUIRE_MPI=1` makes its absence an error, as `.ci/run` does).
-//! 6. The builds without a feature where the code differs: `sluice-loader` without object storage (clippy and its
+//! 5. The builds without a feature where the code differs: `sluice-loader` without object storage (clippy and its
 //!    URL-split error test), and `sluice-eval` without candle (clippy).
-//! 7. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
+//! 6. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
 //!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
-//! 8. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
+//! 7. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
 //!    excluded from it): its unit tests, `tests/grad_tests.rs` and its doctests, with its own `Cargo.lock`.
-//! 9. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
+//! 8. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
 //!    one of these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
 //!    `<target>/cuda-sdk` (once per target directory), no GPU is needed ([`crate::gpu::cuda_check_cargo`]).
-//! 10. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
-//!     the same wheels' nvcc and ptxas, warnings as errors ([`crate::gpu::compile_kernels`]).
+//! 9. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
+//!    the same wheels' nvcc and ptxas, warnings as errors ([`crate::gpu::compile_kernels`]).
 //!
-//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2 to 6 and 9);
+//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2 to 5 and 8; the
+//! CUDA clippy, without `mpi`, also lints the code that builds without it);
 //! `fuzz/` and `vendor/candle-core` are other workspaces with other profiles and lock files, so they build into
 //! `<target>/fuzz` and `<target>/vendor`.
 
@@ -82,9 +83,12 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
         crate::ensure_component("clippy", &["clippy", "--version"])?;
         s.cargo("fmt", root, &["fmt", "--all", "--check"])?;
         s.cargo("fmt fuzz/", root, &["fmt", "--all", "--check", "--manifest-path", "fuzz/Cargo.toml"])?;
-        s.cargo("clippy", root, &[&["clippy", "--workspace", "--features", OBJECT_STORE][..], CLIPPY_TAIL].concat())?;
     }
-    s.cargo("test", root, &["test", "--workspace", "--locked", "--features", OBJECT_STORE])?;
+    let features = if mpi_found()? { format!("{OBJECT_STORE},{MPI}") } else { OBJECT_STORE.to_string() };
+    if checks {
+        s.cargo("clippy", root, &[&["clippy", "--workspace", "--features", &features][..], CLIPPY_TAIL].concat())?;
+    }
+    s.cargo("test", root, &["test", "--workspace", "--locked", "--features", &features])?;
 
     let nvjpeg = ["-p", "sluice-decode", "--features", "nvjpeg"];
     if checks {
@@ -92,7 +96,6 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     }
     s.cargo("test nvjpeg", root, &[&["test", "--locked"][..], &nvjpeg].concat())?;
     turbojpeg(root, checks, &mut s)?;
-    mpi(root, checks, &mut s)?;
     without_object_store(root, checks, &mut s)?;
     if checks {
         // The host crate of evaluation alone, as a user of its metrics builds it: no candle.
@@ -158,34 +161,29 @@ fn turbojpeg(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
     Ok(())
 }
 
-/// The MPI engine needs an MPI library and `mpirun` (and libclang for its bindings): checked and tested where
-/// `mpicc` and `mpirun` are, required where CI says so.
-fn mpi(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
+/// The MPI engine needs an MPI library and `mpirun` (and libclang for its bindings): built, linted and tested with the
+/// workspace wherever `mpicc` and `mpirun` are, required where CI says so.
+fn mpi_found() -> Result<bool> {
     let missing: Vec<&str> = ["mpicc", "mpirun"].into_iter().filter(|t| !tool_found(t)).collect();
-    if !missing.is_empty() {
-        if std::env::var_os("SLUICE_REQUIRE_MPI").is_some_and(|v| v == "1") {
-            bail!("SLUICE_REQUIRE_MPI=1 but {} not found: the MPI engine cannot be built", missing.join(" and "));
-        }
-        eprintln!(
-            "xtask: skipped the MPI engine's checks ({} not found; install Open MPI and libclang, e.g. \
-             `apt-get install libopenmpi-dev openmpi-bin libclang-dev`)",
-            missing.join(" and ")
-        );
-        return Ok(());
+    if missing.is_empty() {
+        return Ok(true);
     }
-    let features = format!("mpi,{OBJECT_STORE}");
-    let crates = ["-p", "sluice-dist", "-p", "sluice-train", "-p", "sluice-cli", "--features", &features];
-    if checks {
-        s.cargo("clippy mpi", root, &[&["clippy"][..], &crates, CLIPPY_TAIL].concat())?;
+    if std::env::var_os("SLUICE_REQUIRE_MPI").is_some_and(|v| v == "1") {
+        bail!("SLUICE_REQUIRE_MPI=1 but {} not found: the MPI engine cannot be built", missing.join(" and "));
     }
-    s.cargo("test mpi: sluice-dist", root, &["test", "--locked", "-p", "sluice-dist", "--features", "mpi"])?;
-    let two_ranks = ["test", "--locked", "-p", "sluice-train", "-p", "sluice-cli", "--features", &features];
-    s.cargo("test mpi: two ranks", root, &[&two_ranks[..], &["--test", "distributed"]].concat())?;
-    Ok(())
+    eprintln!(
+        "xtask: the workspace is built without the MPI engine ({} not found; install Open MPI and libclang, e.g. \
+         `apt-get install libopenmpi-dev openmpi-bin libclang-dev`)",
+        missing.join(" and ")
+    );
+    Ok(false)
 }
 
-/// The object-storage feature of every crate that has one. The workspace is linted and tested with it on (and the
-/// MPI step too, which then shares the build), so that it builds once with everything else; its tests start a local
+/// The `mpi` feature of every crate that has one.
+const MPI: &str = "sluice-dist/mpi,sluice-train/mpi,sluice-cli/mpi";
+
+/// The object-storage feature of every crate that has one. The workspace is linted and tested with it on, so that it
+/// builds once with everything else; its tests start a local
 /// moto server (PyPI's `moto[server]`) and skip where python3 cannot import it, unless `SLUICE_REQUIRE_MOTO=1`.
 const OBJECT_STORE: &str = "sluice-storage/object-store,sluice-loader/object-store,sluice-train/object-store,\
                             sluice-cli/object-store";
