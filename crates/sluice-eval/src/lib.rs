@@ -18,6 +18,8 @@ pub mod metric;
 pub mod nms;
 pub mod numeric;
 #[cfg(feature = "candle")]
+pub mod output;
+#[cfg(feature = "candle")]
 pub mod shrink;
 pub mod stream;
 pub mod ultralytics;
@@ -29,6 +31,8 @@ pub use error::{Error, Result};
 pub use masknms::{MaskNms, MaskScratch, ValPost};
 pub use metric::{CocoMetric, UltralyticsMetric};
 pub use nms::{Layout, Nms, NmsMode, NmsParams, NmsScratch, PredBatch, PredView};
+#[cfg(feature = "candle")]
+pub use output::{Packed, ValOutput};
 #[cfg(feature = "candle")]
 pub use shrink::{PackedDims, ShrinkParams, Shrunk, shrink, unpack};
 pub use stream::{KeptBatch, StreamConfig, StreamReport, StreamStats, StreamingValidator, ValBatch};

@@ -324,37 +324,6 @@ pub fn unpack_kept(v: &[f32], d: KeptDims, dst: &mut crate::ValBatch) -> Result<
     Ok(())
 }
 
-#[cfg(feature = "candle")]
-impl<P, M> crate::StreamingValidator<P, M> {
-    /// Submits a batch whose NMS ran where its predictions are ([`nms_tensor`]), from its packed rows already on
-    /// the host ([`KeptRows::pack`], read back by the caller); the workers need [`ValPost::Kept`].
-    pub fn submit_kept(
-        &mut self,
-        v: &[f32],
-        d: KeptDims,
-        ids: &[sluice_core::SampleId],
-        targets: &[sluice_core::Target],
-    ) -> Result<()> {
-        let mut buf = self.buffer()?;
-        unpack_kept(v, d, &mut buf)?;
-        buf.ids.extend_from_slice(ids);
-        buf.targets.extend_from_slice(targets);
-        self.submit(buf)
-    }
-
-    /// [`StreamingValidator::submit_kept`](crate::StreamingValidator::submit_kept) from the tensors themselves
-    /// (one blocking read off the CPU).
-    pub fn submit_kept_rows(
-        &mut self,
-        rows: &KeptRows,
-        ids: &[sluice_core::SampleId],
-        targets: &[sluice_core::Target],
-    ) -> Result<()> {
-        let (packed, dims) = rows.pack()?;
-        crate::shrink::with_host_slice(&packed, |v: &[f32]| self.submit_kept(v, dims, ids, targets))?
-    }
-}
-
 /// The validation workers' post-process: NMS on the host, or the rows an NMS on the device kept.
 #[derive(Debug, Clone, Copy)]
 pub enum ValPost {

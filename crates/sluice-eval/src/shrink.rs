@@ -25,8 +25,7 @@ use candle_core::{DType, Device, Tensor, WithDType};
 
 use crate::error::{Error, Result};
 use crate::nms::Layout;
-use crate::stream::{StreamingValidator, ValBatch};
-use sluice_core::{SampleId, Target};
+use crate::stream::ValBatch;
 use sluice_kernels::topk::{MAX_DEVICE_SORT, topk_last};
 
 /// Settings of [`shrink`].
@@ -223,29 +222,6 @@ pub fn unpack(v: &[f32], d: PackedDims, dst: &mut ValBatch) -> Result<()> {
     dst.preds.layout = Layout::ChannelsFirst;
     dst.kept_rows = false;
     Ok(())
-}
-
-impl<P, M> StreamingValidator<P, M> {
-    /// The validation step after the eval forward: lends a pooled buffer, copies `shrunk` into it with the
-    /// batch's sample ids and targets (image-major, in the predictions' frame, e.g. [`sluice_core::Batch`]'s
-    /// `sample_ids` and `targets`) and submits it. Blocks only when `queue_depth` batches are waiting.
-    pub fn submit_shrunk(&mut self, shrunk: &Shrunk, ids: &[SampleId], targets: &[Target]) -> Result<()> {
-        let mut buf = self.buffer()?;
-        shrunk.copy_into(&mut buf)?;
-        buf.ids.extend_from_slice(ids);
-        buf.targets.extend_from_slice(targets);
-        self.submit(buf)
-    }
-
-    /// [`StreamingValidator::submit_shrunk`] from a packed batch already on the host ([`Shrunk::pack`], read
-    /// back asynchronously by the caller).
-    pub fn submit_packed(&mut self, v: &[f32], d: PackedDims, ids: &[SampleId], targets: &[Target]) -> Result<()> {
-        let mut buf = self.buffer()?;
-        unpack(v, d, &mut buf)?;
-        buf.ids.extend_from_slice(ids);
-        buf.targets.extend_from_slice(targets);
-        self.submit(buf)
-    }
 }
 
 #[cfg(test)]

@@ -12,15 +12,14 @@
 //!   the anchors whose best class score is `> conf` (at most `top_k`), gathered in anchor order, plus per-image
 //!   counts and a finiteness flag. Only this small buffer crosses to the host; nothing else is read back inside
 //!   the inference loop and no device tensor is kept across batches.
-//! - **Inference thread, host side.** [`StreamingValidator::buffer`] lends a [`ValBatch`] from a [`Pool`]; the
-//!   shrunk tensor is copied into it ([`crate::Shrunk::copy_into`], or the caller fills it itself) together with
-//!   the batch's sample ids and targets; [`StreamingValidator::submit`] puts it on a bounded `crossbeam` queue
-//!   and returns at once unless `queue_depth` batches are already waiting (back-pressure: the only time the
-//!   inference loop waits on post-processing, measured as [`StreamStats::submit_blocked`]).
-//!   On candle's CPU backend the copy is a `memcpy` from the tensor's storage into the pooled buffer. On another
-//!   device `copy_into` packs the shrunk tensors into one ([`crate::Shrunk::pack`]) and reads it back with one
-//!   blocking copy; a caller that reads the packed tensor back asynchronously itself hands the host copy to
-//!   [`StreamingValidator::submit_packed`] instead, so the inference loop does not wait on the copy.
+//! - **Inference thread, host side.** [`StreamingValidator::buffer`] lends a [`ValBatch`] from a [`Pool`]; a
+//!   batch's output is unpacked into it (or the caller fills it itself) together with the batch's sample ids and
+//!   targets; [`StreamingValidator::submit`] puts it on a bounded `crossbeam` queue and returns at once unless
+//!   `queue_depth` batches are already waiting (back-pressure: the only time the inference loop waits on
+//!   post-processing, measured as [`StreamStats::submit_blocked`]). With the `candle` feature a validation
+//!   batch's output on its device (`crate::ValOutput`: shrunk predictions, or the rows an NMS on the device kept)
+//!   is packed into one tensor, read back (asynchronously off the CPU, in place on it) and handed to the one
+//!   submit of outputs, `StreamingValidator::submit_output`, so the inference loop does not wait on the copy.
 //! - **Worker threads** (`workers` of them). Each shares the post-process and owns its scratch
 //!   ([`PostProcess::Scratch`]), its detection and ground-truth buffers and its own part of the metric; per batch
 //!   it runs the post-process, then updates its metric once per image, and drops the batch, which returns the

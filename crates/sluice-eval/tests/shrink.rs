@@ -11,8 +11,8 @@ mod synth;
 use candle_core::{Device, Tensor};
 use sluice_core::{Detection, SampleId, Target};
 use sluice_eval::{
-    Layout, Nms, NmsParams, NmsScratch, PredView, ShrinkParams, StreamConfig, StreamReport, StreamingValidator,
-    ValBatch, shrink,
+    Layout, Nms, NmsParams, NmsScratch, PredView, ShrinkParams, Shrunk, StreamConfig, StreamReport, StreamingValidator,
+    ValBatch, ValOutput, shrink,
 };
 
 const NC: usize = 4;
@@ -48,6 +48,16 @@ fn synth_tensor(images: &[synth::SynthImage]) -> (Vec<f32>, Tensor) {
     (data, t)
 }
 
+/// `shrunk` submitted as the validation loop does: packed, read on the host, through the validator's one submit.
+fn submit_shrunk<P, M>(
+    v: &mut StreamingValidator<P, M>,
+    shrunk: Shrunk,
+    ids: &[SampleId],
+    targets: &[Target],
+) -> sluice_eval::Result<()> {
+    ValOutput::Shrunk(shrunk).with_host(|host, dims| v.submit_output(host, dims, ids, targets))?
+}
+
 #[test]
 fn nms_on_the_shrunk_buffer_equals_nms_on_the_full_one() {
     let images = synth::images(5, 0, 6, NC, ANCHORS);
@@ -72,7 +82,7 @@ fn nms_on_the_shrunk_buffer_equals_nms_on_the_full_one() {
 }
 
 #[test]
-fn detections_kept_through_submit_shrunk_equal_nms_on_the_full_output() {
+fn detections_kept_through_the_shrunk_output_equal_nms_on_the_full_output() {
     let images = synth::images(8, 40, 10, NC, ANCHORS);
     let cfg = StreamConfig { workers: 2, keep_batches: 1, ..StreamConfig::new(NC as u32) };
     let mut v = StreamingValidator::new(cfg).unwrap();
@@ -83,7 +93,7 @@ fn detections_kept_through_submit_shrunk_equal_nms_on_the_full_output() {
             batch0 = nms_all(&full_batch(&data, chunk.len(), NC, ANCHORS)).into_iter().map(|(d, _)| d).collect();
         }
         let ids: Vec<SampleId> = chunk.iter().map(|im| im.id).collect();
-        v.submit_shrunk(&shrink(&y, &ShrinkParams::default()).unwrap(), &ids, &[]).unwrap();
+        submit_shrunk(&mut v, shrink(&y, &ShrinkParams::default()).unwrap(), &ids, &[]).unwrap();
     }
     let r = v.finish().unwrap();
     assert_eq!(r.kept.len(), 1);
@@ -123,7 +133,7 @@ fn run_stream(images: &[synth::SynthImage], shrunk: Option<ShrinkParams>) -> Str
             .collect();
         let (data, y) = synth_tensor(chunk);
         match shrunk {
-            Some(p) => v.submit_shrunk(&shrink(&y, &p).unwrap(), &ids, &targets).unwrap(),
+            Some(p) => submit_shrunk(&mut v, shrink(&y, &p).unwrap(), &ids, &targets).unwrap(),
             None => {
                 let mut buf = v.buffer().unwrap();
                 *buf = full_batch(&data, chunk.len(), NC, ANCHORS);
@@ -159,7 +169,7 @@ fn nan_in_a_dropped_anchor_is_still_an_error_naming_the_sample() {
     let s = shrink(&y, &ShrinkParams::default()).unwrap();
     let mut v = StreamingValidator::new(StreamConfig { workers: 1, ..StreamConfig::new(NC as u32) }).unwrap();
     let ids: Vec<SampleId> = images.iter().map(|im| im.id).collect();
-    let err = match v.submit_shrunk(&s, &ids, &[]) {
+    let err = match submit_shrunk(&mut v, s, &ids, &[]) {
         Err(e) => e,
         Ok(()) => v.finish().unwrap_err(),
     };

@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use crate::error::{Context, InferError, Result};
 use sluice_core::{Batch, Detection, MergeMetric, SampleId, Target, Transfer};
-use sluice_eval::masknms::{KeptDims, nms_tensor};
+use sluice_eval::masknms::nms_tensor;
 use sluice_eval::{
-    ApReport, Layout, Nms, NmsMode, NmsParams, PackedDims, ShrinkParams, StreamConfig, StreamStats, StreamingValidator,
-    UltralyticsMetric, ValPost, shrink,
+    ApReport, Layout, Nms, NmsMode, NmsParams, Packed, ShrinkParams, StreamConfig, StreamStats, StreamingValidator,
+    UltralyticsMetric, ValOutput, ValPost, shrink,
 };
 use sluice_kernels::threads::on_compute_pool;
 use sluice_model::candle_core::DType;
@@ -170,15 +170,6 @@ impl ValResult {
     }
 }
 
-/// The shape of a packed batch in flight: shrunk predictions, or the rows an NMS on the device kept.
-#[derive(Debug, Clone, Copy)]
-pub enum Packed {
-    /// The shrunk predictions (`sluice_eval::shrink`).
-    Shrunk(PackedDims),
-    /// The rows NMS on the device kept (`sluice_eval::masknms`).
-    Kept(KeptDims),
-}
-
 /// The validator of a pass: its workers run [`ValPost`].
 type Validator = StreamingValidator<ValPost, UltralyticsMetric>;
 
@@ -206,10 +197,7 @@ impl InFlight {
     fn submit_oldest(&mut self, validator: &mut Validator) -> Result<()> {
         let (dims, ids, targets) =
             self.queue.pop_front().context("validation: a readback landed for no batch in flight")?;
-        match dims {
-            Packed::Shrunk(d) => validator.submit_packed(&self.host, d, &ids, &targets)?,
-            Packed::Kept(d) => validator.submit_kept(&self.host, d, &ids, &targets)?,
-        }
+        validator.submit_output(&self.host, dims, &ids, &targets)?;
         self.spare.push((ids, targets));
         Ok(())
     }
@@ -232,25 +220,6 @@ fn gather_metric(mine: UltralyticsMetric, dist: &dyn Ranks) -> sluice_eval::Resu
         }
     }
     merged.ok_or_else(|| sluice_eval::Error::Stream("no rank sent its metric state".into()))
-}
-
-/// What crosses to the host for one batch.
-#[derive(Debug)]
-pub enum Out {
-    /// The predictions above the validation conf, for NMS on the post-process workers.
-    Shrunk(sluice_eval::Shrunk),
-    /// The rows NMS on the device kept.
-    Kept(sluice_eval::masknms::KeptRows),
-}
-
-impl Out {
-    /// The batch's output packed into one tensor for the read back to the host.
-    pub fn pack(&self) -> Result<(sluice_model::candle_core::Tensor, Packed)> {
-        Ok(match self {
-            Out::Shrunk(s) => s.pack().map(|(p, d)| (p, Packed::Shrunk(d)))?,
-            Out::Kept(k) => k.pack().map(|(p, d)| (p, Packed::Kept(d)))?,
-        })
-    }
 }
 
 /// How one validation batch runs on the device.
@@ -276,7 +245,7 @@ pub fn batch_on_device(
     work: BatchWork,
     nms: &NmsParams,
     shrink_params: &ShrinkParams,
-) -> Result<(StepLoss, Out)> {
+) -> Result<(StepLoss, ValOutput)> {
     // The images in the model's dtype (a cast on the device for a half-precision copy).
     let images = x.images.to_dtype(model.dtype())?;
     let mut out = model.forward(&images)?;
@@ -293,9 +262,9 @@ pub fn batch_on_device(
     // Only the anchors above the validation conf cross to the host (the whole head output stays put), or,
     // with NMS on the device, only the rows it keeps.
     let out = if work.device_nms {
-        Out::Kept(nms_tensor(&y, Layout::ChannelsFirst, nms)?)
+        ValOutput::Kept(nms_tensor(&y, Layout::ChannelsFirst, nms)?)
     } else {
-        Out::Shrunk(shrink(&y, shrink_params)?)
+        ValOutput::Shrunk(shrink(&y, shrink_params)?)
     };
     Ok((l, out))
 }
@@ -398,10 +367,8 @@ pub fn validate_on(
                 in_flight.submit_oldest(&mut validator)?;
             }
         } else {
-            match &out {
-                Out::Shrunk(s) => validator.submit_shrunk(s, &batch.sample_ids, &batch.targets)?,
-                Out::Kept(k) => validator.submit_kept_rows(k, &batch.sample_ids, &batch.targets)?,
-            }
+            // On the CPU the packed output is read in place.
+            out.with_host(|host, dims| validator.submit_output(host, dims, &batch.sample_ids, &batch.targets))??;
         }
         // Host items are summed here; device items are summed on the device and read once after the pass.
         match l.items {

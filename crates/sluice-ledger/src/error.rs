@@ -24,6 +24,9 @@ pub enum LedgerError {
     /// The loss or the validation batch failed.
     #[error(transparent)]
     Infer(Box<sluice_infer::InferError>),
+    /// The validation batch's output could not be packed.
+    #[error(transparent)]
+    Eval(Box<sluice_eval::Error>),
 }
 
 impl LedgerError {
@@ -50,6 +53,7 @@ boxed_from! {
     Model: sluice_model::ModelError,
     Optim: sluice_optim::OptimError,
     Infer: sluice_infer::InferError,
+    Eval: sluice_eval::Error,
 }
 
 /// This crate's result type.
