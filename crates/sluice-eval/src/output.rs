@@ -2,16 +2,14 @@
 //! the predictions above the validation conf ([`Shrunk`], for NMS on the workers) or the rows an NMS where the
 //! predictions are kept ([`KeptRows`]). Either packs into one tensor for one copy to the host
 //! ([`ValOutput::pack`], which the caller may read back asynchronously), and the validator takes that host copy
-//! through its one submit ([`StreamingValidator::submit_output`]). On the CPU the packed tensor is read in place
+//! through its one submit ([`crate::StreamingValidator::submit_output`]). On the CPU the packed tensor is read in place
 //! ([`ValOutput::with_host`]).
 
 use candle_core::Tensor;
-use sluice_core::{SampleId, Target};
 
 use crate::error::Result;
-use crate::masknms::{KeptDims, KeptRows, unpack_kept};
-use crate::shrink::{PackedDims, Shrunk, unpack, with_host_slice};
-use crate::stream::StreamingValidator;
+use crate::masknms::{KeptDims, KeptRows};
+use crate::shrink::{PackedDims, Shrunk, with_host_slice};
 
 /// A validation batch's output on its device.
 #[derive(Debug)]
@@ -45,21 +43,5 @@ impl ValOutput {
     pub fn with_host<R>(&self, f: impl FnOnce(&[f32], Packed) -> R) -> Result<R> {
         let (packed, dims) = self.pack()?;
         with_host_slice(&packed, |v: &[f32]| f(v, dims))
-    }
-}
-
-impl<P, M> StreamingValidator<P, M> {
-    /// Submits one validation batch from the host copy of its packed output (`host`, shaped `dims`) with the
-    /// batch's sample ids and targets (image-major, in the predictions' frame, e.g. [`sluice_core::Batch`]'s
-    /// `sample_ids` and `targets`). Blocks only when `queue_depth` batches are waiting.
-    pub fn submit_output(&mut self, host: &[f32], dims: Packed, ids: &[SampleId], targets: &[Target]) -> Result<()> {
-        let mut buf = self.buffer()?;
-        match dims {
-            Packed::Shrunk(d) => unpack(host, d, &mut buf)?,
-            Packed::Kept(d) => unpack_kept(host, d, &mut buf)?,
-        }
-        buf.ids.extend_from_slice(ids);
-        buf.targets.extend_from_slice(targets);
-        self.submit(buf)
     }
 }
