@@ -91,3 +91,17 @@ impl Error {
         Self::Other(err.into())
     }
 }
+
+/// `From` impls that box each cause into its variant of an error enum (`Variant(Box<Cause>)`), so that the enum
+/// stays small however large its causes are (candle's errors are). Used by the crates whose errors wrap many others:
+/// `boxed_from!(MyError { Candle: candle_core::Error, Model: ModelError });`.
+#[macro_export]
+macro_rules! boxed_from {
+    ($error:ty { $($variant:ident: $cause:ty),* $(,)? }) => {
+        $(impl From<$cause> for $error {
+            fn from(e: $cause) -> Self {
+                Self::$variant(Box::new(e))
+            }
+        })*
+    };
+}

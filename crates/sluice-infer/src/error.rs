@@ -98,51 +98,18 @@ pub enum InferError {
     Data(Box<sluice_loader::DataError>),
 }
 
-/// Causes from the crates validation runs on, boxed so that the error stays small.
-macro_rules! boxed_from {
-    ($($variant:ident: $ty:ty),* $(,)?) => {
-        $(impl From<$ty> for InferError {
-            fn from(e: $ty) -> Self {
-                InferError::$variant(Box::new(e))
-            }
-        })*
-    };
-}
-
-boxed_from! {
+// Causes from the crates validation runs on, boxed so that the error stays small.
+sluice_core::boxed_from!(InferError {
     Candle: sluice_model::candle_core::Error,
     ModelOp: ModelError,
     Eval: sluice_eval::Error,
     Stage: sluice_core::Error,
     Data: sluice_loader::DataError,
-}
+});
 
-/// Adds what was being done to an error or a missing value, as `anyhow::Context` does.
-pub trait Context<T> {
-    /// Wraps the error in `context`.
-    fn context(self, context: impl Display) -> Result<T>;
-    /// Wraps the error in the context `f` makes (only called on error).
-    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T>;
-}
-
-impl<T, E: std::error::Error + Send + Sync + 'static> Context<T> for std::result::Result<T, E> {
-    fn context(self, context: impl Display) -> Result<T> {
-        self.map_err(|e| InferError::Context { context: context.to_string(), inner: Box::new(e) })
-    }
-
-    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T> {
-        self.map_err(|e| InferError::Context { context: f().to_string(), inner: Box::new(e) })
-    }
-}
-
-impl<T> Context<T> for Option<T> {
-    fn context(self, context: impl Display) -> Result<T> {
-        self.ok_or_else(|| InferError::Msg(context.to_string()))
-    }
-
-    fn with_context<C: Display, F: FnOnce() -> C>(self, f: F) -> Result<T> {
-        self.ok_or_else(|| InferError::Msg(f().to_string()))
-    }
+/// Wraps an error in what was being done when it happened (the message holds both).
+pub(crate) fn ctx<E: std::error::Error + Send + Sync + 'static>(context: impl Display) -> impl FnOnce(E) -> InferError {
+    move |e| InferError::Context { context: context.to_string(), inner: Box::new(e) }
 }
 
 /// This crate's result type.

@@ -18,7 +18,7 @@ pub mod weights;
 
 pub use device::{device_list, device_of, rank_device};
 pub use device_paths::{CudnnSearch, DevicePaths, parse_device_paths};
-pub use error::{Context, InferError, Result};
+pub use error::{InferError, Result};
 pub use predict::{PredictOptions, Prediction, Predictor};
 pub use val::{ValRequest, ValSettings, validate_weights};
 pub use val_telemetry::ValTelemetry;

@@ -11,7 +11,7 @@ use sluice_model::DetectionLoss;
 use sluice_model::candle_core::DType;
 use sluice_transfer::DeviceTransfer;
 
-use crate::error::{Context, InferError, Result};
+use crate::error::{InferError, Result, ctx};
 use crate::validate::{ValOptions, ValResult, validate};
 use crate::weights::stored_run;
 use crate::{DevicePaths, device_of, load_model};
@@ -87,8 +87,11 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
     let opts = IndexOptions { cache: true, find_orphans: false };
     let cache_dir = trained.as_ref().and_then(|t| t.cache_dir.clone());
     let remote = RemoteConfig { cache_dir, settings: req.store_settings.to_vec() };
-    let loaded = load_split_with(&data, req.split, &opts, false, &remote)
-        .with_context(|| format!("dataset {}, {} split", data.display(), req.split.as_str()))?;
+    let loaded = load_split_with(&data, req.split, &opts, false, &remote).map_err(ctx(format!(
+        "dataset {}, {} split",
+        data.display(),
+        req.split.as_str()
+    )))?;
     let left_out = loaded.left_out();
     if let (true, Some(line)) = (req.strict, left_out.line(&format!("{} split", req.split.as_str()))) {
         return Err(InferError::Msg(format!("strict: {line}")));

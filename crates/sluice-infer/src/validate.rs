@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::error::{Context, InferError, Result};
+use crate::error::{InferError, Result, ctx};
 use sluice_core::{Batch, Detection, MergeMetric, SampleId, Target, Transfer};
 use sluice_eval::masknms::nms_tensor;
 use sluice_eval::{
@@ -195,8 +195,10 @@ impl InFlight {
 
     /// Hands the oldest batch, whose readback is in `host`, to the validator.
     fn submit_oldest(&mut self, validator: &mut Validator) -> Result<()> {
-        let (dims, ids, targets) =
-            self.queue.pop_front().context("validation: a readback landed for no batch in flight")?;
+        let (dims, ids, targets) = self
+            .queue
+            .pop_front()
+            .ok_or_else(|| InferError::Msg("validation: a readback landed for no batch in flight".into()))?;
         validator.submit_output(&self.host, dims, &ids, &targets)?;
         self.spare.push((ids, targets));
         Ok(())
@@ -302,15 +304,15 @@ pub fn validate_on(
         if model.is_fused() {
             return Err(InferError::Msg("validation in half precision takes the unfused model, to fold in f32".into()));
         }
-        folded = model.fuse_to(DType::F16).context("validation: the half-precision copy")?;
+        folded = model.fuse_to(DType::F16).map_err(ctx("validation: the half-precision copy"))?;
         &folded
     } else if model.is_fused() || model.autocast().is_some() {
         model
     } else {
-        folded = model.fuse().context("validation: folding BatchNorm into the convs")?;
+        folded = model.fuse().map_err(ctx("validation: folding BatchNorm into the convs"))?;
         &folded
     };
-    let nc = u32::try_from(loss.nc).context("class count")?;
+    let nc = u32::try_from(loss.nc).map_err(ctx("class count"))?;
     let keep_batches = usize::from(opts.keep_first_batch);
     let end2end = opts.end2end && model.config().family.end2end();
     let nms = if end2end {
@@ -328,7 +330,7 @@ pub fn validate_on(
     let mut device_sum: Option<sluice_model::candle_core::Tensor> = None;
     // On the device path the shrunk batch is packed, read back asynchronously and handed to the post-process
     // workers once it has landed (a batch or two later), so inference never waits on a copy.
-    let mut readback = Readback::new(transfer.device()).context("validation readback")?;
+    let mut readback = Readback::new(transfer.device()).map_err(ctx("validation readback"))?;
     // Sizing the shrunk batch to the counts above conf reads them on the host first: free on the CPU, a blocking
     // sync per batch on a device. There the batch keeps every anchor (exact, a larger copy, and asynchronous), so
     // validation has no blocking read at any image size.
@@ -336,20 +338,20 @@ pub fn validate_on(
     let mut in_flight = InFlight::default();
     // Without the timer the pass takes the CPU's timer, which records nothing.
     let timed = if opts.gpu_timer { transfer.device() } else { &sluice_model::candle_core::Device::Cpu };
-    let mut gpu = sluice_transfer::GpuTimer::new(timed).context("validation GPU timer")?;
+    let mut gpu = sluice_transfer::GpuTimer::new(timed).map_err(ctx("validation GPU timer"))?;
     let (mut model_s, mut data_wait_s) = (0f64, 0f64);
     let mut first: Option<Batch> = None;
     let skipped_before = loader.skips().skipped;
     let mut t_wait = Instant::now();
     for batch in loader.pass() {
-        let batch = batch.context("validation loader")?;
+        let batch = batch.map_err(ctx("validation loader"))?;
         data_wait_s += t_wait.elapsed().as_secs_f64();
         if opts.keep_first_batch && first.is_none() {
             // A copy, not the pooled batch itself: holding that would take a buffer from the loader's pool.
             first = Some((*batch).clone());
         }
         let t = Instant::now();
-        let x = transfer.transfer(&batch).context("validation transfer")?;
+        let x = transfer.transfer(&batch).map_err(ctx("validation transfer"))?;
         // The forward, loss and shrink on a worker of the compute pool (`sluice_kernels::threads::on_compute_pool`).
         gpu.start()?;
         let work = BatchWork { device_nms: opts.device_nms, half: opts.half, end2end, dense };

@@ -36,25 +36,15 @@ impl LedgerError {
     }
 }
 
-/// Causes boxed, so that the error stays small.
-macro_rules! boxed_from {
-    ($($variant:ident: $ty:ty),* $(,)?) => {
-        $(impl From<$ty> for LedgerError {
-            fn from(e: $ty) -> Self {
-                LedgerError::$variant(Box::new(e))
-            }
-        })*
-    };
-}
-
-boxed_from! {
+// Causes boxed, so that the error stays small.
+sluice_core::boxed_from!(LedgerError {
     Core: sluice_core::Error,
     Candle: candle_core::Error,
     Model: sluice_model::ModelError,
     Optim: sluice_optim::OptimError,
     Infer: sluice_infer::InferError,
     Eval: sluice_eval::Error,
-}
+});
 
 /// This crate's result type.
 pub type Result<T, E = LedgerError> = std::result::Result<T, E>;
