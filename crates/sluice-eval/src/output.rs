@@ -2,13 +2,15 @@
 //! the predictions above the validation conf ([`Shrunk`], for NMS on the workers) or the rows an NMS where the
 //! predictions are kept ([`KeptRows`]). Either packs into one tensor for one copy to the host
 //! ([`ValOutput::pack`], which the caller may read back asynchronously), and the validator takes that host copy
-//! through its one submit ([`crate::StreamingValidator::submit_output`]). On the CPU the packed tensor is read in place
-//! ([`ValOutput::with_host`]).
+//! through its one submit ([`crate::StreamingValidator::submit_output`]). On the CPU nothing is packed: the output is
+//! copied straight into the validator's pooled buffer ([`ValOutput::copy_into`],
+//! [`crate::StreamingValidator::submit_on_host`]), so a CPU pass allocates nothing per batch for it.
 
 use candle_core::Tensor;
 
+use crate::ValBatch;
 use crate::error::Result;
-use crate::masknms::{KeptDims, KeptRows};
+use crate::masknms::{KeptDims, KeptRows, unpack_kept};
 use crate::shrink::{PackedDims, Shrunk, with_host_slice};
 
 /// A validation batch's output on its device.
@@ -39,9 +41,16 @@ impl ValOutput {
         })
     }
 
-    /// `f` of the packed output on the host: read in place on the CPU, one blocking (counted) copy off it.
-    pub fn with_host<R>(&self, f: impl FnOnce(&[f32], Packed) -> R) -> Result<R> {
-        let (packed, dims) = self.pack()?;
-        with_host_slice(&packed, |v: &[f32]| f(v, dims))
+    /// Copies the output into `dst` (everything but its `ids` and `targets`). Shrunk predictions on the CPU are
+    /// copied tensor by tensor into `dst`'s kept vectors; off the CPU, or for kept rows, the output is packed and
+    /// copied to the host once (one blocking, counted copy) and unpacked.
+    pub fn copy_into(&self, dst: &mut ValBatch) -> Result<()> {
+        match self {
+            ValOutput::Shrunk(s) => s.copy_into(dst),
+            ValOutput::Kept(k) => {
+                let (packed, d) = k.pack()?;
+                with_host_slice(&packed, |v: &[f32]| unpack_kept(v, d, dst))?
+            }
+        }
     }
 }

@@ -48,14 +48,30 @@ fn synth_tensor(images: &[synth::SynthImage]) -> (Vec<f32>, Tensor) {
     (data, t)
 }
 
-/// `shrunk` submitted as the validation loop does: packed, read on the host, through the validator's one submit.
+/// How a batch's output reaches the validator: copied straight into its pooled buffer (the CPU loop) or packed into
+/// one tensor whose host copy is unpacked (a device loop's readback).
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    OnHost,
+    Packed,
+}
+
+/// `shrunk` submitted as the validation loop does, by `route`.
 fn submit_shrunk<P, M>(
     v: &mut StreamingValidator<P, M>,
     shrunk: Shrunk,
     ids: &[SampleId],
     targets: &[Target],
+    route: Route,
 ) -> sluice_eval::Result<()> {
-    ValOutput::Shrunk(shrunk).with_host(|host, dims| v.submit_output(host, dims, ids, targets))?
+    let out = ValOutput::Shrunk(shrunk);
+    match route {
+        Route::OnHost => v.submit_on_host(&out, ids, targets),
+        Route::Packed => {
+            let (packed, dims) = out.pack()?;
+            v.submit_output(&packed.to_vec1::<f32>().unwrap(), dims, ids, targets)
+        }
+    }
 }
 
 #[test]
@@ -93,7 +109,7 @@ fn detections_kept_through_the_shrunk_output_equal_nms_on_the_full_output() {
             batch0 = nms_all(&full_batch(&data, chunk.len(), NC, ANCHORS)).into_iter().map(|(d, _)| d).collect();
         }
         let ids: Vec<SampleId> = chunk.iter().map(|im| im.id).collect();
-        submit_shrunk(&mut v, shrink(&y, &ShrinkParams::default()).unwrap(), &ids, &[]).unwrap();
+        submit_shrunk(&mut v, shrink(&y, &ShrinkParams::default()).unwrap(), &ids, &[], Route::OnHost).unwrap();
     }
     let r = v.finish().unwrap();
     assert_eq!(r.kept.len(), 1);
@@ -120,7 +136,7 @@ fn shrunk_reference_prediction_gives_ultralytics_detections() {
     let _ = PredView::new(&v.preds.data, 80, 3232, Layout::ChannelsFirst).unwrap();
 }
 
-fn run_stream(images: &[synth::SynthImage], shrunk: Option<ShrinkParams>) -> StreamReport {
+fn run_stream(images: &[synth::SynthImage], shrunk: Option<(ShrinkParams, Route)>) -> StreamReport {
     let mut v = StreamingValidator::new(StreamConfig { workers: 2, ..StreamConfig::new(NC as u32) }).unwrap();
     for chunk in images.chunks(4) {
         let ids: Vec<SampleId> = chunk.iter().map(|im| im.id).collect();
@@ -133,7 +149,7 @@ fn run_stream(images: &[synth::SynthImage], shrunk: Option<ShrinkParams>) -> Str
             .collect();
         let (data, y) = synth_tensor(chunk);
         match shrunk {
-            Some(p) => submit_shrunk(&mut v, shrink(&y, &p).unwrap(), &ids, &targets).unwrap(),
+            Some((p, route)) => submit_shrunk(&mut v, shrink(&y, &p).unwrap(), &ids, &targets, route).unwrap(),
             None => {
                 let mut buf = v.buffer().unwrap();
                 *buf = full_batch(&data, chunk.len(), NC, ANCHORS);
@@ -150,10 +166,13 @@ fn run_stream(images: &[synth::SynthImage], shrunk: Option<ShrinkParams>) -> Str
 fn stream_report_is_the_same_with_and_without_the_shrink_step() {
     let images = synth::images(6, 500, 10, NC, ANCHORS);
     let full = run_stream(&images, None);
-    let shrunk = run_stream(&images, Some(ShrinkParams::default()));
-    assert_eq!(shrunk.metrics, full.metrics);
-    assert_eq!((shrunk.stats.detections, shrunk.stats.truncated_images), (full.stats.detections, 0));
-    let cut = run_stream(&images, Some(ShrinkParams { top_k: 40, fit: false, ..ShrinkParams::default() }));
+    for route in [Route::OnHost, Route::Packed] {
+        let shrunk = run_stream(&images, Some((ShrinkParams::default(), route)));
+        assert_eq!(shrunk.metrics, full.metrics, "{route:?}");
+        assert_eq!((shrunk.stats.detections, shrunk.stats.truncated_images), (full.stats.detections, 0), "{route:?}");
+    }
+    let cut =
+        run_stream(&images, Some((ShrinkParams { top_k: 40, fit: false, ..ShrinkParams::default() }, Route::Packed)));
     assert_eq!(cut.stats.truncated_images, 10);
     assert!(cut.stats.summary().contains("10 images cut by top_k"));
 }
@@ -169,7 +188,7 @@ fn nan_in_a_dropped_anchor_is_still_an_error_naming_the_sample() {
     let s = shrink(&y, &ShrinkParams::default()).unwrap();
     let mut v = StreamingValidator::new(StreamConfig { workers: 1, ..StreamConfig::new(NC as u32) }).unwrap();
     let ids: Vec<SampleId> = images.iter().map(|im| im.id).collect();
-    let err = match submit_shrunk(&mut v, s, &ids, &[]) {
+    let err = match submit_shrunk(&mut v, s, &ids, &[], Route::OnHost) {
         Err(e) => e,
         Ok(()) => v.finish().unwrap_err(),
     };

@@ -369,8 +369,8 @@ pub fn validate_on(
                 in_flight.submit_oldest(&mut validator)?;
             }
         } else {
-            // On the CPU the packed output is read in place.
-            out.with_host(|host, dims| validator.submit_output(host, dims, &batch.sample_ids, &batch.targets))??;
+            // On the CPU the output is copied straight into the validator's pooled buffer.
+            validator.submit_on_host(&out, &batch.sample_ids, &batch.targets)?;
         }
         // Host items are summed here; device items are summed on the device and read once after the pass.
         match l.items {

@@ -691,6 +691,23 @@ impl<P, M> StreamingValidator<P, M> {
         buf.targets.extend_from_slice(targets);
         self.submit(buf)
     }
+
+    /// Submits one validation batch from its output where it lies ([`crate::ValOutput::copy_into`] the pooled
+    /// buffer: no packing on the CPU), with the batch's sample ids and targets as for
+    /// [`submit_output`](Self::submit_output). The validation loop on the CPU submits this way; a device loop
+    /// reads packed outputs back asynchronously and submits those.
+    pub fn submit_on_host(
+        &mut self,
+        out: &crate::ValOutput,
+        ids: &[sluice_core::SampleId],
+        targets: &[sluice_core::Target],
+    ) -> Result<()> {
+        let mut buf = self.buffer()?;
+        out.copy_into(&mut buf)?;
+        buf.ids.extend_from_slice(ids);
+        buf.targets.extend_from_slice(targets);
+        self.submit(buf)
+    }
 }
 
 impl<P, M> Drop for StreamingValidator<P, M> {
