@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Fine-tuning beside Ultralytics 8.4.190: both trainers start from the same weights (a Sluice checkpoint trained on
 # the shapes set, converted to an Ultralytics `.pt` by crates/sluice-model/scripts/convert_weights.py) and fine-tune
-# on coco128 (80 classes: both keep the source's class-branch width and start its last convolutions fresh,
-# "Transferred 349/355 items") at imgsz 320 for 30 epochs, batch 16, cache ram, optimizer SGD (lr0 0.01, Ultralytics'
-# default lr0: its `auto` picks AdamW at lr 0.000119 for 240 iterations and 80 classes, with which Ultralytics ends
-# these 30 epochs at mAP 0), seeds 0..SEEDS-1, Ultralytics' defaults otherwise. Prints each run's final mAP50 / mAP50-95 (each trainer's validation of
-# its `best`), then the mean and standard deviation per trainer.
+# on another task, the generated signs set (`sluice data gen --preset signs`: four other classes, hexagon, diamond,
+# arrow and half-disc, on striped and checked backgrounds, 200 train / 100 val images at 256 px). Both keep the
+# source's class-branch width and start its last convolutions fresh ("Transferred 349/355 items"). EPOCHS (30) at
+# IMGSZ (192), batch 16, cache ram, OPTIMIZER (`auto`, which both trainers resolve to AdamW at lr 0.00125 for a run
+# this short with 4 classes), seeds 0..SEEDS-1, Ultralytics' defaults otherwise (close_mosaic 10). Prints each
+# run's final mAP50 / mAP50-95 (each trainer's validation of its `best`), then the mean and standard deviation per
+# trainer.
 #
 #   benches/finetune_vs_ultralytics.sh CHECKPOINT [SEEDS]
 #
 # CHECKPOINT: a Sluice training checkpoint (`runs/<name>/weights/best.safetensors`) of configs/models/yolov8-tiny.yaml,
 #             e.g. from `sluice train --config configs/quick.yaml`.
 # Env: PEERS_VENV (default ~/.cache/sluice-peers/venv), SLUICE (default target/release/sluice), THREADS (default 2),
-#      EPOCHS (30), IMGSZ (320), OPTIMIZER (SGD; any of Ultralytics' names); data from SLUICE_COCO128
-#      (benches/locations.sh); runs under $BENCH_SCRATCH/finetune.
+#      EPOCHS (30), IMGSZ (192), OPTIMIZER (auto; any of Ultralytics' names), DATA (a data.yaml instead of the signs
+#      set); runs under $BENCH_SCRATCH/finetune.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,8 +26,8 @@ PEERS_VENV=${PEERS_VENV:-$HOME/.cache/sluice-peers/venv}
 SLUICE=${SLUICE:-$ROOT/target/release/sluice}
 THREADS=${THREADS:-2}
 EPOCHS=${EPOCHS:-30}
-IMGSZ=${IMGSZ:-320}
-OPTIMIZER=${OPTIMIZER:-SGD}
+IMGSZ=${IMGSZ:-192}
+OPTIMIZER=${OPTIMIZER:-auto}
 PY=$PEERS_VENV/bin/python
 [ -x "$PY" ] || { echo "no peers venv at $PEERS_VENV: run the peers' setup.sh first" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "no sluice binary at $SLUICE: cargo build --release -p sluice-cli" >&2; exit 1; }
@@ -33,7 +35,10 @@ export YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(dirname "$PEERS_VENV")/ultralytics_cfg
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS RAYON_NUM_THREADS=$THREADS
 OUT=$BENCH_SCRATCH/finetune
 mkdir -p "$OUT"
-DATA=$SLUICE_COCO128/data.yaml
+if [ -z "${DATA:-}" ]; then
+  "$SLUICE" data gen --preset signs --out "$OUT/signs" --unless-current >&2
+  DATA=$OUT/signs/data.yaml
+fi
 echo "optimizer: $OPTIMIZER" >"$OUT/finetune.yaml"
 export OPTIMIZER
 

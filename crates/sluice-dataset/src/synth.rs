@@ -3,7 +3,14 @@
 //! count). Six shape classes (circle, square, triangle, star, ring, cross) in varied colours, sizes (4%–60% of
 //! the image side), aspect ratios and rotations, 1–8 per image with limited partial overlaps, on gradient +
 //! value-noise + pixel-noise backgrounds with distractor lines. Drawn by a small anti-aliased rasteriser
-//! (3x3 supersampling of exact inside tests); boxes are the shapes' exact extents.
+//! (3x3 supersampling of exact inside tests). Each box is centred on its shape's centre: the exact extent of the
+//! point-symmetric shapes (circle, square, ring, cross), and for the triangle and the star, whose extents are not
+//! symmetric about their centres, the symmetric extent, which is loose on one side when they are rotated. The
+//! default's figures are measured on these labels.
+//!
+//! A second kit ([`Kit::Signs`]) is another task for fine-tuning a model trained on the first: four other classes
+//! (hexagon, diamond, arrow, half-disc) on the same backgrounds overlaid with stripes or a checkerboard, each boxed
+//! by its exact extent.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -16,8 +23,38 @@ use sluice_core::{BoxXyxy, Label};
 
 use crate::error::{DatasetError, Result};
 
-/// The class names, index = class id.
+/// The class names of [`Kit::Shapes`], index = class id.
 pub const CLASSES: [&str; 6] = ["circle", "square", "triangle", "star", "ring", "cross"];
+
+/// The class names of [`Kit::Signs`], index = class id.
+pub const SIGN_CLASSES: [&str; 4] = ["hexagon", "diamond", "arrow", "half-disc"];
+
+/// Which objects and backgrounds a dataset holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Kit {
+    /// Six shape classes ([`CLASSES`]) on gradient and noise backgrounds: the embedded default's.
+    #[default]
+    Shapes,
+    /// Four other classes ([`SIGN_CLASSES`]) on those backgrounds overlaid with stripes or a checkerboard.
+    Signs,
+}
+
+impl Kit {
+    /// The class names, index = class id.
+    pub fn classes(self) -> &'static [&'static str] {
+        match self {
+            Kit::Shapes => &CLASSES,
+            Kit::Signs => &SIGN_CLASSES,
+        }
+    }
+
+    fn shapes(self) -> &'static [Shape] {
+        match self {
+            Kit::Shapes => &SHAPES,
+            Kit::Signs => &SIGNS,
+        }
+    }
+}
 
 /// The first line of a generated `data.yaml` (marks a folder the generator may overwrite).
 const MARKER: &str = "# Sluice synthetic shapes dataset";
@@ -71,6 +108,8 @@ pub struct SynthConfig {
     pub quality: u8,
     /// Object count and size range.
     pub objects: Objects,
+    /// The classes and backgrounds.
+    pub kit: Kit,
 }
 
 impl Default for SynthConfig {
@@ -83,6 +122,7 @@ impl Default for SynthConfig {
             imgsz: 320,
             quality: 90,
             objects: Objects::default(),
+            kit: Kit::Shapes,
         }
     }
 }
@@ -100,6 +140,22 @@ impl SynthConfig {
             imgsz: 256,
             quality: 90,
             objects: Objects { min_size: 0.08, max_size: 0.5, max_count: 6 },
+            kit: Kit::Shapes,
+        }
+    }
+
+    /// A fine-tuning task for a model trained on [`SynthConfig::quick`]: [`Kit::Signs`], 200 train / 100 val
+    /// images at 256 px with 1–8 objects of 6%–40% of the side.
+    pub fn signs(out: impl Into<PathBuf>) -> Self {
+        Self {
+            out: out.into(),
+            seed: 0,
+            train: 200,
+            val: 100,
+            imgsz: 256,
+            quality: 90,
+            objects: Objects { min_size: 0.06, max_size: 0.4, max_count: 8 },
+            kit: Kit::Signs,
         }
     }
 
@@ -107,8 +163,12 @@ impl SynthConfig {
     /// can tell whether a folder on disk was made with this configuration (see [`is_generated_with`]).
     pub fn provenance(&self) -> String {
         let o = &self.objects;
+        let kit = match self.kit {
+            Kit::Shapes => "",
+            Kit::Signs => ", kit signs",
+        };
         format!(
-            "# seed {}, {} train + {} val images of {} px, JPEG quality {}, 1-{} objects of {}-{} of the side",
+            "# seed {}, {} train + {} val images of {} px, JPEG quality {}, 1-{} objects of {}-{} of the side{kit}",
             self.seed, self.train, self.val, self.imgsz, self.quality, o.max_count, o.min_size, o.max_size
         )
     }
@@ -141,9 +201,40 @@ enum Shape {
     Star,
     Ring,
     Cross,
+    Hexagon,
+    Diamond,
+    Arrow,
+    HalfDisc,
 }
 
 const SHAPES: [Shape; 6] = [Shape::Circle, Shape::Square, Shape::Triangle, Shape::Star, Shape::Ring, Shape::Cross];
+const SIGNS: [Shape; 4] = [Shape::Hexagon, Shape::Diamond, Shape::Arrow, Shape::HalfDisc];
+
+/// The unit-frame polygons and outlines of the shapes that need them, made once per image.
+struct Outlines {
+    star: [(f32, f32); 10],
+    hexagon: [(f32, f32); 6],
+    arrow: [(f32, f32); 7],
+    /// The half-disc's arc, densely sampled (its extent is that of these points within 0.1% of the radius).
+    arc: [(f32, f32); 65],
+}
+
+impl Outlines {
+    fn new() -> Self {
+        let mut hexagon = [(0.0, 0.0); 6];
+        for (k, p) in hexagon.iter_mut().enumerate() {
+            let a = k as f32 * std::f32::consts::PI / 3.0;
+            *p = (a.cos(), a.sin());
+        }
+        let mut arc = [(0.0, 0.0); 65];
+        for (k, p) in arc.iter_mut().enumerate() {
+            let a = k as f32 * std::f32::consts::PI / 64.0;
+            *p = (a.cos(), a.sin());
+        }
+        let arrow = [(-1.0, -0.3), (0.2, -0.3), (0.2, -0.8), (1.0, 0.0), (0.2, 0.8), (0.2, 0.3), (-1.0, 0.3)];
+        Self { star: star_vertices(), hexagon, arrow, arc }
+    }
+}
 
 fn star_vertices() -> [(f32, f32); 10] {
     let mut v = [(0.0, 0.0); 10];
@@ -171,19 +262,23 @@ fn in_polygon(u: f32, v: f32, poly: &[(f32, f32)]) -> bool {
 
 impl Shape {
     /// Whether the unit-frame point `(u, v)` is inside the shape (unit frame: `[-1, 1]²`).
-    fn inside(self, u: f32, v: f32, star: &[(f32, f32)]) -> bool {
+    fn inside(self, u: f32, v: f32, o: &Outlines) -> bool {
         match self {
             Self::Circle => u * u + v * v <= 1.0,
             Self::Ring => (0.36..=1.0).contains(&(u * u + v * v)),
             Self::Square => u.abs() <= 1.0 && v.abs() <= 1.0,
             Self::Cross => (u.abs() <= 0.3 && v.abs() <= 1.0) || (v.abs() <= 0.3 && u.abs() <= 1.0),
             Self::Triangle => v <= 1.0 && u.abs() <= (v + 1.0) / 2.0,
-            Self::Star => in_polygon(u, v, star),
+            Self::Star => in_polygon(u, v, &o.star),
+            Self::Hexagon => in_polygon(u, v, &o.hexagon),
+            Self::Diamond => u.abs() + v.abs() <= 1.0,
+            Self::Arrow => in_polygon(u, v, &o.arrow),
+            Self::HalfDisc => v >= 0.0 && u * u + v * v <= 1.0,
         }
     }
 
     /// The unit-frame points whose images bound the shape (polygonal shapes).
-    fn extremes(self, star: &[(f32, f32)]) -> Vec<(f32, f32)> {
+    fn extremes(self, o: &Outlines) -> Vec<(f32, f32)> {
         match self {
             Self::Square => vec![(-1.0, -1.0), (1.0, -1.0), (1.0, 1.0), (-1.0, 1.0)],
             Self::Cross => {
@@ -199,7 +294,11 @@ impl Shape {
                 ]
             }
             Self::Triangle => vec![(0.0, -1.0), (1.0, 1.0), (-1.0, 1.0)],
-            Self::Star => star.iter().step_by(2).copied().collect(),
+            Self::Star => o.star.iter().step_by(2).copied().collect(),
+            Self::Hexagon => o.hexagon.to_vec(),
+            Self::Diamond => vec![(1.0, 0.0), (0.0, 1.0), (-1.0, 0.0), (0.0, -1.0)],
+            Self::Arrow => o.arrow.to_vec(),
+            Self::HalfDisc => o.arc.to_vec(),
             Self::Circle | Self::Ring => Vec::new(),
         }
     }
@@ -218,23 +317,35 @@ struct Placed {
 
 impl Placed {
     /// Half width and half height of the axis-aligned extent.
-    fn half_extent(&self, star: &[(f32, f32)]) -> (f32, f32) {
+    fn half_extent(&self, o: &Outlines) -> (f32, f32) {
         let (c, s) = (self.theta.cos(), self.theta.sin());
         match self.shape {
             Shape::Circle | Shape::Ring => (
                 ((self.rx * c).powi(2) + (self.ry * s).powi(2)).sqrt(),
                 ((self.rx * s).powi(2) + (self.ry * c).powi(2)).sqrt(),
             ),
-            _ => self.shape.extremes(star).iter().fold((0.0f32, 0.0f32), |(hx, hy), &(u, v)| {
+            _ => self.shape.extremes(o).iter().fold((0.0f32, 0.0f32), |(hx, hy), &(u, v)| {
                 let (x, y) = (c * u * self.rx - s * v * self.ry, s * u * self.rx + c * v * self.ry);
                 (hx.max(x.abs()), hy.max(y.abs()))
             }),
         }
     }
 
-    fn bbox(&self, star: &[(f32, f32)]) -> BoxXyxy {
-        let (hx, hy) = self.half_extent(star);
+    /// The box centred on the shape's centre with its [`half_extent`](Self::half_extent)s.
+    fn bbox(&self, o: &Outlines) -> BoxXyxy {
+        let (hx, hy) = self.half_extent(o);
         BoxXyxy::new(self.cx - hx, self.cy - hy, self.cx + hx, self.cy + hy)
+    }
+
+    /// The exact axis-aligned extent relative to the centre: `[x_lo, y_lo, x_hi, y_hi]` (polygonal shapes and the
+    /// half-disc, from their extreme points).
+    fn bounds(&self, o: &Outlines) -> [f32; 4] {
+        let (c, s) = (self.theta.cos(), self.theta.sin());
+        let init = [f32::INFINITY, f32::INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY];
+        self.shape.extremes(o).iter().fold(init, |[x0, y0, x1, y1], &(u, v)| {
+            let (x, y) = (c * u * self.rx - s * v * self.ry, s * u * self.rx + c * v * self.ry);
+            [x0.min(x), y0.min(y), x1.max(x), y1.max(y)]
+        })
     }
 }
 
@@ -265,11 +376,23 @@ pub fn render(seed: u64, split: u64, index: u64, imgsz: u32) -> (RgbImage, Vec<L
 
 /// [`render`] with an object count and size range.
 pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Objects) -> (RgbImage, Vec<Label>) {
+    render_kit(seed, split, index, imgsz, objects, Kit::Shapes)
+}
+
+/// [`render_with`] from a kit's classes and backgrounds.
+pub fn render_kit(
+    seed: u64,
+    split: u64,
+    index: u64,
+    imgsz: u32,
+    objects: &Objects,
+    kit: Kit,
+) -> (RgbImage, Vec<Label>) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream((split << 48) | index);
     let n = imgsz.max(16);
     let nf = n as f32;
-    let star = star_vertices();
+    let outlines = Outlines::new();
 
     // Background: a gradient between two muted colours, low-frequency value noise, pixel noise.
     let c0 = hsv(rng.random(), rng.random_range(0.0..0.35), rng.random_range(0.2..0.9));
@@ -279,6 +402,17 @@ pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Obje
     const G: usize = 6;
     let grid: Vec<f32> = (0..(G + 1) * (G + 1)).map(|_| rng.random_range(-30.0..30.0)).collect();
     let noise_amp: f32 = rng.random_range(4.0..16.0);
+    // The signs' texture: stripes or a checkerboard of a random period, angle and contrast (no draws for the
+    // shapes kit, whose images stay as they are).
+    let texture = match kit {
+        Kit::Shapes => None,
+        Kit::Signs => Some(Texture {
+            checker: rng.random_bool(0.5),
+            period: rng.random_range(0.03..0.12) * nf,
+            angle: rng.random_range(0.0..std::f32::consts::PI),
+            amp: rng.random_range(12.0..40.0),
+        }),
+    };
     let mut buf = vec![0f32; (n * n * 3) as usize];
     for y in 0..n {
         for x in 0..n {
@@ -289,7 +423,8 @@ pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Obje
             let (tx, ty) = (gx - ix as f32, gy - iy as f32);
             let g = |i: usize, j: usize| grid[j * (G + 1) + i];
             let vn = (g(ix, iy) * (1.0 - tx) + g(ix + 1, iy) * tx) * (1.0 - ty)
-                + (g(ix, iy + 1) * (1.0 - tx) + g(ix + 1, iy + 1) * tx) * ty;
+                + (g(ix, iy + 1) * (1.0 - tx) + g(ix + 1, iy + 1) * tx) * ty
+                + texture.as_ref().map_or(0.0, |t| t.at(x as f32, y as f32));
             let i = ((y * n + x) * 3) as usize;
             for c in 0..3 {
                 let px = c0[c] * (1.0 - t) + c1[c] * t + vn + rng.random_range(-noise_amp..noise_amp);
@@ -324,11 +459,14 @@ pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Obje
     let mut placed: Vec<(Placed, BoxXyxy)> = Vec::with_capacity(count);
     for _ in 0..count {
         for _attempt in 0..30 {
-            let shape = SHAPES[rng.random_range(0..SHAPES.len())];
+            let shapes = kit.shapes();
+            let shape = shapes[rng.random_range(0..shapes.len())];
             let (lo, hi) = (objects.min_size.ln(), objects.max_size.ln());
             let size = nf * if hi > lo { rng.random_range(lo..hi).exp() } else { objects.min_size };
             let aspect = match shape {
-                Shape::Triangle | Shape::Star => rng.random_range(0.8f32.ln()..1.25f32.ln()).exp(),
+                Shape::Triangle | Shape::Star | Shape::Hexagon | Shape::HalfDisc => {
+                    rng.random_range(0.8f32.ln()..1.25f32.ln()).exp()
+                }
                 _ => rng.random_range(0.6f32.ln()..1.6f32.ln()).exp(),
             };
             let theta = match shape {
@@ -336,17 +474,34 @@ pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Obje
                 _ => rng.random_range(0.0..std::f32::consts::TAU),
             };
             let mut p = Placed { shape, cx: 0.0, cy: 0.0, rx: aspect.sqrt(), ry: 1.0 / aspect.sqrt(), theta };
-            let (hx, hy) = p.half_extent(&star);
-            let k = size / (2.0 * hx.max(hy));
-            p.rx *= k;
-            p.ry *= k;
-            let (hx, hy) = p.half_extent(&star);
-            if 2.0 * hx >= nf - 2.0 || 2.0 * hy >= nf - 2.0 {
-                continue;
-            }
-            p.cx = rng.random_range(hx + 1.0..nf - hx - 1.0);
-            p.cy = rng.random_range(hy + 1.0..nf - hy - 1.0);
-            let b = p.bbox(&star);
+            let b = match kit {
+                Kit::Shapes => {
+                    let (hx, hy) = p.half_extent(&outlines);
+                    let k = size / (2.0 * hx.max(hy));
+                    p.rx *= k;
+                    p.ry *= k;
+                    let (hx, hy) = p.half_extent(&outlines);
+                    if 2.0 * hx >= nf - 2.0 || 2.0 * hy >= nf - 2.0 {
+                        continue;
+                    }
+                    p.cx = rng.random_range(hx + 1.0..nf - hx - 1.0);
+                    p.cy = rng.random_range(hy + 1.0..nf - hy - 1.0);
+                    p.bbox(&outlines)
+                }
+                Kit::Signs => {
+                    let [x0, y0, x1, y1] = p.bounds(&outlines);
+                    let k = size / (x1 - x0).max(y1 - y0);
+                    p.rx *= k;
+                    p.ry *= k;
+                    let [x0, y0, x1, y1] = p.bounds(&outlines);
+                    if x1 - x0 >= nf - 2.0 || y1 - y0 >= nf - 2.0 {
+                        continue;
+                    }
+                    p.cx = rng.random_range(1.0 - x0..nf - 1.0 - x1);
+                    p.cy = rng.random_range(1.0 - y0..nf - 1.0 - y1);
+                    BoxXyxy::new(p.cx + x0, p.cy + y0, p.cx + x1, p.cy + y1)
+                }
+            };
             let ok = placed.iter().all(|(_, q)| b.iou(q) < 0.3 && b.intersection(q) < 0.45 * q.area());
             if ok {
                 placed.push((p, b));
@@ -355,7 +510,7 @@ pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Obje
         }
     }
     let mut labels = Vec::with_capacity(placed.len());
-    for (class, (p, b)) in placed.iter().map(|(p, b)| (SHAPES.iter().position(|s| *s == p.shape), (p, b))) {
+    for (class, (p, b)) in placed.iter().map(|(p, b)| (kit.shapes().iter().position(|s| *s == p.shape), (p, b))) {
         let bg = {
             let (x, y) = ((p.cx as u32).min(n - 1), (p.cy as u32).min(n - 1));
             let i = ((y * n + x) * 3) as usize;
@@ -378,7 +533,7 @@ pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Obje
                     for sx in [1.0 / 6.0, 0.5, 5.0 / 6.0] {
                         let (dx, dy) = (x as f32 + sx - p.cx, y as f32 + sy - p.cy);
                         let (u, v) = ((c * dx + s * dy) / p.rx, (-s * dx + c * dy) / p.ry);
-                        cover += u32::from(p.shape.inside(u, v, &star));
+                        cover += u32::from(p.shape.inside(u, v, &outlines));
                     }
                 }
                 if cover == 0 {
@@ -399,6 +554,26 @@ pub fn render_with(seed: u64, split: u64, index: u64, imgsz: u32, objects: &Obje
     let pixels: Vec<u8> = buf.iter().map(|v| v.round().clamp(0.0, 255.0) as u8).collect();
     let img = RgbImage::from_raw(n, n, pixels).unwrap_or_else(|| RgbImage::new(n, n));
     (img, labels)
+}
+
+/// A periodic overlay of a background: stripes across `angle`, or a checkerboard along it.
+struct Texture {
+    checker: bool,
+    /// Pixels per period.
+    period: f32,
+    angle: f32,
+    /// Half the peak-to-peak change of the pixel value.
+    amp: f32,
+}
+
+impl Texture {
+    fn at(&self, x: f32, y: f32) -> f32 {
+        let (c, s) = (self.angle.cos(), self.angle.sin());
+        let w = std::f32::consts::TAU / self.period;
+        let a = ((c * x + s * y) * w).sin();
+        let v = if self.checker { a * ((c * y - s * x) * w).sin() } else { a };
+        self.amp * v.signum()
+    }
 }
 
 /// YOLO label text for pixel labels of a `w x h` image.
@@ -465,7 +640,7 @@ pub fn generate(cfg: &SynthConfig) -> Result<SynthSummary> {
         let per: Vec<usize> = (0..count)
             .into_par_iter()
             .map(|i| -> Result<usize> {
-                let (img, labels) = render_with(cfg.seed, split, i as u64, cfg.imgsz, &cfg.objects);
+                let (img, labels) = render_kit(cfg.seed, split, i as u64, cfg.imgsz, &cfg.objects, cfg.kit);
                 write_file(&idir.join(format!("{i:06}.jpg")), &encode_jpeg(&img, cfg.quality)?)?;
                 let text = yolo_text(&labels, img.width(), img.height());
                 write_file(&ldir.join(format!("{i:06}.txt")), text.as_bytes())?;
@@ -483,7 +658,7 @@ pub fn generate(cfg: &SynthConfig) -> Result<SynthSummary> {
     y.push_str("train: images/train\n");
     y.push_str(if cfg.val > 0 { "val: images/val\n" } else { "val: images/train\n" });
     y.push_str("names:\n");
-    for (i, c) in CLASSES.iter().enumerate() {
+    for (i, c) in cfg.kit.classes().iter().enumerate() {
         y.push_str(&format!("  {i}: {c}\n"));
     }
     write_file(&yaml, y.as_bytes())?;
@@ -527,6 +702,82 @@ mod tests {
         assert!(sizes.iter().any(|&s| s < 0.1) && sizes.iter().any(|&s| s > 0.35));
     }
 
+    /// The drawn extent of `p` (centred at the origin) on a 0.1 px grid: `[x_lo, y_lo, x_hi, y_hi]`.
+    fn drawn_extent(p: &Placed, o: &Outlines) -> [f32; 4] {
+        let (c, s) = (p.theta.cos(), p.theta.sin());
+        let mut e = [f32::INFINITY, f32::INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY];
+        for yi in -800..=800 {
+            for xi in -800..=800 {
+                let (dx, dy) = (xi as f32 * 0.1, yi as f32 * 0.1);
+                if p.shape.inside((c * dx + s * dy) / p.rx, (-s * dx + c * dy) / p.ry, o) {
+                    e = [e[0].min(dx), e[1].min(dy), e[2].max(dx), e[3].max(dy)];
+                }
+            }
+        }
+        e
+    }
+
+    fn placed(shape: Shape, k: usize, theta: f32) -> Placed {
+        let aspect = [0.7f32, 1.0, 1.4][k % 3];
+        Placed { shape, cx: 0.0, cy: 0.0, rx: 40.0 * aspect.sqrt(), ry: 40.0 / aspect.sqrt(), theta }
+    }
+
+    #[test]
+    fn a_signs_box_is_its_drawn_extent() {
+        let o = Outlines::new();
+        for shape in SIGNS {
+            for (k, theta) in [0.0f32, 0.4, 1.3, 2.9, 4.4].into_iter().enumerate() {
+                let p = placed(shape, k, theta);
+                let (b, d) = (p.bounds(&o), drawn_extent(&p, &o));
+                let off = b.iter().zip(d).map(|(b, d)| (b - d).abs()).fold(0.0, f32::max);
+                assert!(off < 0.25, "{shape:?} at {theta}: box {b:?}, drawn {d:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_shapes_box_is_centred_and_holds_its_shape() {
+        // Exact for the point-symmetric shapes; for the triangle and the star, the symmetric extent: exact on the
+        // side that reaches furthest, loose on the other.
+        let o = Outlines::new();
+        for shape in SHAPES {
+            for (k, theta) in [0.0f32, 0.4, 1.3, 2.9, 4.4].into_iter().enumerate() {
+                let p = placed(shape, k, theta);
+                let ((hx, hy), d) = (p.half_extent(&o), drawn_extent(&p, &o));
+                let (gx, gy) = (d[0].abs().max(d[2]), d[1].abs().max(d[3]));
+                assert!((hx - gx).abs() < 0.25 && (hy - gy).abs() < 0.25, "{shape:?} at {theta}: ({hx}, {hy}), {d:?}");
+                if !matches!(shape, Shape::Triangle | Shape::Star) {
+                    let off =
+                        [d[0] + hx, d[1] + hy, d[2] - hx, d[3] - hy].into_iter().map(f32::abs).fold(0.0, f32::max);
+                    assert!(off < 0.25, "{shape:?} at {theta}: ({hx}, {hy}), drawn {d:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_signs_kit_draws_its_own_classes_on_textured_backgrounds() {
+        let objects = Objects { min_size: 0.06, max_size: 0.4, max_count: 8 };
+        let mut counts = [0usize; 4];
+        for i in 0..40 {
+            let (_, labels) = render_kit(3, 0, i, 128, &objects, Kit::Signs);
+            for l in &labels {
+                counts[l.class as usize] += 1;
+            }
+        }
+        assert!(counts.iter().all(|&c| c > 10), "every sign appears: {counts:?}");
+        // The same draw without the texture is the shapes kit's background: the kits differ in their pixels.
+        let (a, _) = render_kit(3, 0, 0, 128, &objects, Kit::Signs);
+        let (b, _) = render_kit(3, 0, 0, 128, &objects, Kit::Shapes);
+        assert_ne!(a, b);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = SynthConfig { train: 2, val: 1, imgsz: 64, ..SynthConfig::signs(dir.path().join("s")) };
+        let sum = generate(&cfg).expect("generate");
+        let yaml = std::fs::read_to_string(sum.data_yaml).expect("yaml");
+        assert!(yaml.contains("  0: hexagon\n") && yaml.contains("  3: half-disc\n") && !yaml.contains("circle"));
+        assert!(is_generated_with(&cfg) && !is_generated_with(&SynthConfig { kit: Kit::Shapes, ..cfg.clone() }));
+    }
+
     #[test]
     fn object_ranges_are_honoured_and_checked() {
         let objects = Objects { min_size: 0.08, max_size: 0.5, max_count: 6 };
@@ -554,5 +805,27 @@ mod tests {
         generate(&small).expect("generate");
         assert!(is_generated_with(&small));
         assert!(!is_generated_with(&SynthConfig { seed: 1, ..small.clone() }));
+    }
+
+    /// SHA-256 of the pixels and label text of the first images of both splits of a configuration.
+    fn digest(cfg: &SynthConfig, per_split: u64) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for split in [0, 1] {
+            for i in 0..per_split {
+                let (img, labels) = render_with(cfg.seed, split, i, cfg.imgsz, &cfg.objects);
+                h.update(img.as_raw());
+                h.update(yolo_text(&labels, img.width(), img.height()).as_bytes());
+            }
+        }
+        format!("{:x}", h.finalize())
+    }
+
+    #[test]
+    fn the_embedded_default_draws_the_images_its_figures_were_measured_on() {
+        // Held to the digest of the generator the recorded figures used: a change to the shapes kit's drawing or
+        // its random draws changes the embedded default's data and every figure measured on it.
+        let d = digest(&SynthConfig::quick("unused"), 12);
+        assert_eq!(d, "bb22c9cb900fb4f80e5034556c0e786e4082f9e53dac4a580634382584b128d1");
     }
 }

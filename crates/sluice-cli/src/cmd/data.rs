@@ -40,7 +40,8 @@ enum DataCmd {
     /// flags override it.
     Gen {
         /// `quick`: the embedded default of `cargo xtask train` (400/100 images at 256 px, 1–6 objects of 8–50% of
-        /// the side); `default`: 256/64 images at 320 px, 1–8 objects of 4–60%.
+        /// the side); `default`: 256/64 images at 320 px, 1–8 objects of 4–60%; `signs`: another task for
+        /// fine-tuning (four other classes on textured backgrounds, 200/100 images at 256 px, 1–8 objects of 6–40%).
         #[arg(long, default_value = "quick")]
         preset: Preset,
         /// Output folder.
@@ -162,6 +163,9 @@ enum Preset {
     Quick,
     /// The generator's defaults.
     Default,
+    /// A second task for fine-tuning a model trained on `quick`: four other classes (hexagon, diamond, arrow,
+    /// half-disc) on striped and checked backgrounds, 200/100 images at 256 px, 1–8 objects of 6–40% of the side.
+    Signs,
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
@@ -193,6 +197,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
             let mut cfg = match preset {
                 Preset::Quick => SynthConfig::quick(out),
                 Preset::Default => SynthConfig { out, ..SynthConfig::default() },
+                Preset::Signs => SynthConfig::signs(out),
             };
             cfg.seed = seed.unwrap_or(cfg.seed);
             cfg.train = train.unwrap_or(cfg.train);
@@ -205,7 +210,11 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 eprintln!("{} is current: generated with these settings", cfg.out.join("data.yaml").display());
                 return Ok(());
             }
-            eprintln!("generating the synthetic shapes dataset in {} ...", cfg.out.display());
+            eprintln!(
+                "generating the synthetic dataset ({}) in {} ...",
+                cfg.kit.classes().join(", "),
+                cfg.out.display()
+            );
             let t = std::time::Instant::now();
             let s = generate(&cfg).with_context(|| format!("generating into {}", cfg.out.display()))?;
             if json {
