@@ -2,14 +2,13 @@
 //! device, chained on the input's stream with no host read. See [`crate::masknms`] for the steps and their host
 //! twins.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Storage, Tensor};
+use sluice_kernels::nvrtc::PerDevice;
 
 use crate::Layout;
 use crate::error::{Error, Result};
@@ -34,29 +33,22 @@ fn drv<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
 }
 
 fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
-    static CACHE: OnceLock<Mutex<HashMap<DeviceId, Arc<Kernels>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = cache.lock().map_err(|_| Error::Stream("the NMS kernel cache is poisoned".into()))?;
-    if let Some(k) = map.get(&dev.id()) {
-        return Ok(Arc::clone(k));
-    }
-    let ptx = candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(CUDA_SOURCE).map_err(drv("compiling"))?;
-    let module = dev.cuda_stream().context().load_module(ptx).map_err(drv("loading the module"))?;
-    let f = |name: &str| module.load_function(name).map_err(drv("loading a kernel"));
-    let k = Arc::new(Kernels {
-        keys: f("masknms_candidate_keys")?,
-        fill: f("masknms_fill")?,
-        compact: f("masknms_compact")?,
-        take_full: f("masknms_take_full")?,
-        bitonic: f("masknms_bitonic_step")?,
-        count: f("masknms_count")?,
-        boxes: f("masknms_boxes")?,
-        overlap: f("masknms_overlap")?,
-        keep: f("masknms_keep")?,
-        gather: f("masknms_gather")?,
+    static KERNELS: PerDevice<Kernels> = PerDevice::new();
+    let k = KERNELS.get(dev, "CUDA NMS", CUDA_SOURCE, |f| {
+        Ok(Kernels {
+            keys: f.get("masknms_candidate_keys")?,
+            fill: f.get("masknms_fill")?,
+            compact: f.get("masknms_compact")?,
+            take_full: f.get("masknms_take_full")?,
+            bitonic: f.get("masknms_bitonic_step")?,
+            count: f.get("masknms_count")?,
+            boxes: f.get("masknms_boxes")?,
+            overlap: f.get("masknms_overlap")?,
+            keep: f.get("masknms_keep")?,
+            gather: f.get("masknms_gather")?,
+        })
     });
-    map.insert(dev.id(), Arc::clone(&k));
-    Ok(k)
+    k.map_err(Error::Candle)
 }
 
 /// One thread per element, 256 per block.

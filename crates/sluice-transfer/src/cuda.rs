@@ -28,12 +28,22 @@ use cudarc::driver::{
 };
 use sluice_core::syncs::{self, Site};
 use sluice_core::{Batch, Error, Result, Transfer};
+use sluice_kernels::nvrtc::PerDevice;
 
 use crate::ring::{Fence, Ring, Slot};
 use crate::{DeviceBatch, padded_targets};
 
-/// The conversion kernels, compiled with NVRTC when the transfer is created.
-const KERNELS: &str = include_str!("kernels.cu");
+/// The conversion kernels' source, compiled with NVRTC once per device.
+const SRC: &str = include_str!("kernels.cu");
+
+/// The u8 → float conversions of `kernels.cu`.
+struct Kernels {
+    to_f32: CudaFunction,
+    to_bf16: CudaFunction,
+}
+
+/// [`Kernels`] per device, compiled on the first transfer made for it.
+static KERNELS: PerDevice<Kernels> = PerDevice::new();
 
 fn drv(what: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::Invalid { what, reason: format!("CUDA: {e}") }
@@ -95,8 +105,7 @@ pub struct CudaTransfer {
     compute: Arc<CudaStream>,
     copy: Arc<CudaStream>,
     dtype: DType,
-    to_f32: CudaFunction,
-    to_bf16: CudaFunction,
+    kernels: Arc<Kernels>,
     inner: Mutex<Inner>,
 }
 
@@ -185,11 +194,11 @@ impl CudaTransfer {
         let compute = cuda.cuda_stream();
         let ctx = compute.context().clone();
         let copy = ctx.new_stream().map_err(drv("copy stream"))?;
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS)
-            .map_err(|e| Error::Invalid { what: "CUDA transfer kernels", reason: format!("NVRTC: {e}") })?;
-        let module = ctx.load_module(ptx).map_err(drv("CUDA transfer kernels"))?;
-        let to_f32 = module.load_function("sluice_u8_to_f32").map_err(drv("CUDA transfer kernels"))?;
-        let to_bf16 = module.load_function("sluice_u8_to_bf16").map_err(drv("CUDA transfer kernels"))?;
+        let kernels = KERNELS
+            .get(cuda, "CUDA transfer kernels", SRC, |f| {
+                Ok(Kernels { to_f32: f.get("sluice_u8_to_f32")?, to_bf16: f.get("sluice_u8_to_bf16")? })
+            })
+            .map_err(candle("CUDA transfer kernels"))?;
         let mut ring_slots = Vec::with_capacity(slots);
         for _ in 0..slots {
             ring_slots.push(CudaSlot {
@@ -210,8 +219,7 @@ impl CudaTransfer {
             compute,
             copy,
             dtype,
-            to_f32,
-            to_bf16,
+            kernels,
             inner: Mutex::new(Inner { ring, stats: CudaTransferStats::default() }),
         })
     }
@@ -292,7 +300,7 @@ impl Transfer for CudaTransfer {
         let images = if self.dtype == DType::F32 {
             // SAFETY: `dst` is fully written by the kernel before any reader on the compute stream sees it.
             let mut dst = unsafe { self.compute.alloc::<f32>(len.max(1)) }.map_err(drv("image tensor"))?;
-            let mut b = self.compute.launch_builder(&self.to_f32);
+            let mut b = self.compute.launch_builder(&self.kernels.to_f32);
             b.arg(&src).arg(&mut dst).arg(&nn).arg(&scale);
             // SAFETY: argument types match the kernel's signature; `n` bounds every access.
             unsafe { b.launch(cfg) }.map_err(drv("image conversion"))?;
@@ -300,7 +308,7 @@ impl Transfer for CudaTransfer {
         } else {
             // SAFETY: as above.
             let mut dst = unsafe { self.compute.alloc::<half::bf16>(len.max(1)) }.map_err(drv("image tensor"))?;
-            let mut b = self.compute.launch_builder(&self.to_bf16);
+            let mut b = self.compute.launch_builder(&self.kernels.to_bf16);
             b.arg(&src).arg(&mut dst).arg(&nn).arg(&scale);
             // SAFETY: as above (bf16 is a 16-bit value, written as `unsigned short`).
             unsafe { b.launch(cfg) }.map_err(drv("image conversion"))?;

@@ -5,10 +5,8 @@
 //! Parameters, optimizer state and EMA variables are written in place: their addresses are taken from candle's
 //! storage and the kernels run on the device's one compute stream, in order with every op that reads them.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
@@ -16,6 +14,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Result, Storage, Tensor, Var, bail};
 
 use super::Rule;
+use crate::nvrtc::PerDevice;
 
 const SRC: &str = include_str!("kernels.cu");
 /// Blocks per tensor along grid.x (`CHUNKS` in the kernels).
@@ -35,23 +34,15 @@ fn drv<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> candle_core::Err
 }
 
 fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
-    static CACHE: OnceLock<Mutex<HashMap<DeviceId, Arc<Kernels>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = cache.lock().map_err(|_| candle_core::Error::Msg("multi-tensor kernel cache poisoned".into()))?;
-    if let Some(k) = map.get(&dev.id()) {
-        return Ok(Arc::clone(k));
-    }
-    let ptx = candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SRC).map_err(drv("compiling the kernels"))?;
-    let module = dev.cuda_stream().context().load_module(ptx).map_err(drv("loading the kernels"))?;
-    let f = |name: &str| module.load_function(name).map_err(drv("loading a kernel"));
-    let k = Arc::new(Kernels {
-        sumsq: f("mt_sumsq")?,
-        norm_final: f("mt_norm_final")?,
-        update: f("mt_update")?,
-        ema: f("mt_ema")?,
-    });
-    map.insert(dev.id(), Arc::clone(&k));
-    Ok(k)
+    static KERNELS: PerDevice<Kernels> = PerDevice::new();
+    KERNELS.get(dev, "multi-tensor step (CUDA)", SRC, |f| {
+        Ok(Kernels {
+            sumsq: f.get("mt_sumsq")?,
+            norm_final: f.get("mt_norm_final")?,
+            update: f.get("mt_update")?,
+            ema: f.get("mt_ema")?,
+        })
+    })
 }
 
 /// The device address of a contiguous f32 tensor's first element. Contiguous tensors only, so that no temporary

@@ -18,17 +18,17 @@
 //! Nothing is read back to the host: the statistics stay on the device (the caller's running-statistics update
 //! uses them as tensors), and every kernel runs on the device's compute stream.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaDType;
-use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor, WithDType, bail};
+
+use crate::nvrtc::PerDevice;
 
 const SRC: &str = include_str!("kernels.cu");
 
@@ -63,27 +63,19 @@ fn type_index(dtype: DType) -> Option<(usize, &'static str)> {
 
 /// The kernels for `dev`, compiled on first use.
 fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
-    static CACHE: OnceLock<Mutex<HashMap<DeviceId, Arc<Kernels>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = cache.lock().map_err(|_| candle_core::Error::Msg("BN kernel cache poisoned".into()))?;
-    if let Some(k) = map.get(&dev.id()) {
-        return Ok(Arc::clone(k));
-    }
-    let ptx = candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SRC).map_err(drv("compiling the kernels"))?;
-    let module = dev.cuda_stream().context().load_module(ptx).map_err(drv("loading the kernels"))?;
-    let f = |name: &str| module.load_function(name).map_err(drv("loading a kernel"));
-    let typed = |suffix: &str| -> Result<TypedKernels> {
-        Ok(TypedKernels {
-            stats_partial: f(&format!("bn_stats_partial{suffix}"))?,
-            stats_final: f(&format!("bn_stats_final{suffix}"))?,
-            apply: f(&format!("bn_silu_apply{suffix}"))?,
-            bwd_partial: f(&format!("bn_bwd_partial{suffix}"))?,
-            bwd_apply: f(&format!("bn_bwd_apply{suffix}"))?,
-        })
-    };
-    let k = Arc::new(Kernels { typed: [typed("")?, typed("_f16")?, typed("_bf16")?], bwd_final: f("bn_bwd_final")? });
-    map.insert(dev.id(), Arc::clone(&k));
-    Ok(k)
+    static KERNELS: PerDevice<Kernels> = PerDevice::new();
+    KERNELS.get(dev, "batch_norm_silu_train (CUDA)", SRC, |f| {
+        let typed = |suffix: &str| -> Result<TypedKernels> {
+            Ok(TypedKernels {
+                stats_partial: f.get(&format!("bn_stats_partial{suffix}"))?,
+                stats_final: f.get(&format!("bn_stats_final{suffix}"))?,
+                apply: f.get(&format!("bn_silu_apply{suffix}"))?,
+                bwd_partial: f.get(&format!("bn_bwd_partial{suffix}"))?,
+                bwd_apply: f.get(&format!("bn_bwd_apply{suffix}"))?,
+            })
+        };
+        Ok(Kernels { typed: [typed("")?, typed("_f16")?, typed("_bf16")?], bwd_final: f.get("bn_bwd_final")? })
+    })
 }
 
 /// Threads per block of the reductions (their shared arrays hold 256).
