@@ -3,9 +3,10 @@
 //! function of `(seed, epoch, index)` when the caller seeds that RNG per sample. Workers only execute recipes.
 //!
 //! Draw order (one stream per sample): the mosaic decision (`U(0,1) <= mosaic`), then the 3 mosaic partners, each
-//! uniform over the whole dataset (`0..len`; Ultralytics 8.x draws from its recent-image buffer, which only exists
-//! because its workers keep a per-process cache — here every sample may meet every other one, with equal
-//! probability, which is what that buffer approximates), then the centre `yc`, `xc` (each
+//! uniform over the whole dataset (`0..len`, as Ultralytics 8.4's `Mosaic.get_indexes` draws them when the images
+//! are cached in RAM; with `cache` off or on disk it draws them from its buffer of the `min(n, 8·batch, 1000)`
+//! images its worker loaded last, a per-process stand-in for the whole set, which Sluice does not copy: here every
+//! sample may meet every other one with equal probability whatever the cache), then the centre `yc`, `xc` (each
 //! `int(U(imgsz/2, 3 imgsz/2))`), then the 8 perspective parameters; then, when mixup is configured, its decision,
 //! its partner (uniform) with that partner's own mosaic and perspective, and the ratio `Beta(32, 32)`; then the 3
 //! HSV gains (when any is configured) and the two flips.

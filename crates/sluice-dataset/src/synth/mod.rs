@@ -391,10 +391,20 @@ pub fn render_kit(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream((split << 48) | index);
     let n = imgsz.max(16);
-    let nf = n as f32;
     let outlines = Outlines::new();
+    // One stream in this order: the background, the shapes' places, their colours.
+    let mut buf = background(&mut rng, n, kit);
+    let placed = place(&mut rng, n as f32, objects, kit, &outlines);
+    let labels = draw(&mut rng, &mut buf, n, &placed, kit, &outlines);
+    let pixels: Vec<u8> = buf.iter().map(|v| v.round().clamp(0.0, 255.0) as u8).collect();
+    let img = RgbImage::from_raw(n, n, pixels).unwrap_or_else(|| RgbImage::new(n, n));
+    (img, labels)
+}
 
-    // Background: a gradient between two muted colours, low-frequency value noise, pixel noise.
+/// An `n × n` background as interleaved RGB floats: a gradient between two muted colours, low-frequency value
+/// noise, the kit's texture, pixel noise and distractor lines.
+fn background(rng: &mut ChaCha8Rng, n: u32, kit: Kit) -> Vec<f32> {
+    let nf = n as f32;
     let c0 = hsv(rng.random(), rng.random_range(0.0..0.35), rng.random_range(0.2..0.9));
     let c1 = hsv(rng.random(), rng.random_range(0.0..0.35), rng.random_range(0.2..0.9));
     let ang: f32 = rng.random_range(0.0..std::f32::consts::TAU);
@@ -454,7 +464,11 @@ pub fn render_kit(
         }
     }
 
-    // Shapes.
+    buf
+}
+
+/// Up to `objects.max_count` shapes of the kit with their boxes, placed with limited overlaps.
+fn place(rng: &mut ChaCha8Rng, nf: f32, objects: &Objects, kit: Kit, outlines: &Outlines) -> Vec<(Placed, BoxXyxy)> {
     let count = rng.random_range(1..=objects.max_count.max(1));
     let mut placed: Vec<(Placed, BoxXyxy)> = Vec::with_capacity(count);
     for _ in 0..count {
@@ -476,24 +490,24 @@ pub fn render_kit(
             let mut p = Placed { shape, cx: 0.0, cy: 0.0, rx: aspect.sqrt(), ry: 1.0 / aspect.sqrt(), theta };
             let b = match kit {
                 Kit::Shapes => {
-                    let (hx, hy) = p.half_extent(&outlines);
+                    let (hx, hy) = p.half_extent(outlines);
                     let k = size / (2.0 * hx.max(hy));
                     p.rx *= k;
                     p.ry *= k;
-                    let (hx, hy) = p.half_extent(&outlines);
+                    let (hx, hy) = p.half_extent(outlines);
                     if 2.0 * hx >= nf - 2.0 || 2.0 * hy >= nf - 2.0 {
                         continue;
                     }
                     p.cx = rng.random_range(hx + 1.0..nf - hx - 1.0);
                     p.cy = rng.random_range(hy + 1.0..nf - hy - 1.0);
-                    p.bbox(&outlines)
+                    p.bbox(outlines)
                 }
                 Kit::Signs => {
-                    let [x0, y0, x1, y1] = p.bounds(&outlines);
+                    let [x0, y0, x1, y1] = p.bounds(outlines);
                     let k = size / (x1 - x0).max(y1 - y0);
                     p.rx *= k;
                     p.ry *= k;
-                    let [x0, y0, x1, y1] = p.bounds(&outlines);
+                    let [x0, y0, x1, y1] = p.bounds(outlines);
                     if x1 - x0 >= nf - 2.0 || y1 - y0 >= nf - 2.0 {
                         continue;
                     }
@@ -509,6 +523,19 @@ pub fn render_kit(
             }
         }
     }
+    placed
+}
+
+/// Draws the placed shapes into `buf` in colours that stand out from the background under them; their labels.
+fn draw(
+    rng: &mut ChaCha8Rng,
+    buf: &mut [f32],
+    n: u32,
+    placed: &[(Placed, BoxXyxy)],
+    kit: Kit,
+    outlines: &Outlines,
+) -> Vec<Label> {
+    let nf = n as f32;
     let mut labels = Vec::with_capacity(placed.len());
     for (class, (p, b)) in placed.iter().map(|(p, b)| (kit.shapes().iter().position(|s| *s == p.shape), (p, b))) {
         let bg = {
@@ -533,7 +560,7 @@ pub fn render_kit(
                     for sx in [1.0 / 6.0, 0.5, 5.0 / 6.0] {
                         let (dx, dy) = (x as f32 + sx - p.cx, y as f32 + sy - p.cy);
                         let (u, v) = ((c * dx + s * dy) / p.rx, (-s * dx + c * dy) / p.ry);
-                        cover += u32::from(p.shape.inside(u, v, &outlines));
+                        cover += u32::from(p.shape.inside(u, v, outlines));
                     }
                 }
                 if cover == 0 {
@@ -551,9 +578,7 @@ pub fn render_kit(
             labels.push(Label { class: class as u32, bbox: b.clip(nf, nf) });
         }
     }
-    let pixels: Vec<u8> = buf.iter().map(|v| v.round().clamp(0.0, 255.0) as u8).collect();
-    let img = RgbImage::from_raw(n, n, pixels).unwrap_or_else(|| RgbImage::new(n, n));
-    (img, labels)
+    labels
 }
 
 /// A periodic overlay of a background: stripes across `angle`, or a checkerboard along it.
