@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use sluice_dataset::{IndexOptions, Split};
-use sluice_loader::split::{LoadedSplit, RemoteConfig, load_split_with, packed};
-use sluice_loader::{LoaderConfig, ReadFrom, STRIDE, TrainLoader, ValLoader, default_workers};
+use sluice_loader::{LoaderConfig, TrainLoader, ValLoader};
 use sluice_model::candle_core::DType;
 use sluice_model::{DetectionLoss, Yolo};
 use sluice_transfer::{DeviceTransfer, Readback};
@@ -20,7 +18,7 @@ use super::config::TrainConfig;
 use super::epoch::RunTotals;
 use super::events::{FinalEvalEvent, Observer};
 use super::results::{JsonLines, ResultsCsv};
-use super::setup::{amp_dtype, node_source, subset};
+use super::setup::{loader_config, model, node_source, splits, subset};
 use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
 use crate::dist::Dist;
 use crate::error::{Context, Result};
@@ -131,99 +129,19 @@ impl Trainer {
     /// A run from `cfg`: a new one (initial weights from `cfg.weights`), or, with `resume_from`, the model shaped
     /// for that checkpoint (its weights are loaded by the caller).
     fn build(cfg: TrainConfig, paths: RunPaths, resume_from: Option<&Path>, dist: Dist) -> Result<Self> {
-        let opts = IndexOptions { cache: true, find_orphans: false };
-        let split = |s: Split| -> Result<LoadedSplit> {
-            let remote = RemoteConfig { cache_dir: cfg.cache_dir.clone(), settings: cfg.store_settings.clone() };
-            let loaded = load_split_with(&cfg.data, s, &opts, s == Split::Train, &remote)
-                .with_context(|| format!("dataset {}, {} split", cfg.data.display(), s.as_str()))?;
-            match cfg.source {
-                ReadFrom::Files => Ok(loaded),
-                ReadFrom::Packed => Ok(packed(loaded)?),
-            }
-        };
-        // Splits in object storage are copied to local disk once per machine: the node's local rank 0 copies them
-        // while the node's other ranks wait, then they find the copies in place.
-        let remote = dist.is_distributed()
-            && sluice_dataset::DataConfig::load(&cfg.data).is_ok_and(|d| {
-                [&d.train, &d.val].into_iter().flatten().any(|p| sluice_dataset::is_url(&p.to_string_lossy()))
-            });
-        let first = if !remote || dist.launch().local_rank == 0 {
-            Some((split(Split::Train)?, split(Split::Val)?))
-        } else {
-            None
-        };
-        if remote {
-            dist.barrier().context("waiting for the node's copies of the dataset")?;
-        }
-        let (mut train_split, mut val_split) = match first {
-            Some(loaded) => loaded,
-            None => (split(Split::Train)?, split(Split::Val)?),
-        };
         let mut notes = Vec::new();
-        for (what, split) in [("train split", &train_split), ("val split", &val_split)] {
-            if let Some(copy) = &split.staged {
-                notes.push(Note::Info(format!("{what}: {}", copy.line())));
-            }
-        }
-        // Images indexing left out: named once here (each val pass also counts the val ones); fatal with `strict`.
+        let (mut train_split, mut val_split) = splits(&cfg, &dist, &mut notes)?;
         let val_left_out = val_split.left_out();
-        for (what, left_out) in [("train split", train_split.left_out()), ("val split", val_left_out.clone())] {
-            if let Some(line) = left_out.line(what) {
-                crate::ensure!(!cfg.strict, "strict: {line}");
-                notes.push(Note::Warn(line));
-            }
-        }
         let train_index = std::mem::take(&mut train_split.indexed.index);
         let val_index = std::mem::take(&mut val_split.indexed.index);
-        let data = &train_split.config;
-        let nc = data.nc();
+        let (data, nc) = (&train_split.config, train_split.config.nc());
         let device = match dist.device() {
             Some(d) => d.clone(),
             None => device_of(&rank_device(&cfg.device, dist.launch().local_rank)?)?,
         };
         let mut cfg = cfg;
+        let lcfg = loader_config(&mut cfg, &dist, nc, &device, train_index.len(), &mut notes)?;
         let (rank, world) = (dist.rank(), dist.world());
-        if cfg.batch == super::config::AUTO_BATCH {
-            crate::ensure!(
-                world == 1,
-                "batch=-1 (AutoBatch) is for single-device training; give the global batch for {world} ranks, e.g. \
-                 batch={}",
-                world * 8
-            );
-            let (batch, line) = super::autobatch::auto_batch(&cfg, nc, &device)?;
-            cfg.batch = batch;
-            notes.push(Note::Info(line));
-        }
-        // As Ultralytics: `batch` is the global batch, each rank loads its share of it.
-        crate::ensure!(
-            cfg.batch >= world,
-            "batch={} is smaller than the {world} ranks; use a multiple of the rank count, e.g. batch={}",
-            cfg.batch,
-            world * 8
-        );
-        let local_batch = cfg.batch / world;
-        let workers = if cfg.workers == 0 { default_workers() } else { cfg.workers };
-        let lcfg = LoaderConfig {
-            workers,
-            strict: cfg.strict,
-            multi_scale: cfg.multi_scale,
-            ..LoaderConfig::new(cfg.imgsz, local_batch, cfg.seed)
-        };
-        // Ultralytics' guard: a final batch of one image at a side under two strides gives BatchNorm one value per
-        // channel.
-        let (min_side, _) = lcfg.train_sides();
-        let per_rank = train_index.len().div_ceil(world);
-        let last_batch = match per_rank % local_batch {
-            0 => local_batch,
-            r => r,
-        };
-        if min_side < 2 * STRIDE && last_batch == 1 {
-            crate::bail!(
-                "final batch=1 training at imgsz={min_side} gives BatchNorm a single value per channel; change batch, \
-                 or use imgsz and multi_scale that keep every size >= {}",
-                2 * STRIDE
-            );
-        }
         let train = TrainLoader::new(
             node_source(&dist, &train_split.source, train_index, true, &cfg, &mut notes)?,
             lcfg,
@@ -233,47 +151,12 @@ impl Trainer {
         let val_index = subset(&val_index, cfg.val_fraction, cfg.seed);
         // Ultralytics validates with twice the (per-rank) training batch, at `imgsz` (multi-scale is for training
         // only). Each rank validates a contiguous share of the rect plan's batches.
-        let vcfg = LoaderConfig { batch: local_batch * 2, multi_scale: 0.0, ..lcfg };
+        let vcfg = LoaderConfig { batch: lcfg.batch * 2, multi_scale: 0.0, ..lcfg };
         let val = ValLoader::new(node_source(&dist, &val_split.source, val_index, false, &cfg, &mut notes)?, vcfg)
             .with_left_out(val_left_out);
-        let val = {
-            let share = sluice_dist::contiguous_share(val.len(), rank, world);
-            val.with_batches(share)
-        };
-        let base = cfg.arch()?.config(nc);
-        // The class branch's width follows the weights it is built for (Ultralytics' load keeps a fine-tuning
-        // source's width; a checkpoint holds its own).
-        let arch = match (resume_from, &cfg.weights) {
-            (Some(ckpt), _) => base.fit_to_weights(ckpt, "").with_context(|| format!("reading {}", ckpt.display()))?,
-            (None, Some(w)) => base.for_transfer(w).with_context(|| format!("initial weights {}", w.display()))?,
-            (None, None) => base,
-        };
-        let mut model = Yolo::new_seeded(arch, DType::F32, &device, cfg.seed)?;
-        if let (None, Some(w)) = (resume_from, &cfg.weights) {
-            // As Ultralytics' trainer: every tensor whose name and shape fit is taken, so weights trained for
-            // another class count fine-tune here with a fresh classification output.
-            let t = model.transfer_weights(w).with_context(|| format!("initial weights {}", w.display()))?;
-            let mut line =
-                format!("Transferred {}/{} items from pretrained weights {}", t.loaded, t.total, w.display());
-            if !t.skipped.is_empty() {
-                let shown: Vec<&str> = t.skipped.iter().take(4).map(String::as_str).collect();
-                let more = if t.skipped.len() > 4 { ", …" } else { "" };
-                line.push_str(&format!(" (left out: {}{more})", shown.join(", ")));
-            }
-            notes.push(Note::Info(line));
-        }
-        // Every rank starts from rank 0's weights (a seeded start is the same everywhere; fine-tuning weights or a
-        // file that differs between nodes are not).
-        dist.broadcast_vars(&crate::dist::all_vars(&model)).context("starting from rank 0's weights")?;
-        let half = amp_dtype(&cfg, &device);
-        if let Some(half) = half {
-            model.set_autocast(Some(half))?;
-        } else if cfg.amp.is_on() {
-            notes.push(Note::Warn(format!(
-                "amp={}: mixed precision is for CUDA devices (as Ultralytics' AMP check); training in f32 on the CPU",
-                cfg.amp
-            )));
-        }
+        let share = sluice_dist::contiguous_share(val.len(), rank, world);
+        let val = val.with_batches(share);
+        let (model, half) = model(&cfg, resume_from, nc, &device, &dist, &mut notes)?;
         let shape = RunShape {
             batch: cfg.batch,
             epochs: cfg.epochs as usize,
@@ -281,17 +164,15 @@ impl Trainer {
             train_images: train.source().index().len(),
         };
         // The device paths no device run has passed yet are opt-in (`DevicePaths`); by default a GPU takes the
-        // composed optimizer step and cuDNN's heuristic algorithm choice.
+        // composed optimizer step and cuDNN's heuristic algorithm choice. Off the CPU, clipping and the non-finite
+        // skip stay on the device (no read per step), fused on request. Float16 needs loss scaling; bfloat16 not.
         let opt_in = cfg.device_paths;
         sluice_kernels::conv::search::set_algorithm_search(opt_in.cudnn_search.kernels(), cfg.deterministic);
         if !opt_in.enabled().is_empty() && device.is_cuda() {
-            notes.push(Note::Info(format!(
-                "device paths not yet verified on a device, on by request: {}",
-                opt_in.enabled().join(", ")
-            )));
+            let line =
+                format!("device paths not yet verified on a device, on by request: {}", opt_in.enabled().join(", "));
+            notes.push(Note::Info(line));
         }
-        // Off the CPU, clipping and the non-finite skip stay on the device (no read per optimizer step), fused into
-        // multi-tensor passes on request. Float16's range needs loss scaling (`GradScaler`); bfloat16 has float32's.
         let path = match (dense_on(&device, cfg.dense_loss), device.is_cuda() && opt_in.fused_step) {
             (false, _) => StepPath::Host,
             (true, false) => StepPath::Device,

@@ -1,16 +1,22 @@
-//! What a run is built from: the device, the model (fresh, or from a checkpoint or weights file), the decoded-image
-//! sources of the splits, the validation subset.
+//! What a run is built from, step by step: the splits, the loaders' settings (the batch after AutoBatch, each rank's
+//! share), the model (fresh, or shaped for a checkpoint or weights file), the decoded-image sources of the splits,
+//! the validation subset.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use sluice_core::sample_rng;
-use sluice_dataset::SampleIndex;
-use sluice_loader::{CacheFile, CacheMode, DecodedSource, NodeCache, SourceKind};
+use sluice_dataset::{IndexOptions, SampleIndex, Split};
+use sluice_loader::default_workers;
+use sluice_loader::split::{LoadedSplit, RemoteConfig, load_split_with, packed};
+use sluice_loader::{CacheFile, CacheMode, DecodedSource, LoaderConfig, NodeCache, ReadFrom, STRIDE, SourceKind};
+use sluice_model::Yolo;
 use sluice_model::candle_core::{DType, Device};
 
 use super::config::{Amp, TrainConfig};
 use super::run::Note;
+use crate::dist::Dist;
 use crate::error::{Context, Result};
 
 /// The dtype of the convolutions under `amp` on a CUDA device, `None` for full f32: float16 for `true` / `fp16`,
@@ -144,6 +150,139 @@ fn disk_source(
         None => NodeCache::open(&path, src.node_cache_key()).with_context(|| format!("opening {}", path.display()))?,
     };
     Ok(Arc::new(src.with_node_cache(cache)?))
+}
+
+/// The run's train and val splits, indexed. Splits in object storage are copied to local disk once per machine
+/// (the node's local rank 0 copies, its other ranks wait). What the splits left out is named once here (each val
+/// pass also counts the val ones); fatal with `strict`.
+pub(super) fn splits(cfg: &TrainConfig, dist: &Dist, notes: &mut Vec<Note>) -> Result<(LoadedSplit, LoadedSplit)> {
+    let opts = IndexOptions { cache: true, find_orphans: false };
+    let split = |s: Split| -> Result<LoadedSplit> {
+        let remote = RemoteConfig { cache_dir: cfg.cache_dir.clone(), settings: cfg.store_settings.clone() };
+        let loaded = load_split_with(&cfg.data, s, &opts, s == Split::Train, &remote)
+            .with_context(|| format!("dataset {}, {} split", cfg.data.display(), s.as_str()))?;
+        match cfg.source {
+            ReadFrom::Files => Ok(loaded),
+            ReadFrom::Packed => Ok(packed(loaded)?),
+        }
+    };
+    let remote = dist.is_distributed()
+        && sluice_dataset::DataConfig::load(&cfg.data).is_ok_and(|d| {
+            [&d.train, &d.val].into_iter().flatten().any(|p| sluice_dataset::is_url(&p.to_string_lossy()))
+        });
+    let first =
+        if !remote || dist.launch().local_rank == 0 { Some((split(Split::Train)?, split(Split::Val)?)) } else { None };
+    if remote {
+        dist.barrier().context("waiting for the node's copies of the dataset")?;
+    }
+    let (train, val) = if let Some(loaded) = first { loaded } else { (split(Split::Train)?, split(Split::Val)?) };
+    for (what, split) in [("train split", &train), ("val split", &val)] {
+        if let Some(copy) = &split.staged {
+            notes.push(Note::Info(format!("{what}: {}", copy.line())));
+        }
+    }
+    for (what, left_out) in [("train split", train.left_out()), ("val split", val.left_out())] {
+        if let Some(line) = left_out.line(what) {
+            crate::ensure!(!cfg.strict, "strict: {line}");
+            notes.push(Note::Warn(line));
+        }
+    }
+    Ok((train, val))
+}
+
+/// The training loader's settings: the global batch (chosen by AutoBatch for `batch=-1`) and each rank's share of
+/// it, checked as Ultralytics checks them.
+pub(super) fn loader_config(
+    cfg: &mut TrainConfig,
+    dist: &Dist,
+    nc: usize,
+    device: &Device,
+    train_images: usize,
+    notes: &mut Vec<Note>,
+) -> Result<LoaderConfig> {
+    let world = dist.world();
+    if cfg.batch == super::config::AUTO_BATCH {
+        crate::ensure!(
+            world == 1,
+            "batch=-1 (AutoBatch) is for single-device training; give the global batch for {world} ranks, e.g. \
+             batch={}",
+            world * 8
+        );
+        let (batch, line) = super::autobatch::auto_batch(cfg, nc, device)?;
+        cfg.batch = batch;
+        notes.push(Note::Info(line));
+    }
+    // As Ultralytics: `batch` is the global batch, each rank loads its share of it.
+    crate::ensure!(
+        cfg.batch >= world,
+        "batch={} is smaller than the {world} ranks; use a multiple of the rank count, e.g. batch={}",
+        cfg.batch,
+        world * 8
+    );
+    let local_batch = cfg.batch / world;
+    let workers = if cfg.workers == 0 { default_workers() } else { cfg.workers };
+    let lcfg = LoaderConfig {
+        workers,
+        strict: cfg.strict,
+        multi_scale: cfg.multi_scale,
+        ..LoaderConfig::new(cfg.imgsz, local_batch, cfg.seed)
+    };
+    // Ultralytics' guard: a final batch of one image at a side under two strides gives BatchNorm one value per
+    // channel.
+    let (min_side, _) = lcfg.train_sides();
+    let last_batch = Some(train_images.div_ceil(world) % local_batch).filter(|&r| r > 0).unwrap_or(local_batch);
+    if min_side < 2 * STRIDE && last_batch == 1 {
+        crate::bail!(
+            "final batch=1 training at imgsz={min_side} gives BatchNorm a single value per channel; change batch, or \
+             use imgsz and multi_scale that keep every size >= {}",
+            2 * STRIDE
+        );
+    }
+    Ok(lcfg)
+}
+
+/// The run's model and its autocast dtype: seeded, shaped for the checkpoint being resumed (whose weights the caller
+/// loads) or for fine-tuning weights, of which it takes every tensor whose name and shape fit, as Ultralytics'
+/// trainer does; every rank starts from rank 0's weights.
+pub(super) fn model(
+    cfg: &TrainConfig,
+    resume_from: Option<&Path>,
+    nc: usize,
+    device: &Device,
+    dist: &Dist,
+    notes: &mut Vec<Note>,
+) -> Result<(Yolo, Option<DType>)> {
+    let base = cfg.arch()?.config(nc);
+    // The class branch's width follows the weights it is built for (Ultralytics' load keeps a fine-tuning
+    // source's width; a checkpoint holds its own).
+    let arch = match (resume_from, &cfg.weights) {
+        (Some(ckpt), _) => base.fit_to_weights(ckpt, "").with_context(|| format!("reading {}", ckpt.display()))?,
+        (None, Some(w)) => base.for_transfer(w).with_context(|| format!("initial weights {}", w.display()))?,
+        (None, None) => base,
+    };
+    let mut model = Yolo::new_seeded(arch, DType::F32, device, cfg.seed)?;
+    if let (None, Some(w)) = (resume_from, &cfg.weights) {
+        let t = model.transfer_weights(w).with_context(|| format!("initial weights {}", w.display()))?;
+        let mut line = format!("Transferred {}/{} items from pretrained weights {}", t.loaded, t.total, w.display());
+        if !t.skipped.is_empty() {
+            let shown: Vec<&str> = t.skipped.iter().take(4).map(String::as_str).collect();
+            let more = if t.skipped.len() > 4 { ", …" } else { "" };
+            line.push_str(&format!(" (left out: {}{more})", shown.join(", ")));
+        }
+        notes.push(Note::Info(line));
+    }
+    // A seeded start is the same everywhere; fine-tuning weights or a file that differs between nodes are not.
+    dist.broadcast_vars(&crate::dist::all_vars(&model)).context("starting from rank 0's weights")?;
+    let half = amp_dtype(cfg, device);
+    if let Some(half) = half {
+        model.set_autocast(Some(half))?;
+    } else if cfg.amp.is_on() {
+        notes.push(Note::Warn(format!(
+            "amp={}: mixed precision is for CUDA devices (as Ultralytics' AMP check); training in f32 on the CPU",
+            cfg.amp
+        )));
+    }
+    Ok((model, half))
 }
 
 #[cfg(test)]
