@@ -62,7 +62,7 @@ pub(crate) fn preview(opts: &PreviewOptions) -> Result<PreviewSummary> {
         Split::Train,
         &IndexOptions { cache: true, find_orphans: false },
         true,
-        &crate::cmd::remote_from_env(),
+        &crate::cmd::remote_from_env()?,
     )?;
     let names = split.config.names.clone();
     let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, 0)?);

@@ -111,7 +111,7 @@ pub(crate) fn dump(opts: &SampleOptions, out: &mut dyn Write) -> Result<(usize, 
         Split::Train,
         &IndexOptions { cache: true, find_orphans: false },
         true,
-        &crate::cmd::remote_from_env(),
+        &crate::cmd::remote_from_env()?,
     )?;
     let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, RAM_CACHE_BYTES)?);
     let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };

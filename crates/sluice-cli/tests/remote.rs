@@ -1,6 +1,6 @@
 //! `sluice train` on a dataset whose splits are shards in an S3-compatible store (a local moto server), reached
-//! with the credentials and endpoint of the standard `AWS_*` variables: the run is the run made from the same
-//! shards on local disk, to the digit; a second run reads no object again. Built with `--features object-store`.
+//! with the credentials and endpoint of the standard `AWS_*` variables, or of a profile of the AWS shared files:
+//! the run is the run made from the same shards on local disk, to the digit; a second run reads no object again. Built with `--features object-store`.
 #![cfg(feature = "object-store")]
 
 use std::path::Path;
@@ -9,9 +9,14 @@ use std::process::{Command, Output};
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_testkit::s3::MotoServer;
 
+/// `sluice` with `args` and, of the `AWS_*` variables, only those of `env` (and no shared files of the user's).
 fn sluice(args: &[&str], env: &[(String, String)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
+        cmd.env_remove(k);
+    }
+    cmd.env("HOME", std::env::temp_dir().join("sluice-remote-test-no-home"));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -124,6 +129,26 @@ fn training_from_object_storage_is_training_from_the_same_shards() {
     );
     assert_eq!(stamps(&staged), before);
     assert_eq!(std::fs::read_dir(&copies).expect("copies").count(), 2);
+
+    // The same store reached through the AWS shared files alone (a profile's credentials, its region and endpoint),
+    // with no AWS_* variable: a fresh copy is fetched and the run is the same.
+    let aws = dir.path().join("aws");
+    std::fs::create_dir_all(&aws).expect("mkdir");
+    std::fs::write(aws.join("credentials"), "[lab]\naws_access_key_id = test\naws_secret_access_key = test\n")
+        .expect("credentials");
+    let config = format!("[profile lab]\nregion = us-east-1\nendpoint_url = {}\n", server.endpoint);
+    std::fs::write(aws.join("config"), config).expect("config");
+    let files: Vec<(String, String)> = [
+        ("AWS_PROFILE", "lab".to_string()),
+        ("AWS_SHARED_CREDENTIALS_FILE", aws.join("credentials").display().to_string()),
+        ("AWS_CONFIG_FILE", aws.join("config").display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let from_files = train(&remote, &project, "files", &dir.path().join("copies2"), &files);
+    assert!(from_files.contains(&format!("train split: {url}: fetched")), "{from_files}");
+    assert_eq!(results(&project.join("local")), results(&project.join("files")));
 
     // A missing object is an error naming it.
     let missing = dir.path().join("missing.yaml");

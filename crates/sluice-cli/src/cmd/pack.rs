@@ -44,7 +44,7 @@ struct Packed {
 pub(crate) fn run(args: Args) -> Result<()> {
     let split: Split = args.split.parse()?;
     let opts = IndexOptions { cache: !args.no_cache, ..IndexOptions::default() };
-    let indexed = load_split_with(&args.data, split, &opts, false, &crate::cmd::remote_from_env())
+    let indexed = load_split_with(&args.data, split, &opts, false, &crate::cmd::remote_from_env()?)
         .with_context(|| format!("indexing {} of {}", args.split, args.data.display()))?
         .indexed;
     let summary =

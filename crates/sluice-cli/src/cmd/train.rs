@@ -163,7 +163,7 @@ impl Args {
             c.device_paths = paths;
         }
         c.dense_loss |= self.dense_loss;
-        c.store_settings = super::store_settings_from_env();
+        c.store_settings = super::store_settings_from_env()?;
         Ok(c)
     }
 }
@@ -363,7 +363,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
             if main {
                 eprintln!("resuming {} ({} epochs, model {})", ck.display(), cfg.epochs, cfg.model);
             }
-            Trainer::resume_with(ck, dist, &super::store_settings_from_env())?
+            Trainer::resume_with(ck, dist, &super::store_settings_from_env()?)?
         }
         None => Trainer::new_with(cfg, dist)?,
     };

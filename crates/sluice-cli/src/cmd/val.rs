@@ -111,7 +111,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         device: &args.device,
         paths: args.device_paths.unwrap_or_default(),
         half: args.half && on_gpu,
-        store_settings: &super::store_settings_from_env(),
+        store_settings: &super::store_settings_from_env()?,
     })?;
     let r = &v.report;
     let classes: Vec<ClassRow> = r
