@@ -224,6 +224,81 @@ fn gather_metric(mine: UltralyticsMetric, dist: &dyn Ranks) -> sluice_eval::Resu
     merged.ok_or_else(|| sluice_eval::Error::Stream("no rank sent its metric state".into()))
 }
 
+/// The model a pass runs when it is not `model` itself: the weights are fixed for the pass, so each Conv's BatchNorm
+/// is folded once here, not in every batch's forward (the eval-mode forward folds on the fly with the same
+/// `BatchNorm::fold`, so the outputs are the same bits); `half` folds in f32 and casts. Under autocast the model
+/// keeps its own half-precision path, which the folded copy does not take.
+fn folded_for_pass(model: &Yolo, half: bool) -> Result<Option<Yolo>> {
+    if half {
+        if model.is_fused() {
+            return Err(InferError::Msg("validation in half precision takes the unfused model, to fold in f32".into()));
+        }
+        return Ok(Some(model.fuse_to(DType::F16).map_err(ctx("validation: the half-precision copy"))?));
+    }
+    if model.is_fused() || model.autocast().is_some() {
+        return Ok(None);
+    }
+    Ok(Some(model.fuse().map_err(ctx("validation: folding BatchNorm into the convs"))?))
+}
+
+/// The pass's validator (NMS on its workers, or the rows NMS on the device kept) and its NMS settings:
+/// Ultralytics' validation settings, no suppression for an end-to-end head's top-k rows.
+fn validator_for(nc: usize, opts: ValOptions, end2end: bool) -> Result<(Validator, NmsParams)> {
+    let nc = u32::try_from(nc).map_err(ctx("class count"))?;
+    let nms = if end2end {
+        NmsParams { mode: NmsMode::None, ..NmsParams::ultralytics_val() }
+    } else {
+        NmsParams::ultralytics_val()
+    };
+    let post =
+        if opts.device_nms { ValPost::Kept { conf: nms.conf_thres as f32 } } else { ValPost::Nms(Nms::new(nms)) };
+    let cfg =
+        StreamConfig { workers: 2, keep_batches: usize::from(opts.keep_first_batch), nms, ..StreamConfig::new(nc) };
+    Ok((StreamingValidator::with_stages(cfg, post, || UltralyticsMetric::new(nc))?, nms))
+}
+
+/// A pass's loss items: host items summed as they come, device items summed on the device and read once at the end.
+#[derive(Debug, Default)]
+struct LossSums {
+    host: [f64; 3],
+    device: Option<sluice_model::candle_core::Tensor>,
+}
+
+impl LossSums {
+    fn add(&mut self, items: Items) -> Result<()> {
+        match items {
+            Items::Host(v) => self.host.iter_mut().zip(v).for_each(|(s, v)| *s += v),
+            Items::Device(t) => {
+                self.device = Some(match self.device.take() {
+                    None => t,
+                    Some(s) => (s + t)?,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<[f64; 3]> {
+        if let Some(t) = self.device.take() {
+            let v = Items::Device(t).read()?;
+            self.host.iter_mut().zip(v).for_each(|(s, v)| *s += v);
+        }
+        Ok(self.host)
+    }
+}
+
+/// The first batch with the detections the validator kept for it, checked to be the same samples.
+fn first_batch(first: Option<Batch>, kept: Option<sluice_eval::KeptBatch>) -> Result<Option<FirstBatch>> {
+    let (Some(batch), Some(kept)) = (first, kept) else { return Ok(None) };
+    if kept.ids != batch.sample_ids {
+        return Err(InferError::Msg(format!(
+            "validation: the kept detections are of samples {:?}, the first batch holds {:?}",
+            kept.ids, batch.sample_ids
+        )));
+    }
+    Ok(Some(FirstBatch { batch, detections: kept.detections }))
+}
+
 /// How one validation batch runs on the device.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchWork {
@@ -296,38 +371,14 @@ pub fn validate_on(
     dist: &dyn Ranks,
 ) -> Result<ValResult> {
     let start = Instant::now();
-    // The weights are fixed for the pass, so each Conv's BatchNorm is folded once here, not in every batch's
-    // forward (the eval-mode forward folds on the fly with the same `BatchNorm::fold`, so the outputs are the same
-    // bits). Under autocast the model keeps its own half-precision path, which the folded copy does not take.
-    let folded;
-    let model = if opts.half {
-        if model.is_fused() {
-            return Err(InferError::Msg("validation in half precision takes the unfused model, to fold in f32".into()));
-        }
-        folded = model.fuse_to(DType::F16).map_err(ctx("validation: the half-precision copy"))?;
-        &folded
-    } else if model.is_fused() || model.autocast().is_some() {
-        model
-    } else {
-        folded = model.fuse().map_err(ctx("validation: folding BatchNorm into the convs"))?;
-        &folded
-    };
-    let nc = u32::try_from(loss.nc).map_err(ctx("class count"))?;
-    let keep_batches = usize::from(opts.keep_first_batch);
+    let folded = folded_for_pass(model, opts.half)?;
+    let model = folded.as_ref().unwrap_or(model);
     let end2end = opts.end2end && model.config().family.end2end();
-    let nms = if end2end {
-        NmsParams { mode: NmsMode::None, ..NmsParams::ultralytics_val() }
-    } else {
-        NmsParams::ultralytics_val()
-    };
-    let post =
-        if opts.device_nms { ValPost::Kept { conf: nms.conf_thres as f32 } } else { ValPost::Nms(Nms::new(nms)) };
-    let cfg = StreamConfig { workers: 2, keep_batches, nms, ..StreamConfig::new(nc) };
-    let mut validator: Validator = StreamingValidator::with_stages(cfg, post, || UltralyticsMetric::new(nc))?;
-    let (mut loss_sum, mut batches, mut images) = ([0f64; 3], 0u64, 0u64);
+    let (mut validator, nms) = validator_for(loss.nc, opts, end2end)?;
+    let (mut batches, mut images) = (0u64, 0u64);
+    let mut losses = LossSums::default();
     // An end-to-end head (YOLO26) has its loss on the host path only.
     let dense = dense_on(transfer.device(), opts.dense_loss) && !model.config().family.end2end();
-    let mut device_sum: Option<sluice_model::candle_core::Tensor> = None;
     // On the device path the shrunk batch is packed, read back asynchronously and handed to the post-process
     // workers once it has landed (a batch or two later), so inference never waits on a copy.
     let mut readback = Readback::new(transfer.device()).map_err(ctx("validation readback"))?;
@@ -372,16 +423,7 @@ pub fn validate_on(
             // On the CPU the output is copied straight into the validator's pooled buffer.
             validator.submit_on_host(&out, &batch.sample_ids, &batch.targets)?;
         }
-        // Host items are summed here; device items are summed on the device and read once after the pass.
-        match l.items {
-            Items::Host(v) => loss_sum.iter_mut().zip(v).for_each(|(s, v)| *s += v),
-            Items::Device(t) => {
-                device_sum = Some(match device_sum.take() {
-                    None => t,
-                    Some(s) => (s + t)?,
-                })
-            }
-        }
+        losses.add(l.items)?;
         batches += 1;
         images += batch.len() as u64;
         t_wait = Instant::now();
@@ -390,10 +432,7 @@ pub fn validate_on(
         in_flight.submit_oldest(&mut validator)?;
     }
     let gpu_s = gpu.finish()?;
-    if let Some(t) = device_sum {
-        let v = Items::Device(t).read()?;
-        loss_sum.iter_mut().zip(v).for_each(|(s, v)| *s += v);
-    }
+    let loss_sum = losses.finish()?;
     let report = validator.finish_with(|mine| gather_metric(mine, dist))?;
     let skips = loader.skips();
     let skipped = skips.skipped - skipped_before;
@@ -404,18 +443,7 @@ pub fn validate_on(
     })?;
     let (loss_sum, batches, images, skipped) =
         ([sums[0], sums[1], sums[2]], sums[3] as u64, sums[4] as u64, sums[5] as u64);
-    let first_batch = match (first, report.kept.into_iter().next()) {
-        (Some(batch), Some(kept)) => {
-            if kept.ids != batch.sample_ids {
-                return Err(InferError::Msg(format!(
-                    "validation: the kept detections are of samples {:?}, the first batch holds {:?}",
-                    kept.ids, batch.sample_ids
-                )));
-            }
-            Some(FirstBatch { batch, detections: kept.detections })
-        }
-        _ => None,
-    };
+    let first_batch = first_batch(first, report.kept.into_iter().next())?;
     let n = batches.max(1) as f64;
     let skipped =
         loader.left_out().merged(&SkipReport { skipped, first: if skipped > 0 { skips.first } else { Vec::new() } });
