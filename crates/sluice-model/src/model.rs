@@ -63,6 +63,15 @@ impl std::fmt::Debug for Yolo {
     }
 }
 
+/// Variables of one dtype stored back to back in one buffer ([`Yolo::try_clone_packed`]).
+#[derive(Debug, Clone)]
+pub struct PackedVars {
+    /// The buffer, one-dimensional.
+    pub buffer: Var,
+    /// `(name, part)` in the buffer's order; each part is a variable over its range of the buffer.
+    pub parts: Vec<(String, Var)>,
+}
+
 /// Key of the fixed DFL projection (0..15) in Ultralytics' YOLOv8 checkpoints (`model.23.…` in YOLO11's).
 pub const DFL_KEY: &str = "model.22.dfl.conv.weight";
 
@@ -86,10 +95,17 @@ impl Yolo {
     }
 
     fn build(cfg: YoloConfig, dtype: DType, device: &Device, seed: Option<u64>) -> Result<Self> {
+        let model = Self::build_on(VarMap::new(), cfg, dtype, device, seed)?;
+        copy_one2one(&model.varmap)?;
+        Ok(model)
+    }
+
+    /// The model over `varmap`: its variables are created where `varmap` lacks them and taken as they are where it
+    /// has them.
+    fn build_on(varmap: VarMap, cfg: YoloConfig, dtype: DType, device: &Device, seed: Option<u64>) -> Result<Self> {
         if cfg.nc == 0 {
             return Err(ModelError::BadInput("the class count must be at least 1".into()));
         }
-        let varmap = VarMap::new();
         let autocast;
         let (layers, detect) = {
             let p = Params::new(&varmap, dtype, device, seed).pp("model");
@@ -101,7 +117,6 @@ impl Yolo {
             };
             (layers, Detect::new(&p.pp(cfg.family.detect_index()), &cfg)?)
         };
-        copy_one2one(&varmap)?;
         let num_batches_tracked = bn_prefixes(&varmap).into_iter().map(|p| (p, 0)).collect();
         Ok(Self {
             cfg,
@@ -223,6 +238,68 @@ impl Yolo {
         let mut copy = copy;
         copy.num_batches_tracked = self.num_batches_tracked.clone();
         Ok(copy)
+    }
+
+    /// [`Self::try_clone`] with the floating-point variables of each dtype as consecutive parts of one buffer
+    /// (sorted by name), so that one op over the buffer reaches every variable: the EMA updates the whole model in
+    /// a few kernels instead of a few per variable. Writes to a part (loading a checkpoint) land in its buffer.
+    pub fn try_clone_packed(&self) -> Result<(Self, Vec<PackedVars>)> {
+        if self.fused {
+            return Err(ModelError::Fused("copying the model"));
+        }
+        let src = self.sorted_vars();
+        let varmap = VarMap::new();
+        let mut packs = Vec::new();
+        {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+            let mut dst = varmap.data().lock().unwrap();
+            let mut dtypes: Vec<DType> = Vec::new();
+            for (_, v) in &src {
+                if v.dtype().is_float() && !dtypes.contains(&v.dtype()) {
+                    dtypes.push(v.dtype());
+                }
+            }
+            for dtype in dtypes {
+                let members: Vec<&(String, Var)> = src.iter().filter(|(_, v)| v.dtype() == dtype).collect();
+                let flat = members
+                    .iter()
+                    .map(|(_, v)| v.as_tensor().flatten_all())
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                let buffer = Var::from_tensor(&Tensor::cat(&flat, 0)?)?;
+                let mut parts = Vec::with_capacity(members.len());
+                let mut at = 0;
+                for (name, v) in members {
+                    let n = v.elem_count();
+                    let part = Var::sharing(&buffer.as_tensor().narrow(0, at, n)?.reshape(v.shape())?)?;
+                    at += n;
+                    dst.insert(name.clone(), part.clone());
+                    parts.push((name.clone(), part));
+                }
+                packs.push(PackedVars { buffer, parts });
+            }
+            for (name, v) in src.iter().filter(|(_, v)| !v.dtype().is_float()) {
+                dst.insert(name.clone(), Var::from_tensor(&v.as_tensor().copy()?)?);
+            }
+        }
+        let mut copy = Self::build_on(varmap, self.cfg, self.dtype, &self.device, None)?;
+        let n = copy.sorted_vars().len();
+        if n != src.len() {
+            return Err(ModelError::BadInput(format!(
+                "copying the model: {n} variables in the copy, {} in the model",
+                src.len()
+            )));
+        }
+        copy.num_batches_tracked = self.num_batches_tracked.clone();
+        Ok((copy, packs))
+    }
+
+    /// `(name, variable)` of every variable, sorted by name.
+    fn sorted_vars(&self) -> Vec<(String, Var)> {
+        #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+        let data = self.varmap.data().lock().unwrap();
+        let mut v: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
     }
 
     /// Outputs of every top-level layer `model.0` … `model.21`.

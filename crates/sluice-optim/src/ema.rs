@@ -3,7 +3,7 @@
 //! each optimizer step. The EMA model is what validation and checkpoints use.
 
 use candle_core::{Tensor, Var};
-use sluice_model::Yolo;
+use sluice_model::{PackedVars, Yolo};
 
 use super::error::{OptimError, Result};
 
@@ -18,6 +18,9 @@ pub struct ModelEma {
     ema: Yolo,
     /// `(name, EMA variable)` for every variable of the model, sorted by name.
     vars: Vec<(String, Var)>,
+    /// The same floating-point variables as parts of one buffer per dtype, in `vars`' order: the update is a
+    /// handful of ops over each buffer, not a handful per variable.
+    packs: Vec<PackedVars>,
     updates: u64,
     decay: f64,
     tau: f64,
@@ -34,7 +37,7 @@ impl ModelEma {
         if !(0.0..=1.0).contains(&decay) || !tau.is_finite() || tau <= 0.0 {
             return Err(OptimError::BadSettings(format!("EMA decay {decay} must be in [0, 1] and tau {tau} > 0")));
         }
-        let ema = model.try_clone()?;
+        let (ema, packs) = model.try_clone_packed()?;
         let vars = {
             #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
             let data = ema.varmap().data().lock().unwrap();
@@ -42,7 +45,7 @@ impl ModelEma {
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
         };
-        Ok(Self { ema, vars, updates: 0, decay, tau })
+        Ok(Self { ema, vars, packs, updates: 0, decay, tau })
     }
 
     /// The averaged model.
@@ -142,19 +145,36 @@ impl ModelEma {
         // branches: `ema + w·(model − ema)` for a small weight, `model + (w − 1)·(model − ema)` otherwise. Unlike
         // `d·ema + (1 − d)·model`, it leaves a tensor the step did not change exactly as it was.
         let w = (1.0 - d) as f32;
-        for (e, m) in self.pairs(model)? {
-            let diff = (&m - e.as_tensor())?;
+        let pairs = self.pairs(model)?;
+        for pack in &self.packs {
+            // The model's variables in the buffer's order (both sorted by name), gathered into one tensor.
+            let parts: Vec<Tensor> = pairs
+                .iter()
+                .filter(|(e, _)| e.dtype() == pack.buffer.dtype())
+                .map(|(_, m)| m.flatten_all())
+                .collect::<candle_core::Result<_>>()?;
+            if parts.len() != pack.parts.len() {
+                return Err(OptimError::BadInput(format!(
+                    "EMA update: {} model variables of {:?} for {} in the EMA",
+                    parts.len(),
+                    pack.buffer.dtype(),
+                    pack.parts.len()
+                )));
+            }
+            let m = Tensor::cat(&parts, 0)?;
+            let e = pack.buffer.as_tensor();
+            let diff = (&m - e)?;
             let next = if w.abs() < 0.5 {
-                (e.as_tensor() + diff.affine(f64::from(w), 0.0)?)?
+                (e + diff.affine(f64::from(w), 0.0)?)?
             } else {
                 (&m + diff.affine(f64::from(w - 1.0), 0.0)?)?
             };
             let next = match ok {
-                Some(ok) => ok.broadcast_as(next.shape())?.where_cond(&next, e.as_tensor())?,
+                Some(ok) => ok.broadcast_as(next.shape())?.where_cond(&next, e)?,
                 None => next,
             };
-            // A fresh tensor: the variable takes its buffer (no copy).
-            e.set_owned(next)?;
+            // A fresh tensor: the buffer takes it (no copy), and every part reads its range of it.
+            pack.buffer.set_owned(next)?;
         }
         self.updates += 1;
         Ok(())

@@ -34,6 +34,18 @@ impl Storage {
         }
     }
 
+    /// The number of elements the buffer holds, where the backend can tell it without a copy (CPU and CUDA).
+    pub(crate) fn elem_count(&self) -> Option<usize> {
+        match self {
+            Self::Cpu(s) => Some(s.elem_count()),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(s) => Some(s.elem_count()),
+            #[cfg(not(feature = "cuda"))]
+            Self::Cuda(_) => None,
+            Self::Metal(_) => None,
+        }
+    }
+
     pub fn device(&self) -> Device {
         match self {
             Self::Cpu(_) => Device::Cpu,

@@ -2520,6 +2520,20 @@ impl Tensor {
 
     /// Create a variable based on the values currently stored in a tensor. The storage is always
     /// copied.
+    /// A variable tensor with this tensor's buffer and layout (see `Var::sharing`).
+    pub(crate) fn share_as_variable(&self) -> Tensor {
+        let tensor_ = Tensor_ {
+            id: TensorId::new(),
+            storage: self.storage.clone(),
+            layout: self.layout.clone(),
+            op: BackpropOp::none(),
+            is_variable: true,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        };
+        Tensor(Arc::new(tensor_))
+    }
+
     pub(crate) fn make_var(&self) -> Result<Tensor> {
         let shape = self.shape().clone();
         let mut storage = unsafe { self.device().alloc_uninit(&shape, self.dtype())? };

@@ -136,6 +136,7 @@ impl Var {
             && src.layout().start_offset() == 0
             && self.layout().is_contiguous()
             && self.layout().start_offset() == 0
+            && self.covers_its_buffer()
             && src.shape() == self.shape()
             && src.dtype() == self.dtype()
             && src.device().same_device(self.device());
@@ -146,6 +147,24 @@ impl Var {
         let mut new = src.storage_mut();
         std::mem::swap(&mut *dst, &mut *new);
         Ok(())
+    }
+
+    /// A variable over `view`'s buffer and layout, for example one part of a larger variable: writes through
+    /// either are seen by both, and when the larger variable takes a fresh buffer ([`Var::set_owned`]) the part
+    /// reads its share of the new one. `view` must be contiguous. A part never takes a buffer of its own:
+    /// `set_owned` on it copies into its share.
+    pub fn sharing(view: &Tensor) -> Result<Self> {
+        if !view.layout().is_contiguous() {
+            let msg = "a variable can only share a contiguous view";
+            Err(Error::CannotSetVar { msg }.bt())?
+        }
+        Ok(Self(view.share_as_variable()))
+    }
+
+    /// Whether this variable's elements are the whole of its buffer (not a part of a larger one).
+    fn covers_its_buffer(&self) -> bool {
+        let (storage, layout) = self.storage_and_layout();
+        storage.elem_count() == Some(layout.shape().elem_count())
     }
 
     /// Sets the content of the inner tensor, this does not require a mutable reference as inner

@@ -38,3 +38,30 @@ fn set_owned_gives_set_values_and_swaps_only_a_sole_fresh_buffer() -> Result<()>
     assert!(v.set_owned(Tensor::new(&[1f32, 2.], &dev)?).is_err());
     Ok(())
 }
+
+#[test]
+fn parts_of_a_variable_follow_it_and_never_take_a_buffer_of_their_own() -> Result<()> {
+    let dev = Device::Cpu;
+    let whole = Var::new(&[1f32, 2., 3., 4., 5., 6.], &dev)?;
+    let first = Var::sharing(&whole.as_tensor().narrow(0, 0, 2)?)?;
+    let rest = Var::sharing(&whole.as_tensor().narrow(0, 2, 4)?.reshape((2, 2))?)?;
+    // The whole takes a fresh buffer: both parts read their share of it.
+    whole.set_owned(Tensor::new(&[7f32, 8., 9., 10., 11., 12.], &dev)?)?;
+    assert_eq!(first.as_tensor().to_vec1::<f32>()?, [7., 8.]);
+    assert_eq!(rest.as_tensor().to_vec2::<f32>()?, [[9., 10.], [11., 12.]]);
+    // The first part starts its buffer with its own shape, yet covers only a third of it: `set_owned` copies into
+    // its share instead of handing the whole buffer over, and the other part keeps its values.
+    let fresh = Tensor::new(&[0f32, -1.], &dev)?;
+    let fresh_at = data_ptr(&fresh);
+    first.set_owned(fresh)?;
+    assert_ne!(data_ptr(first.as_tensor()), fresh_at, "a part copied, not swapped");
+    assert_eq!(whole.as_tensor().to_vec1::<f32>()?, [0., -1., 9., 10., 11., 12.]);
+    assert_eq!(rest.as_tensor().to_vec2::<f32>()?, [[9., 10.], [11., 12.]]);
+    // A part written through `set` shows in the whole.
+    rest.set(&Tensor::new(&[[1f32, 1.], [1., 1.]], &dev)?)?;
+    assert_eq!(whole.as_tensor().to_vec1::<f32>()?, [0., -1., 1., 1., 1., 1.]);
+    // Only contiguous views are shared.
+    let grid = Tensor::arange(0f32, 6., &dev)?.reshape((2, 3))?;
+    assert!(Var::sharing(&grid.t()?).is_err());
+    Ok(())
+}

@@ -1772,6 +1772,22 @@ fn elu<T: num_traits::Float>(v: T, alpha: T) -> T {
 }
 
 impl CpuStorage {
+    /// The number of elements held (raw bytes for the packed dummy types).
+    pub(crate) fn elem_count(&self) -> usize {
+        match self {
+            Self::U8(v) | Self::F6E2M3(v) | Self::F6E3M2(v) | Self::F4(v) | Self::F8E8M0(v) => v.len(),
+            Self::U32(v) => v.len(),
+            Self::I16(v) => v.len(),
+            Self::I32(v) => v.len(),
+            Self::I64(v) => v.len(),
+            Self::BF16(v) => v.len(),
+            Self::F16(v) => v.len(),
+            Self::F32(v) => v.len(),
+            Self::F64(v) => v.len(),
+            Self::F8E4M3(v) => v.len(),
+        }
+    }
+
     pub fn as_slice<D: WithDType>(&self) -> Result<&[D]> {
         D::cpu_storage_as_slice(self)
     }

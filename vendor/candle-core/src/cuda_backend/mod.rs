@@ -1305,6 +1305,26 @@ cuda_dtype!(f64, F64);
 cuda_dtype!(float8::F8E4M3, F8E4M3);
 
 impl CudaStorage {
+    /// The number of elements the device buffer holds.
+    pub(crate) fn elem_count(&self) -> usize {
+        match &self.slice {
+            CudaStorageSlice::U8(s)
+            | CudaStorageSlice::F6E2M3(s)
+            | CudaStorageSlice::F6E3M2(s)
+            | CudaStorageSlice::F4(s)
+            | CudaStorageSlice::F8E8M0(s) => s.len(),
+            CudaStorageSlice::U32(s) => s.len(),
+            CudaStorageSlice::I16(s) => s.len(),
+            CudaStorageSlice::I32(s) => s.len(),
+            CudaStorageSlice::I64(s) => s.len(),
+            CudaStorageSlice::BF16(s) => s.len(),
+            CudaStorageSlice::F16(s) => s.len(),
+            CudaStorageSlice::F32(s) => s.len(),
+            CudaStorageSlice::F64(s) => s.len(),
+            CudaStorageSlice::F8E4M3(s) => s.len(),
+        }
+    }
+
     pub fn wrap_cuda_slice<T: CudaDType>(slice: CudaSlice<T>, device: CudaDevice) -> CudaStorage {
         T::wrap_cuda_slice(slice, device)
     }

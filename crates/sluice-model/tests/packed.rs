@@ -1,0 +1,60 @@
+//! [`Yolo::try_clone_packed`]: a copy whose floating-point variables are parts of one buffer. It must compute what
+//! the model computes, every part must follow the buffer when the buffer takes new values in one op (the EMA's
+//! update), and a write to one part must land in the buffer and nowhere else.
+#![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
+
+use candle_core::{DType, Device, Tensor};
+use sluice_model::{Family, Mode, Scale, Yolo, YoloConfig};
+
+fn batch() -> Tensor {
+    let n = 3 * 64 * 64;
+    let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.618_034).fract()).collect();
+    Tensor::from_vec(v, (1, 3, 64, 64), &Device::Cpu).unwrap()
+}
+
+fn eval(m: &Yolo) -> Vec<f32> {
+    let (raw, _) = m.forward_raw(&batch(), Mode::Eval).unwrap();
+    Tensor::cat(&[&raw.boxes, &raw.scores], 1).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+}
+
+fn values(m: &Yolo, name: &str) -> Vec<f32> {
+    m.var(name).unwrap().as_tensor().flatten_all().unwrap().to_vec1().unwrap()
+}
+
+#[test]
+fn a_packed_copy_computes_as_the_model_and_its_parts_follow_the_buffer() {
+    for family in [Family::V8, Family::V26] {
+        let cfg = YoloConfig::new(Scale::N, 3).with_family(family);
+        let model = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 3).unwrap();
+        let (copy, packs) = model.try_clone_packed().unwrap();
+        assert_eq!(eval(&copy), eval(&model), "{family:?}: the copy computes as the model");
+        // One f32 buffer holding every floating-point variable, in name order.
+        assert_eq!(packs.len(), 1);
+        let pack = &packs[0];
+        let names: Vec<&str> = pack.parts.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.windows(2).all(|w| w[0] < w[1]));
+        let total: usize = pack.parts.iter().map(|(_, v)| v.elem_count()).sum();
+        assert_eq!(pack.buffer.elem_count(), total);
+        assert_eq!(names.len(), model.varmap().all_vars().len(), "{family:?}: every variable is a part");
+
+        // The buffer takes new values in one op: every part, and the copy's forward, follows.
+        let weight = "model.0.conv.weight";
+        let bias = names.last().unwrap();
+        let before_w = values(&copy, weight);
+        let before_b = values(&copy, bias);
+        pack.buffer.set_owned(pack.buffer.as_tensor().affine(0.5, 0.0).unwrap()).unwrap();
+        let half = |v: &[f32]| v.iter().map(|x| x * 0.5).collect::<Vec<_>>();
+        assert_eq!(values(&copy, weight), half(&before_w));
+        assert_eq!(values(&copy, bias), half(&before_b));
+        assert_ne!(eval(&copy), eval(&model), "the forward reads the buffer");
+        assert_eq!(values(&model, weight), before_w, "the model itself is apart");
+
+        // A write to one part (as loading a checkpoint does) lands in its range of the buffer only.
+        let v = copy.var(weight).unwrap();
+        v.set(&v.as_tensor().ones_like().unwrap()).unwrap();
+        let at: usize = pack.parts.iter().take_while(|(n, _)| n != weight).map(|(_, v)| v.elem_count()).sum();
+        let flat: Vec<f32> = pack.buffer.as_tensor().to_vec1().unwrap();
+        assert!(flat[at..at + before_w.len()].iter().all(|&x| x == 1.0));
+        assert_eq!(values(&copy, bias), half(&before_b));
+    }
+}
