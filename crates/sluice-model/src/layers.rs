@@ -10,6 +10,7 @@ use sluice_kernels::norm;
 
 use crate::ops;
 use crate::params::Params;
+use crate::stats::{Report, StatsSink};
 
 /// BatchNorm's epsilon in Ultralytics' Conv.
 pub const BN_EPS: f64 = 1e-3;
@@ -70,6 +71,9 @@ pub(crate) struct BatchNorm {
     bias: Var,
     running_mean: Var,
     running_var: Var,
+    /// The layer's name prefix (`model.0.bn`) and the model's sink for the running-statistics update (behind
+    /// one pointer: every Conv carries a BatchNorm).
+    stats: Arc<(String, StatsSink)>,
 }
 
 impl BatchNorm {
@@ -79,7 +83,23 @@ impl BatchNorm {
             bias: p.var("bias", c, Init::Const(0.0))?,
             running_mean: p.var("running_mean", c, Init::Const(0.0))?,
             running_var: p.var("running_var", c, Init::Const(1.0))?,
+            stats: Arc::new((p.prefix().to_string(), p.stats().clone())),
         })
+    }
+
+    /// Reports the batch's statistics for the running-statistics update (momentum 0.03, unbiased variance; no
+    /// gradient: `mean` and `var` are detached), which the model commits when the forward ends ([`crate::stats`]).
+    fn report(&self, mean: Tensor, var: Tensor, n: f64) -> Result<()> {
+        let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
+        let (key, sink) = &*self.stats;
+        sink.report(Report {
+            key: key.clone(),
+            running_mean: self.running_mean.clone(),
+            running_var: self.running_var.clone(),
+            mean,
+            unbiased,
+        });
+        Ok(())
     }
 
     /// `[γ, β, running mean, running variance]`.
@@ -121,12 +141,7 @@ impl BatchNorm {
                     .broadcast_mul(&inv)?
                     .broadcast_mul(&self.weight.as_tensor().reshape((1, c, 1, 1))?)?
                     .broadcast_add(&self.bias.as_tensor().reshape((1, c, 1, 1))?)?;
-                let (mean, var) = (mean.detach().flatten_all()?, var.detach().flatten_all()?);
-                let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
-                let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
-                let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
-                self.running_mean.set_owned(rm)?;
-                self.running_var.set_owned(rv)?;
+                self.report(mean.detach().flatten_all()?, var.detach().flatten_all()?, n)?;
                 match half {
                     Some(h) => y.to_dtype(h),
                     None => Ok(y),
@@ -148,12 +163,7 @@ impl BatchNorm {
                 let n = (b * h * w) as f64;
                 let (y, mean, var) =
                     norm::batch_norm_silu_train(x, self.weight.as_tensor(), self.bias.as_tensor(), BN_EPS)?;
-                // Running statistics: momentum 0.03, unbiased variance, no gradient (mean and var are detached).
-                let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
-                let rm = ((self.running_mean.as_tensor() * (1.0 - BN_MOMENTUM))? + (mean * BN_MOMENTUM)?)?;
-                let rv = ((self.running_var.as_tensor() * (1.0 - BN_MOMENTUM))? + (unbiased * BN_MOMENTUM)?)?;
-                self.running_mean.set_owned(rm)?;
-                self.running_var.set_owned(rv)?;
+                self.report(mean, var, n)?;
                 Ok(y)
             }
         }

@@ -26,6 +26,7 @@ pub mod ops;
 mod params;
 pub mod pt;
 pub mod run;
+mod stats;
 pub mod weights;
 
 pub use bench::{BenchOptions, BenchReport, bench_model, bench_model_with, peak_rss_bytes};

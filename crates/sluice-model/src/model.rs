@@ -13,6 +13,7 @@ use crate::head::{self, Detect, RawHead};
 use crate::layers::{Autocast, C2f, Conv, Mode, Sppf};
 use crate::ops;
 use crate::params::Params;
+use crate::stats::{self, StatsPack, StatsSink};
 
 /// One top-level layer `model.<i>` of the family's table (the Detect head, `model.22` / `model.23`, is kept apart).
 #[derive(Debug, Clone)]
@@ -49,6 +50,9 @@ pub struct Yolo {
     dtype: DType,
     device: Device,
     autocast: Autocast,
+    /// The BatchNorm layers' reports of a training forward, and the buffers their running statistics live in.
+    stats: StatsSink,
+    stat_packs: Vec<StatsPack>,
     pub(crate) num_batches_tracked: BTreeMap<String, i64>,
 }
 
@@ -97,6 +101,46 @@ impl Yolo {
     fn build(cfg: YoloConfig, dtype: DType, device: &Device, seed: Option<u64>) -> Result<Self> {
         let model = Self::build_on(VarMap::new(), cfg, dtype, device, seed)?;
         copy_one2one(&model.varmap)?;
+        model.with_stats_packed()
+    }
+
+    /// The same model (the same variables) with the running statistics of the BatchNorm layers that run in one
+    /// forward as parts of one buffer each ([`crate::stats`]): the layers of [`Self::forward_raw`], and YOLO26's
+    /// one-to-one head, which runs in [`Self::forward_one2one`].
+    fn with_stats_packed(self) -> Result<Self> {
+        let vars = self.sorted_vars();
+        let get = |name: String| -> Result<Var> {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+                .ok_or_else(|| ModelError::BadInput(format!("no variable `{name}`")))
+        };
+        let (one2one, main): (Vec<String>, Vec<String>) =
+            bn_prefixes(&self.varmap).into_iter().partition(|p| p.contains(".one2one_"));
+        let varmap = VarMap::new();
+        let mut packs = Vec::new();
+        {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+            let mut dst = varmap.data().lock().unwrap();
+            for (name, v) in &vars {
+                dst.insert(name.clone(), v.clone());
+            }
+            for group in [main, one2one].into_iter().filter(|g| !g.is_empty()) {
+                let layers = group
+                    .into_iter()
+                    .map(|p| Ok((p.clone(), get(format!("{p}.running_mean"))?, get(format!("{p}.running_var"))?)))
+                    .collect::<Result<Vec<_>>>()?;
+                let (pack, parts) = StatsPack::new(&layers)?;
+                for (key, mean, var) in parts {
+                    dst.insert(format!("{key}.running_mean"), mean);
+                    dst.insert(format!("{key}.running_var"), var);
+                }
+                packs.push(pack);
+            }
+        }
+        let mut model = Self::build_on(varmap, self.cfg, self.dtype, &self.device, None)?;
+        model.stat_packs = packs;
+        model.num_batches_tracked = self.num_batches_tracked;
         Ok(model)
     }
 
@@ -107,9 +151,11 @@ impl Yolo {
             return Err(ModelError::BadInput("the class count must be at least 1".into()));
         }
         let autocast;
+        let stats;
         let (layers, detect) = {
             let p = Params::new(&varmap, dtype, device, seed).pp("model");
             autocast = p.autocast().clone();
+            stats = p.stats().clone();
             let layers = match cfg.family {
                 Family::V8 => v8_layers(&p, &cfg)?,
                 Family::V11 => c3k2_layers(&p, &cfg, false)?,
@@ -127,6 +173,8 @@ impl Yolo {
             dtype,
             device: device.clone(),
             autocast,
+            stats,
+            stat_packs: Vec::new(),
             num_batches_tracked,
         })
     }
@@ -304,6 +352,22 @@ impl Yolo {
 
     /// Outputs of every top-level layer `model.0` … `model.21`.
     pub fn forward_layers(&self, x: &Tensor, mode: Mode) -> Result<Vec<Tensor>> {
+        self.tracked(mode, || self.layers_forward(x, mode))
+    }
+
+    /// `f`, a forward in `mode`; in [`Mode::Train`] the running statistics its BatchNorm layers report are
+    /// committed when it ends (reports left by a forward that failed are dropped first).
+    fn tracked<T>(&self, mode: Mode, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if mode == Mode::Eval {
+            return f();
+        }
+        drop(self.stats.take());
+        let out = f()?;
+        stats::commit(&self.stat_packs, self.stats.take())?;
+        Ok(out)
+    }
+
+    fn layers_forward(&self, x: &Tensor, mode: Mode) -> Result<Vec<Tensor>> {
         self.check_input(x)?;
         if self.fused && mode == Mode::Train {
             return Err(ModelError::Fused("a train-mode forward"));
@@ -328,11 +392,13 @@ impl Yolo {
     /// Backbone, neck and head: raw head outputs and the P3–P5 features. In [`Mode::Train`] BatchNorm uses batch
     /// statistics and updates its running statistics.
     pub fn forward_raw(&self, x: &Tensor, mode: Mode) -> Result<(RawHead, [Tensor; 3])> {
-        let outs = self.forward_layers(x, mode)?;
-        let [p3, p4, p5] = self.cfg.family.detect_from();
-        let feats = [outs[p3].clone(), outs[p4].clone(), outs[p5].clone()];
-        let raw = self.detect.forward(&feats, mode)?;
-        Ok((raw, feats))
+        self.tracked(mode, || {
+            let outs = self.layers_forward(x, mode)?;
+            let [p3, p4, p5] = self.cfg.family.detect_from();
+            let feats = [outs[p3].clone(), outs[p4].clone(), outs[p5].clone()];
+            let raw = self.detect.forward(&feats, mode)?;
+            Ok((raw, feats))
+        })
     }
 
     /// The eval-mode forward: decoded output `(B, 4 + nc, A)`, raw logits and P3–P5 features.
@@ -373,7 +439,7 @@ impl Yolo {
     /// The one-to-one head's raw outputs (YOLO26) on the Detect inputs; `None` for other families. In
     /// [`Mode::Train`] the features are detached first, as Ultralytics trains this head.
     pub fn forward_one2one(&self, feats: &[Tensor; 3], mode: Mode) -> Result<Option<RawHead>> {
-        Ok(self.detect.forward_one2one(feats, mode)?)
+        self.tracked(mode, || Ok(self.detect.forward_one2one(feats, mode)?))
     }
 
     /// A copy with every Conv's BatchNorm folded into its convolution (Ultralytics `model.fuse()`); the head's
@@ -410,6 +476,8 @@ impl Yolo {
             dtype,
             device: self.device.clone(),
             autocast: Autocast::default(),
+            stats: StatsSink::default(),
+            stat_packs: Vec::new(),
             num_batches_tracked: BTreeMap::new(),
         })
     }

@@ -7,6 +7,7 @@ use candle_nn::{Init, VarMap};
 use rand_mt::Mt;
 
 use crate::layers::Autocast;
+use crate::stats::StatsSink;
 
 /// PyTorch's CPU generator after `torch.manual_seed(seed)` (MT19937 seeded with the seed's low 32 bits), drawing
 /// as `Tensor.uniform_` does: 24 random bits of each 32-bit output, `x · 2⁻²⁴ · (to − from) + from` in float32 with
@@ -45,6 +46,7 @@ pub(crate) struct Params<'a> {
     /// The seeded generator, shared by every builder of one model (`None`: candle's own random init).
     rng: Option<Arc<Mutex<TorchRng>>>,
     autocast: Autocast,
+    stats: StatsSink,
 }
 
 impl std::fmt::Debug for Params<'_> {
@@ -58,7 +60,15 @@ impl<'a> Params<'a> {
     /// seeded with `seed` ([`TorchRng`]).
     pub(crate) fn new(map: &'a VarMap, dtype: DType, device: &Device, seed: Option<u64>) -> Self {
         let rng = seed.map(|s| Arc::new(Mutex::new(TorchRng::new(s))));
-        Self { map, prefix: String::new(), dtype, device: device.clone(), rng, autocast: Autocast::default() }
+        Self {
+            map,
+            prefix: String::new(),
+            dtype,
+            device: device.clone(),
+            rng,
+            autocast: Autocast::default(),
+            stats: StatsSink::default(),
+        }
     }
 
     /// The same builder without the seeded generator, for modules PyTorch copies rather than draws (YOLO26's
@@ -79,6 +89,16 @@ impl<'a> Params<'a> {
     /// The model's mixed-precision switch, shared by every module built from this builder.
     pub(crate) fn autocast(&self) -> &Autocast {
         &self.autocast
+    }
+
+    /// Where the model's BatchNorm layers report their batch statistics, shared by every module of the model.
+    pub(crate) fn stats(&self) -> &StatsSink {
+        &self.stats
+    }
+
+    /// This builder's name prefix.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// The builder for a sub-module.

@@ -58,3 +58,34 @@ fn a_packed_copy_computes_as_the_model_and_its_parts_follow_the_buffer() {
         assert_eq!(values(&copy, bias), half(&before_b));
     }
 }
+
+/// Every BatchNorm's running mean and variance, by name.
+fn running_stats(m: &Yolo) -> Vec<(String, Vec<f32>)> {
+    let mut names: Vec<String> =
+        m.varmap().data().lock().unwrap().keys().filter(|k| k.contains(".running_")).cloned().collect();
+    names.sort();
+    names.into_iter().map(|n| (n.clone(), values(m, &n))).collect()
+}
+
+#[test]
+fn the_running_statistics_update_over_one_buffer_equals_the_update_of_each_layer() {
+    for family in [Family::V8, Family::V26] {
+        let cfg = YoloConfig::new(Scale::N, 3).with_family(family);
+        // A model built by `new` keeps its running statistics in buffers; a packed copy updates each layer on its
+        // own (its parts belong to one buffer with every other variable).
+        let model = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 5).unwrap();
+        let (layerwise, _) = model.try_clone_packed().unwrap();
+        let start = running_stats(&model);
+        let x = (batch().affine(2.0, -0.5).unwrap().broadcast_as((2, 3, 64, 64)).unwrap().contiguous()).unwrap();
+        for m in [&model, &layerwise] {
+            for _ in 0..2 {
+                let (_, feats) = m.forward_raw(&x, Mode::Train).unwrap();
+                m.forward_one2one(&feats, Mode::Train).unwrap();
+            }
+        }
+        let (a, b) = (running_stats(&model), running_stats(&layerwise));
+        assert_eq!(a, b, "{family:?}: the buffers' update equals the layers' own, bit for bit");
+        let moved = a.iter().zip(&start).filter(|(now, before)| now.1 != before.1).count();
+        assert_eq!(moved, a.len(), "{family:?}: every running statistic moved");
+    }
+}

@@ -1,0 +1,140 @@
+//! BatchNorm's running statistics in a training forward, updated for the whole model at once.
+//!
+//! Each BatchNorm layer of a training forward reports its batch mean and unbiased variance to the model's
+//! [`StatsSink`] instead of updating its running statistics itself; when the forward ends the model commits them.
+//! A model keeps the running means (and the running variances) of the layers that run together in one forward as
+//! consecutive parts of one buffer ([`StatsPack`]), so the commit is two gathers and the momentum update over each
+//! buffer: a few kernels per forward instead of seven per layer. The values are those of the per-layer update, bit
+//! for bit (the same element-wise ops on the same values). A forward that reports another set of layers (a part of
+//! the model, a layer twice) is committed layer by layer, as before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{Result, Tensor, Var};
+
+use crate::layers::BN_MOMENTUM;
+
+/// One layer's report: its running statistics and the batch's mean and unbiased variance (detached).
+#[derive(Debug, Clone)]
+pub(crate) struct Report {
+    pub(crate) key: String,
+    pub(crate) running_mean: Var,
+    pub(crate) running_var: Var,
+    pub(crate) mean: Tensor,
+    pub(crate) unbiased: Tensor,
+}
+
+/// `running · (1 − momentum) + batch · momentum` (PyTorch's running-statistics update).
+fn momentum_update(running: &Tensor, batch: &Tensor) -> Result<Tensor> {
+    (running * (1.0 - BN_MOMENTUM))? + (batch * BN_MOMENTUM)?
+}
+
+impl Report {
+    /// The update of this layer alone.
+    fn commit(self) -> Result<()> {
+        let rm = momentum_update(self.running_mean.as_tensor(), &self.mean)?;
+        let rv = momentum_update(self.running_var.as_tensor(), &self.unbiased)?;
+        self.running_mean.set_owned(rm)?;
+        self.running_var.set_owned(rv)
+    }
+}
+
+/// Where a model's BatchNorm layers report during a training forward; shared by every layer of one model.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StatsSink(Arc<Mutex<Vec<Report>>>);
+
+impl StatsSink {
+    pub(crate) fn report(&self, report: Report) {
+        #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+        self.0.lock().unwrap().push(report);
+    }
+
+    /// The reports so far, leaving none.
+    pub(crate) fn take(&self) -> Vec<Report> {
+        #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// A layer's name prefix with its running mean and running variance.
+pub(crate) type LayerStats = (String, Var, Var);
+
+/// The running statistics of a set of layers that run together, as parts of two buffers (means, variances) in
+/// the order of `keys` (the layers' name prefixes).
+#[derive(Debug, Clone)]
+pub(crate) struct StatsPack {
+    keys: HashMap<String, usize>,
+    mean: Var,
+    var: Var,
+}
+
+impl StatsPack {
+    /// The pack of `layers` (`(prefix, running_mean, running_var)`), with their current values; returns it with
+    /// each layer's two parts, which take the place of its variables.
+    pub(crate) fn new(layers: &[LayerStats]) -> Result<(Self, Vec<LayerStats>)> {
+        let gather = |vars: Vec<&Var>| -> Result<Var> {
+            let flat = vars.iter().map(|v| v.as_tensor().flatten_all()).collect::<Result<Vec<_>>>()?;
+            Var::from_tensor(&Tensor::cat(&flat, 0)?)
+        };
+        let mean = gather(layers.iter().map(|(_, m, _)| m).collect())?;
+        let var = gather(layers.iter().map(|(_, _, v)| v).collect())?;
+        let mut parts = Vec::with_capacity(layers.len());
+        let mut at = 0;
+        for (key, m, v) in layers {
+            let n = m.elem_count();
+            let pm = Var::sharing(&mean.as_tensor().narrow(0, at, n)?.reshape(m.shape())?)?;
+            let pv = Var::sharing(&var.as_tensor().narrow(0, at, n)?.reshape(v.shape())?)?;
+            parts.push((key.clone(), pm, pv));
+            at += n;
+        }
+        let keys = layers.iter().enumerate().map(|(i, (k, _, _))| (k.clone(), i)).collect();
+        Ok((Self { keys, mean, var }, parts))
+    }
+
+    /// The reports in this pack's order when they are exactly its layers, each once; otherwise the reports as
+    /// they came.
+    fn order(&self, reports: Vec<Report>) -> std::result::Result<Vec<Report>, Vec<Report>> {
+        if reports.len() != self.keys.len() {
+            return Err(reports);
+        }
+        let mut seen = vec![false; reports.len()];
+        for r in &reports {
+            match self.keys.get(&r.key) {
+                Some(&i) if !seen[i] => seen[i] = true,
+                _ => return Err(reports),
+            }
+        }
+        let mut slots: Vec<Option<Report>> = vec![None; reports.len()];
+        for r in reports {
+            if let Some(&i) = self.keys.get(&r.key) {
+                slots[i] = Some(r);
+            }
+        }
+        Ok(slots.into_iter().flatten().collect())
+    }
+}
+
+/// Commits the reports of one forward: over a pack's buffers when they are exactly one pack's layers, layer by
+/// layer otherwise.
+pub(crate) fn commit(packs: &[StatsPack], mut reports: Vec<Report>) -> Result<()> {
+    if reports.is_empty() {
+        return Ok(());
+    }
+    for pack in packs {
+        match pack.order(reports) {
+            Ok(ordered) => {
+                let gather = |f: fn(&Report) -> &Tensor| -> Result<Tensor> {
+                    let parts = ordered.iter().map(f).map(|t| t.flatten_all()).collect::<Result<Vec<_>>>()?;
+                    Tensor::cat(&parts, 0)
+                };
+                let rm = momentum_update(pack.mean.as_tensor(), &gather(|r| &r.mean)?)?;
+                let rv = momentum_update(pack.var.as_tensor(), &gather(|r| &r.unbiased)?)?;
+                pack.mean.set_owned(rm)?;
+                return pack.var.set_owned(rv);
+            }
+            Err(back) => reports = back,
+        }
+    }
+    reports.into_iter().try_for_each(Report::commit)
+}
