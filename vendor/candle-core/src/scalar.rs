@@ -99,6 +99,53 @@ pub enum TensorScalar {
 
 pub trait TensorOrScalar {
     fn to_tensor_scalar(self) -> Result<TensorScalar>;
+
+    /// The dtype and value, for a scalar (`None` for a tensor).
+    fn scalar_value(&self) -> Option<(crate::DType, f64)> {
+        None
+    }
+}
+
+/// The scalar tensors of element-wise ops with a scalar operand (`maximum(0.0)`, `ge(0.5)`, `clamp`), one per
+/// device, dtype and value, kept for the life of the process: without them each such op builds its scalar on the
+/// host, converts it and copies it to the device, a fresh allocation and a host-to-device copy per op, every step.
+/// The distinct constants of a program are few.
+#[allow(clippy::type_complexity)]
+static SCALARS: std::sync::Mutex<Vec<((crate::DType, u64), crate::DType, crate::Device, Tensor)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The scalar `value` of dtype `src` as a rank-0 tensor of `dtype` on `device`, made once (the same value as
+/// `Tensor::new(value as src, &Device::Cpu)?.to_dtype(dtype)?.to_device(device)`).
+pub(crate) fn cached_scalar(
+    (src, value): (crate::DType, f64),
+    dtype: crate::DType,
+    device: &crate::Device,
+) -> Result<Tensor> {
+    let key = (src, value.to_bits());
+    let find = |cache: &[((crate::DType, u64), crate::DType, crate::Device, Tensor)]| {
+        cache
+            .iter()
+            .find(|(k, t, d, _)| *k == key && *t == dtype && d.same_device(device))
+            .map(|(_, _, _, s)| s.clone())
+    };
+    {
+        let cache = SCALARS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = find(&cache) {
+            return Ok(s);
+        }
+    }
+    // Through the scalar's own dtype (which holds `value` exactly), so the conversion to `dtype` is the one a
+    // scalar of that dtype gets.
+    let made = Tensor::new(value, &crate::Device::Cpu)?
+        .to_dtype(src)?
+        .to_dtype(dtype)?
+        .to_device(device)?;
+    let mut cache = SCALARS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = find(&cache) {
+        return Ok(s);
+    }
+    cache.push((key, dtype, device.clone(), made.clone()));
+    Ok(made)
 }
 
 impl TensorOrScalar for &Tensor {
@@ -111,5 +158,9 @@ impl<T: WithDType> TensorOrScalar for T {
     fn to_tensor_scalar(self) -> Result<TensorScalar> {
         let scalar = Tensor::new(self, &crate::Device::Cpu)?;
         Ok(TensorScalar::Scalar(scalar))
+    }
+
+    fn scalar_value(&self) -> Option<(crate::DType, f64)> {
+        Some((T::DTYPE, self.to_f64()))
     }
 }

@@ -114,7 +114,15 @@ macro_rules! binary_op {
 macro_rules! binary_op_scalar {
     ($fn_name:ident, $op_name:ident) => {
         pub fn $fn_name<T: TensorOrScalar>(&self, rhs: T) -> Result<Self> {
-            let rhs = match rhs.to_tensor_scalar()? {
+            let rhs = match rhs.scalar_value() {
+                Some(v) => crate::scalar::TensorScalar::Scalar(crate::scalar::cached_scalar(
+                    v,
+                    self.dtype(),
+                    self.device(),
+                )?),
+                None => rhs.to_tensor_scalar()?,
+            };
+            let rhs = match rhs {
                 crate::scalar::TensorScalar::Tensor(rhs) => rhs,
                 crate::scalar::TensorScalar::Scalar(rhs) => rhs
                     .to_dtype(self.dtype())?
@@ -1128,7 +1136,15 @@ impl Tensor {
     ///
     /// The returned tensor has the same shape as the original tensors and uses `u8` elements.
     pub fn cmp<T: TensorOrScalar>(&self, rhs: T, op: CmpOp) -> Result<Self> {
-        let rhs = match rhs.to_tensor_scalar()? {
+        let rhs = match rhs.scalar_value() {
+            Some(v) => crate::scalar::TensorScalar::Scalar(crate::scalar::cached_scalar(
+                v,
+                self.dtype(),
+                self.device(),
+            )?),
+            None => rhs.to_tensor_scalar()?,
+        };
+        let rhs = match rhs {
             crate::scalar::TensorScalar::Tensor(rhs) => rhs,
             crate::scalar::TensorScalar::Scalar(rhs) => rhs
                 .to_dtype(self.dtype())?
