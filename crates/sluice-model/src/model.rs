@@ -12,7 +12,7 @@ use crate::error::{ModelError, Result};
 use crate::head::{self, Detect, RawHead};
 use crate::layers::{Autocast, C2f, Conv, Mode, Sppf};
 use crate::ops;
-use crate::params::Params;
+use crate::params::{Params, pack};
 use crate::stats::{self, StatsPack, StatsSink};
 
 /// One top-level layer `model.<i>` of the family's table (the Detect head, `model.22` / `model.23`, is kept apart).
@@ -309,17 +309,9 @@ impl Yolo {
             }
             for dtype in dtypes {
                 let members: Vec<&(String, Var)> = src.iter().filter(|(_, v)| v.dtype() == dtype).collect();
-                let flat = members
-                    .iter()
-                    .map(|(_, v)| v.as_tensor().flatten_all())
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                let buffer = Var::from_tensor(&Tensor::cat(&flat, 0)?)?;
+                let (buffer, views) = pack(&members.iter().map(|(_, v)| v).collect::<Vec<_>>())?;
                 let mut parts = Vec::with_capacity(members.len());
-                let mut at = 0;
-                for (name, v) in members {
-                    let n = v.elem_count();
-                    let part = Var::sharing(&buffer.as_tensor().narrow(0, at, n)?.reshape(v.shape())?)?;
-                    at += n;
+                for ((name, _), part) in members.into_iter().zip(views) {
                     dst.insert(name.clone(), part.clone());
                     parts.push((name.clone(), part));
                 }

@@ -36,6 +36,21 @@ impl TorchRng {
     }
 }
 
+/// A new buffer holding the values of `vars` back to back, and one variable per input over its range of the buffer
+/// (same shape and values): one op over the buffer then reaches every part.
+pub(crate) fn pack(vars: &[&Var]) -> Result<(Var, Vec<Var>)> {
+    let flat = vars.iter().map(|v| v.as_tensor().flatten_all()).collect::<Result<Vec<_>>>()?;
+    let buffer = Var::from_tensor(&Tensor::cat(&flat, 0)?)?;
+    let mut parts = Vec::with_capacity(vars.len());
+    let mut at = 0;
+    for v in vars {
+        let n = v.elem_count();
+        parts.push(Var::sharing(&buffer.as_tensor().narrow(0, at, n)?.reshape(v.shape())?)?);
+        at += n;
+    }
+    Ok((buffer, parts))
+}
+
 /// Creates variables named `<prefix>.<name>` in a [`VarMap`].
 #[derive(Clone)]
 pub(crate) struct Params<'a> {

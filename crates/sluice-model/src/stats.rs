@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Result, Tensor, Var};
 
 use crate::layers::BN_MOMENTUM;
+use crate::params::pack;
 
 /// One layer's report: its running statistics and the batch's mean and unbiased variance (detached).
 #[derive(Debug, Clone)]
@@ -73,21 +74,9 @@ impl StatsPack {
     /// The pack of `layers` (`(prefix, running_mean, running_var)`), with their current values; returns it with
     /// each layer's two parts, which take the place of its variables.
     pub(crate) fn new(layers: &[LayerStats]) -> Result<(Self, Vec<LayerStats>)> {
-        let gather = |vars: Vec<&Var>| -> Result<Var> {
-            let flat = vars.iter().map(|v| v.as_tensor().flatten_all()).collect::<Result<Vec<_>>>()?;
-            Var::from_tensor(&Tensor::cat(&flat, 0)?)
-        };
-        let mean = gather(layers.iter().map(|(_, m, _)| m).collect())?;
-        let var = gather(layers.iter().map(|(_, _, v)| v).collect())?;
-        let mut parts = Vec::with_capacity(layers.len());
-        let mut at = 0;
-        for (key, m, v) in layers {
-            let n = m.elem_count();
-            let pm = Var::sharing(&mean.as_tensor().narrow(0, at, n)?.reshape(m.shape())?)?;
-            let pv = Var::sharing(&var.as_tensor().narrow(0, at, n)?.reshape(v.shape())?)?;
-            parts.push((key.clone(), pm, pv));
-            at += n;
-        }
+        let (mean, means) = pack(&layers.iter().map(|(_, m, _)| m).collect::<Vec<_>>())?;
+        let (var, vars) = pack(&layers.iter().map(|(_, _, v)| v).collect::<Vec<_>>())?;
+        let parts = layers.iter().zip(means).zip(vars).map(|(((key, _, _), m), v)| (key.clone(), m, v)).collect();
         let keys = layers.iter().enumerate().map(|(i, (k, _, _))| (k.clone(), i)).collect();
         Ok((Self { keys, mean, var }, parts))
     }
