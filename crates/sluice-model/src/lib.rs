@@ -41,4 +41,5 @@ pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
 pub use model::{Detections, PackedVars, Yolo, dfl_key};
 pub use pt::{PtCheckpoint, is_pt, read_pt, read_pt_bytes};
 pub use run::{RunOptions, RunSummary, run_npy};
+pub use stats::Segment;
 pub use weights::{LoadMode, Transferred};

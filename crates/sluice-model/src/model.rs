@@ -13,7 +13,7 @@ use crate::head::{self, Detect, RawHead};
 use crate::layers::{Autocast, C2f, Conv, Mode, Sppf};
 use crate::ops;
 use crate::params::{Params, pack};
-use crate::stats::{self, StatsPack, StatsSink};
+use crate::stats::{self, Segment, StatsPack, StatsSink};
 
 /// One top-level layer `model.<i>` of the family's table (the Detect head, `model.22` / `model.23`, is kept apart).
 #[derive(Debug, Clone)]
@@ -53,6 +53,9 @@ pub struct Yolo {
     /// The BatchNorm layers' reports of a training forward, and the buffers their running statistics live in.
     stats: StatsSink,
     stat_packs: Vec<StatsPack>,
+    /// Every floating-point variable once, as stored: the running-statistics buffers, then the other variables by
+    /// name.
+    segments: Vec<Segment>,
     pub(crate) num_batches_tracked: BTreeMap<String, i64>,
 }
 
@@ -140,6 +143,7 @@ impl Yolo {
         }
         let mut model = Self::build_on(varmap, self.cfg, self.dtype, &self.device, None)?;
         model.stat_packs = packs;
+        model.segments = model.float_segments_now();
         model.num_batches_tracked = self.num_batches_tracked;
         Ok(model)
     }
@@ -164,7 +168,7 @@ impl Yolo {
             (layers, Detect::new(&p.pp(cfg.family.detect_index()), &cfg)?)
         };
         let num_batches_tracked = bn_prefixes(&varmap).into_iter().map(|p| (p, 0)).collect();
-        Ok(Self {
+        let mut model = Self {
             cfg,
             layers,
             detect,
@@ -175,8 +179,11 @@ impl Yolo {
             autocast,
             stats,
             stat_packs: Vec::new(),
+            segments: Vec::new(),
             num_batches_tracked,
-        })
+        };
+        model.segments = model.float_segments_now();
+        Ok(model)
     }
 
     /// Mixed precision: `Some(BF16)` (or `F16`) runs every Conv block's convolution, forward and backward, in that
@@ -289,7 +296,7 @@ impl Yolo {
     }
 
     /// [`Self::try_clone`] with the floating-point variables of each dtype as consecutive parts of one buffer
-    /// (sorted by name), so that one op over the buffer reaches every variable: the EMA updates the whole model in
+    /// (in the order of [`Self::float_segments`]), so that one op over the buffer reaches every variable: the EMA updates the whole model in
     /// a few kernels instead of a few per variable. Writes to a part (loading a checkpoint) land in its buffer.
     pub fn try_clone_packed(&self) -> Result<(Self, Vec<PackedVars>)> {
         if self.fused {
@@ -302,13 +309,23 @@ impl Yolo {
             #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
             let mut dst = varmap.data().lock().unwrap();
             let mut dtypes: Vec<DType> = Vec::new();
-            for (_, v) in &src {
-                if v.dtype().is_float() && !dtypes.contains(&v.dtype()) {
-                    dtypes.push(v.dtype());
+            for seg in &self.segments {
+                if !dtypes.contains(&seg.var.dtype()) {
+                    dtypes.push(seg.var.dtype());
                 }
             }
             for dtype in dtypes {
-                let members: Vec<&(String, Var)> = src.iter().filter(|(_, v)| v.dtype() == dtype).collect();
+                // In the order of the model's segments, so that the model's values come in the buffer's order
+                // from one copy per segment.
+                let members: Vec<(&String, Var)> = self
+                    .segments
+                    .iter()
+                    .filter(|seg| seg.var.dtype() == dtype)
+                    .flat_map(|seg| seg.names.iter())
+                    .map(|name| {
+                        Ok((name, self.var(name).ok_or_else(|| ModelError::BadInput(format!("no variable `{name}`")))?))
+                    })
+                    .collect::<Result<_>>()?;
                 let (buffer, views) = pack(&members.iter().map(|(_, v)| v).collect::<Vec<_>>())?;
                 let mut parts = Vec::with_capacity(members.len());
                 for ((name, _), part) in members.into_iter().zip(views) {
@@ -331,6 +348,26 @@ impl Yolo {
         }
         copy.num_batches_tracked = self.num_batches_tracked.clone();
         Ok((copy, packs))
+    }
+
+    /// Every floating-point variable once, in the order the model stores them ([`Segment`]): the buffers that
+    /// hold the BatchNorm layers' running statistics, then each other variable by name. Concatenating the
+    /// segments' variables lists every floating-point value of the model at the cost of one copy per segment.
+    pub fn float_segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    fn float_segments_now(&self) -> Vec<Segment> {
+        let mut out: Vec<Segment> = self.stat_packs.iter().flat_map(|p| p.segments()).collect();
+        let packed: std::collections::HashSet<&String> = out.iter().flat_map(|s| s.names.iter()).collect();
+        let singles: Vec<Segment> = self
+            .sorted_vars()
+            .into_iter()
+            .filter(|(k, v)| v.dtype().is_float() && !packed.contains(k))
+            .map(|(k, v)| Segment { names: vec![k], var: v })
+            .collect();
+        out.extend(singles);
+        out
     }
 
     /// `(name, variable)` of every variable, sorted by name.
@@ -470,6 +507,7 @@ impl Yolo {
             autocast: Autocast::default(),
             stats: StatsSink::default(),
             stat_packs: Vec::new(),
+            segments: Vec::new(),
             num_batches_tracked: BTreeMap::new(),
         })
     }

@@ -58,6 +58,15 @@ impl StatsSink {
     }
 }
 
+/// Variables stored back to back in one variable: a buffer and its parts, or one variable alone.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    /// The names of the variables it holds, in order.
+    pub names: Vec<String>,
+    /// The variable holding them.
+    pub var: Var,
+}
+
 /// A layer's name prefix with its running mean and running variance.
 pub(crate) type LayerStats = (String, Var, Var);
 
@@ -68,6 +77,9 @@ pub(crate) struct StatsPack {
     keys: HashMap<String, usize>,
     mean: Var,
     var: Var,
+    /// The variable names of the two buffers' parts, in order.
+    mean_names: Vec<String>,
+    var_names: Vec<String>,
 }
 
 impl StatsPack {
@@ -78,7 +90,17 @@ impl StatsPack {
         let (var, vars) = pack(&layers.iter().map(|(_, _, v)| v).collect::<Vec<_>>())?;
         let parts = layers.iter().zip(means).zip(vars).map(|(((key, _, _), m), v)| (key.clone(), m, v)).collect();
         let keys = layers.iter().enumerate().map(|(i, (k, _, _))| (k.clone(), i)).collect();
-        Ok((Self { keys, mean, var }, parts))
+        let mean_names = layers.iter().map(|(k, _, _)| format!("{k}.running_mean")).collect();
+        let var_names = layers.iter().map(|(k, _, _)| format!("{k}.running_var")).collect();
+        Ok((Self { keys, mean, var, mean_names, var_names }, parts))
+    }
+
+    /// The two buffers as segments: the running means, then the running variances.
+    pub(crate) fn segments(&self) -> [Segment; 2] {
+        [
+            Segment { names: self.mean_names.clone(), var: self.mean.clone() },
+            Segment { names: self.var_names.clone(), var: self.var.clone() },
+        ]
     }
 
     /// The reports in this pack's order when they are exactly its layers, each once; otherwise the reports as

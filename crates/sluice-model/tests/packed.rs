@@ -28,11 +28,23 @@ fn a_packed_copy_computes_as_the_model_and_its_parts_follow_the_buffer() {
         let model = Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 3).unwrap();
         let (copy, packs) = model.try_clone_packed().unwrap();
         assert_eq!(eval(&copy), eval(&model), "{family:?}: the copy computes as the model");
-        // One f32 buffer holding every floating-point variable, in name order.
+        // One f32 buffer holding every floating-point variable, in the order of the model's segments: the
+        // running-statistics buffers first, the rest by name.
         assert_eq!(packs.len(), 1);
         let pack = &packs[0];
         let names: Vec<&str> = pack.parts.iter().map(|(n, _)| n.as_str()).collect();
-        assert!(names.windows(2).all(|w| w[0] < w[1]));
+        let order: Vec<&str> = model.float_segments().iter().flat_map(|s| s.names.iter().map(|n| n.as_str())).collect();
+        assert_eq!(names, order);
+        assert!(names[0].ends_with(".running_mean"));
+        let rest = &names[names.iter().rposition(|n| n.ends_with(".running_var")).unwrap() + 1..];
+        assert!(rest.windows(2).all(|w| w[0] < w[1]));
+        // Concatenating the segments lists the model's values in the buffer's order.
+        let flat: Vec<Tensor> =
+            model.float_segments().iter().map(|s| s.var.as_tensor().flatten_all().unwrap()).collect();
+        assert_eq!(
+            Tensor::cat(&flat, 0).unwrap().to_vec1::<f32>().unwrap(),
+            pack.buffer.as_tensor().to_vec1::<f32>().unwrap()
+        );
         let total: usize = pack.parts.iter().map(|(_, v)| v.elem_count()).sum();
         assert_eq!(pack.buffer.elem_count(), total);
         assert_eq!(names.len(), model.varmap().all_vars().len(), "{family:?}: every variable is a part");

@@ -139,6 +139,30 @@ impl ModelEma {
         Ok(pairs)
     }
 
+    /// The model's values in `pack`'s order, as tensors to concatenate: one per segment of the model
+    /// ([`Yolo::float_segments`], the order the EMA copy was packed in), or, for a model stored otherwise, one per
+    /// variable by name.
+    fn sources(model: &Yolo, pack: &PackedVars, pairs: &[(Var, Tensor)]) -> Result<Vec<Tensor>> {
+        let dtype = pack.buffer.dtype();
+        let segments = || model.float_segments().iter().filter(|s| s.var.dtype() == dtype);
+        let same_order = segments().flat_map(|s| s.names.iter()).eq(pack.parts.iter().map(|(n, _)| n));
+        if same_order {
+            return Ok(segments()
+                .map(|s| s.var.as_tensor().detach().flatten_all())
+                .collect::<candle_core::Result<_>>()?);
+        }
+        let by_id: std::collections::HashMap<_, &Tensor> = pairs.iter().map(|(e, m)| (e.as_tensor().id(), m)).collect();
+        pack.parts
+            .iter()
+            .map(|(name, part)| {
+                let m = by_id.get(&part.as_tensor().id()).ok_or_else(|| {
+                    OptimError::BadInput(format!("EMA update from a model without the variable `{name}`"))
+                })?;
+                Ok(m.flatten_all()?)
+            })
+            .collect()
+    }
+
     fn update_inner(&mut self, model: &Yolo, ok: Option<&Tensor>) -> Result<()> {
         let d = self.decay_at(self.updates + 1);
         // torch's `lerp_(model, 1 − d)` (Ultralytics' `_foreach_lerp_`), with its weight in float32 and its two
@@ -147,20 +171,7 @@ impl ModelEma {
         let w = (1.0 - d) as f32;
         let pairs = self.pairs(model)?;
         for pack in &self.packs {
-            // The model's variables in the buffer's order (both sorted by name), gathered into one tensor.
-            let parts: Vec<Tensor> = pairs
-                .iter()
-                .filter(|(e, _)| e.dtype() == pack.buffer.dtype())
-                .map(|(_, m)| m.flatten_all())
-                .collect::<candle_core::Result<_>>()?;
-            if parts.len() != pack.parts.len() {
-                return Err(OptimError::BadInput(format!(
-                    "EMA update: {} model variables of {:?} for {} in the EMA",
-                    parts.len(),
-                    pack.buffer.dtype(),
-                    pack.parts.len()
-                )));
-            }
+            let parts = Self::sources(model, pack, &pairs)?;
             let m = Tensor::cat(&parts, 0)?;
             let e = pack.buffer.as_tensor();
             let diff = (&m - e)?;
