@@ -90,14 +90,14 @@ impl BatchNorm {
     /// Reports the batch's statistics for the running-statistics update (momentum 0.03, unbiased variance; no
     /// gradient: `mean` and `var` are detached), which the model commits when the forward ends ([`crate::stats`]).
     fn report(&self, mean: Tensor, var: Tensor, n: f64) -> Result<()> {
-        let unbiased = (var * (n / (n - 1.0).max(1.0)))?;
         let (key, sink) = &*self.stats;
         sink.report(Report {
             key: key.clone(),
             running_mean: self.running_mean.clone(),
             running_var: self.running_var.clone(),
             mean,
-            unbiased,
+            var,
+            unbiased_factor: n / (n - 1.0).max(1.0),
         });
         Ok(())
     }

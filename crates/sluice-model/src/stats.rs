@@ -16,14 +16,16 @@ use candle_core::{Result, Tensor, Var};
 use crate::layers::BN_MOMENTUM;
 use crate::params::pack;
 
-/// One layer's report: its running statistics and the batch's mean and unbiased variance (detached).
+/// One layer's report: its running statistics, the batch's mean and (biased) variance (detached), and the factor
+/// `n / (n − 1)` that makes the variance unbiased (`n` values per channel).
 #[derive(Debug, Clone)]
 pub(crate) struct Report {
     pub(crate) key: String,
     pub(crate) running_mean: Var,
     pub(crate) running_var: Var,
     pub(crate) mean: Tensor,
-    pub(crate) unbiased: Tensor,
+    pub(crate) var: Tensor,
+    pub(crate) unbiased_factor: f64,
 }
 
 /// `running · (1 − momentum) + batch · momentum` (PyTorch's running-statistics update).
@@ -35,7 +37,7 @@ impl Report {
     /// The update of this layer alone.
     fn commit(self) -> Result<()> {
         let rm = momentum_update(self.running_mean.as_tensor(), &self.mean)?;
-        let rv = momentum_update(self.running_var.as_tensor(), &self.unbiased)?;
+        let rv = momentum_update(self.running_var.as_tensor(), &(&self.var * self.unbiased_factor)?)?;
         self.running_mean.set_owned(rm)?;
         self.running_var.set_owned(rv)
     }
@@ -67,6 +69,9 @@ pub struct Segment {
     pub var: Var,
 }
 
+/// The factors' bits and the per-element factor tensor.
+type Factors = (Vec<u64>, Tensor);
+
 /// A layer's name prefix with its running mean and running variance.
 pub(crate) type LayerStats = (String, Var, Var);
 
@@ -80,6 +85,9 @@ pub(crate) struct StatsPack {
     /// The variable names of the two buffers' parts, in order.
     mean_names: Vec<String>,
     var_names: Vec<String>,
+    /// Each element's unbiasing factor for the last input geometry (the layers' factors, each repeated over its
+    /// channels), with the factors' bits: made again only when the geometry changes.
+    factors: Arc<Mutex<Option<Factors>>>,
 }
 
 impl StatsPack {
@@ -92,7 +100,8 @@ impl StatsPack {
         let keys = layers.iter().enumerate().map(|(i, (k, _, _))| (k.clone(), i)).collect();
         let mean_names = layers.iter().map(|(k, _, _)| format!("{k}.running_mean")).collect();
         let var_names = layers.iter().map(|(k, _, _)| format!("{k}.running_var")).collect();
-        Ok((Self { keys, mean, var, mean_names, var_names }, parts))
+        let factors = Arc::new(Mutex::new(None));
+        Ok((Self { keys, mean, var, mean_names, var_names, factors }, parts))
     }
 
     /// The two buffers as segments: the running means, then the running variances.
@@ -101,6 +110,28 @@ impl StatsPack {
             Segment { names: self.mean_names.clone(), var: self.mean.clone() },
             Segment { names: self.var_names.clone(), var: self.var.clone() },
         ]
+    }
+
+    /// The per-element unbiasing factors of `ordered` (this pack's layers in order), as `var · factor` would
+    /// round them (the factor converted from f64 to the variance's dtype).
+    fn unbiasing(&self, ordered: &[Report]) -> Result<Tensor> {
+        let bits: Vec<u64> = ordered.iter().map(|r| r.unbiased_factor.to_bits()).collect();
+        #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+        let mut cached = self.factors.lock().unwrap();
+        if let Some((b, t)) = cached.as_ref()
+            && *b == bits
+        {
+            return Ok(t.clone());
+        }
+        let mut values = Vec::with_capacity(self.var.elem_count());
+        for r in ordered {
+            values.extend(std::iter::repeat_n(r.unbiased_factor, r.var.elem_count()));
+        }
+        let t = Tensor::from_vec(values, self.var.elem_count(), &candle_core::Device::Cpu)?
+            .to_dtype(self.var.dtype())?
+            .to_device(self.var.device())?;
+        *cached = Some((bits, t.clone()));
+        Ok(t)
     }
 
     /// The reports in this pack's order when they are exactly its layers, each once; otherwise the reports as
@@ -140,7 +171,8 @@ pub(crate) fn commit(packs: &[StatsPack], mut reports: Vec<Report>) -> Result<()
                     Tensor::cat(&parts, 0)
                 };
                 let rm = momentum_update(pack.mean.as_tensor(), &gather(|r| &r.mean)?)?;
-                let rv = momentum_update(pack.var.as_tensor(), &gather(|r| &r.unbiased)?)?;
+                let unbiased = gather(|r| &r.var)?.mul(&pack.unbiasing(&ordered)?)?;
+                let rv = momentum_update(pack.var.as_tensor(), &unbiased)?;
                 pack.mean.set_owned(rm)?;
                 return pack.var.set_owned(rv);
             }
