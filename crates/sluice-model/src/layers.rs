@@ -89,7 +89,7 @@ impl BatchNorm {
 
     /// Reports the batch's statistics for the running-statistics update (momentum 0.03, unbiased variance; no
     /// gradient: `mean` and `var` are detached), which the model commits when the forward ends ([`crate::stats`]).
-    fn report(&self, mean: Tensor, var: Tensor, n: f64) -> Result<()> {
+    fn report(&self, mean: Tensor, var: Tensor, n: f64) {
         let (key, sink) = &*self.stats;
         sink.report(Report {
             key: key.clone(),
@@ -99,7 +99,6 @@ impl BatchNorm {
             var,
             unbiased_factor: n / (n - 1.0).max(1.0),
         });
-        Ok(())
     }
 
     /// `[γ, β, running mean, running variance]`.
@@ -141,7 +140,7 @@ impl BatchNorm {
                     .broadcast_mul(&inv)?
                     .broadcast_mul(&self.weight.as_tensor().reshape((1, c, 1, 1))?)?
                     .broadcast_add(&self.bias.as_tensor().reshape((1, c, 1, 1))?)?;
-                self.report(mean.detach().flatten_all()?, var.detach().flatten_all()?, n)?;
+                self.report(mean.detach().flatten_all()?, var.detach().flatten_all()?, n);
                 match half {
                     Some(h) => y.to_dtype(h),
                     None => Ok(y),
@@ -163,7 +162,7 @@ impl BatchNorm {
                 let n = (b * h * w) as f64;
                 let (y, mean, var) =
                     norm::batch_norm_silu_train(x, self.weight.as_tensor(), self.bias.as_tensor(), BN_EPS)?;
-                self.report(mean, var, n)?;
+                self.report(mean, var, n);
                 Ok(y)
             }
         }

@@ -18,8 +18,8 @@ pub struct ModelEma {
     ema: Yolo,
     /// `(name, EMA variable)` for every variable of the model, sorted by name.
     vars: Vec<(String, Var)>,
-    /// The same floating-point variables as parts of one buffer per dtype, in `vars`' order: the update is a
-    /// handful of ops over each buffer, not a handful per variable.
+    /// The same floating-point variables as parts of one buffer per dtype, in the order of the model's
+    /// [`Yolo::float_segments`]: the update is a handful of ops over each buffer, not a handful per variable.
     packs: Vec<PackedVars>,
     updates: u64,
     decay: f64,

@@ -148,6 +148,18 @@ pub(crate) fn cached_scalar(
     Ok(made)
 }
 
+/// The right-hand operand of an element-wise op on `lhs`: a tensor as it is, a scalar as the cached scalar of
+/// `lhs`'s dtype and device broadcast to `lhs`'s shape.
+pub(crate) fn operand<T: TensorOrScalar>(rhs: T, lhs: &Tensor) -> Result<Tensor> {
+    match rhs.scalar_value() {
+        Some(v) => cached_scalar(v, lhs.dtype(), lhs.device())?.broadcast_as(lhs.shape()),
+        None => match rhs.to_tensor_scalar()? {
+            TensorScalar::Tensor(t) => Ok(t),
+            TensorScalar::Scalar(t) => t.to_dtype(lhs.dtype())?.to_device(lhs.device())?.broadcast_as(lhs.shape()),
+        },
+    }
+}
+
 impl TensorOrScalar for &Tensor {
     fn to_tensor_scalar(self) -> Result<TensorScalar> {
         Ok(TensorScalar::Tensor(self.clone()))

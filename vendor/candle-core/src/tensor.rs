@@ -114,21 +114,7 @@ macro_rules! binary_op {
 macro_rules! binary_op_scalar {
     ($fn_name:ident, $op_name:ident) => {
         pub fn $fn_name<T: TensorOrScalar>(&self, rhs: T) -> Result<Self> {
-            let rhs = match rhs.scalar_value() {
-                Some(v) => crate::scalar::TensorScalar::Scalar(crate::scalar::cached_scalar(
-                    v,
-                    self.dtype(),
-                    self.device(),
-                )?),
-                None => rhs.to_tensor_scalar()?,
-            };
-            let rhs = match rhs {
-                crate::scalar::TensorScalar::Tensor(rhs) => rhs,
-                crate::scalar::TensorScalar::Scalar(rhs) => rhs
-                    .to_dtype(self.dtype())?
-                    .to_device(self.device())?
-                    .broadcast_as(self.shape())?,
-            };
+            let rhs = crate::scalar::operand(rhs, self)?;
             let shape = self.same_shape_binary_op(&rhs, stringify!($fn_name))?;
             if self.elem_count() == 0 {
                 return Ok(self.clone());
@@ -1136,21 +1122,7 @@ impl Tensor {
     ///
     /// The returned tensor has the same shape as the original tensors and uses `u8` elements.
     pub fn cmp<T: TensorOrScalar>(&self, rhs: T, op: CmpOp) -> Result<Self> {
-        let rhs = match rhs.scalar_value() {
-            Some(v) => crate::scalar::TensorScalar::Scalar(crate::scalar::cached_scalar(
-                v,
-                self.dtype(),
-                self.device(),
-            )?),
-            None => rhs.to_tensor_scalar()?,
-        };
-        let rhs = match rhs {
-            crate::scalar::TensorScalar::Tensor(rhs) => rhs,
-            crate::scalar::TensorScalar::Scalar(rhs) => rhs
-                .to_dtype(self.dtype())?
-                .to_device(self.device())?
-                .broadcast_as(self.shape())?,
-        };
+        let rhs = crate::scalar::operand(rhs, self)?;
         let shape = self.same_shape_binary_op(&rhs, "cmp")?;
         let storage = self
             .storage()
@@ -2534,8 +2506,6 @@ impl Tensor {
         Ok(from_storage(storage, shape.clone(), op, false))
     }
 
-    /// Create a variable based on the values currently stored in a tensor. The storage is always
-    /// copied.
     /// A variable tensor with this tensor's buffer and layout (see `Var::sharing`).
     pub(crate) fn share_as_variable(&self) -> Tensor {
         let tensor_ = Tensor_ {
@@ -2550,6 +2520,8 @@ impl Tensor {
         Tensor(Arc::new(tensor_))
     }
 
+    /// Create a variable based on the values currently stored in a tensor. The storage is always
+    /// copied.
     pub(crate) fn make_var(&self) -> Result<Tensor> {
         let shape = self.shape().clone();
         let mut storage = unsafe { self.device().alloc_uninit(&shape, self.dtype())? };
