@@ -7,23 +7,22 @@
 //!    python3 has `moto[server]` (`SLUICE_REQUIRE_MOTO=1` makes its absence an error, as `.ci/run` does), and the
 //!    MPI engine's tests (`sluice-dist`) and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`
 //!    run with the rest, from the same build.
-//! 3. `sluice-decode`'s `nvjpeg` backend: clippy and tests (it loads its libraries at run time, so it builds and
-//!    its no-GPU paths are tested everywhere).
-//! 4. `sluice-decode`'s `turbojpeg` backend: clippy and tests, where CMake and NASM are installed
-//!    (`SLUICE_REQUIRE_TURBOJPEG=1` makes their absence an error, as `.ci/run` does).
-//! 5. The builds without a feature where the code differs: `sluice-loader` without object storage (clippy and its
+//! 3. `sluice-decode`'s other backends, in one build: `nvjpeg` (it loads its libraries at run time, so it builds
+//!    and its no-GPU paths are tested everywhere) and `turbojpeg` where CMake and NASM are installed
+//!    (`SLUICE_REQUIRE_TURBOJPEG=1` makes their absence an error, as `.ci/run` does): clippy and tests.
+//! 4. The builds without a feature where the code differs: `sluice-loader` without object storage (clippy and its
 //!    URL-split error test), and `sluice-eval` without candle (clippy).
-//! 6. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
+//! 5. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
 //!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
-//! 7. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
+//! 6. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
 //!    excluded from it): its unit tests, `tests/grad_tests.rs` and its doctests, with its own `Cargo.lock`.
-//! 8. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
+//! 7. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
 //!    one of these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
 //!    `<target>/cuda-sdk` (once per target directory), no GPU is needed ([`crate::gpu::cuda_check_cargo`]).
-//! 9. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
+//! 8. Every CUDA C source the crates compile with NVRTC at run time (`crates/*/src/**/*.cu`) compiled for sm_90 by
 //!    the same wheels' nvcc and ptxas, warnings as errors ([`crate::gpu::compile_kernels`]).
 //!
-//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2 to 5 and 8; the
+//! The steps share the workspace's target directory and its `dev` profile where they can (steps 2 to 4 and 7; the
 //! CUDA clippy, without `mpi`, also lints the code that builds without it);
 //! `fuzz/` and `vendor/candle-core` are other workspaces with other profiles and lock files, so they build into
 //! `<target>/fuzz` and `<target>/vendor`.
@@ -90,12 +89,7 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     }
     s.cargo("test", root, &["test", "--workspace", "--locked", "--features", &features])?;
 
-    let nvjpeg = ["-p", "sluice-decode", "--features", "nvjpeg"];
-    if checks {
-        s.cargo("clippy nvjpeg", root, &[&["clippy"][..], &nvjpeg, CLIPPY_TAIL].concat())?;
-    }
-    s.cargo("test nvjpeg", root, &[&["test", "--locked"][..], &nvjpeg].concat())?;
-    turbojpeg(root, checks, &mut s)?;
+    decode_backends(root, checks, &mut s)?;
     without_object_store(root, checks, &mut s)?;
     if checks {
         // The host crate of evaluation alone, as a user of its metrics builds it: no candle.
@@ -137,16 +131,13 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     Ok(())
 }
 
-/// The libjpeg-turbo backend builds its bundled library with CMake and NASM: checked and tested (the decode
-/// conformance suite against both backends) wherever those tools are, required where CI says so.
-fn turbojpeg(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
+/// `sluice-decode`'s optional backends, linted and tested in one build: `nvjpeg` everywhere (it loads NVIDIA's
+/// libraries at run time), and `turbojpeg`, whose bundled library is built with CMake and NASM, wherever those tools
+/// are (required where CI says so). The decode conformance suite runs against every backend compiled in.
+fn decode_backends(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
     let missing: Vec<&str> = ["cmake", "nasm"].into_iter().filter(|t| !tool_found(t)).collect();
-    if missing.is_empty() {
-        let feature = ["-p", "sluice-decode", "--features", "turbojpeg"];
-        if checks {
-            s.cargo("clippy turbojpeg", root, &[&["clippy"][..], &feature, CLIPPY_TAIL].concat())?;
-        }
-        s.cargo("test turbojpeg", root, &[&["test", "--locked"][..], &feature].concat())?;
+    let features = if missing.is_empty() {
+        "nvjpeg,turbojpeg"
     } else if std::env::var_os("SLUICE_REQUIRE_TURBOJPEG").is_some_and(|v| v == "1") {
         bail!(
             "SLUICE_REQUIRE_TURBOJPEG=1 but {} not found: the turbojpeg backend cannot be built",
@@ -154,11 +145,16 @@ fn turbojpeg(root: &Path, checks: bool, s: &mut Steps) -> Result<()> {
         );
     } else {
         eprintln!(
-            "xtask: skipped the turbojpeg backend's checks ({} not found; install them, e.g. `apt-get install cmake nasm`)",
+            "xtask: the turbojpeg backend is not checked ({} not found; install them, e.g. `apt-get install cmake nasm`)",
             missing.join(" and ")
         );
+        "nvjpeg"
+    };
+    let args = ["-p", "sluice-decode", "--features", features];
+    if checks {
+        s.cargo(&format!("clippy {features}"), root, &[&["clippy"][..], &args, CLIPPY_TAIL].concat())?;
     }
-    Ok(())
+    s.cargo(&format!("test {features}"), root, &[&["test", "--locked"][..], &args].concat())
 }
 
 /// The MPI engine needs an MPI library and `mpirun` (and libclang for its bindings): built, linted and tested with the
