@@ -477,42 +477,11 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
     if let Err(e) = crate::run(&mut pip) {
         eprintln!("xtask: could not fetch the Ultralytics wheel ({e:#}); the side-by-side step will be skipped");
     }
-    // The executables and libraries travel xz-compressed (a third of their size; `run.sh` unpacks them).
-    let mut packed = vec![dir.join("sluice")];
-    for name in ["conformance", "gpu"] {
-        if dir.join(name).exists() {
-            packed.push(dir.join(name));
-        }
-    }
-    for entry in std::fs::read_dir(dir.join("lib")).context("reading the prepared lib folder")? {
-        packed.push(entry?.path());
-    }
-    crate::run(Command::new("xz").args(["-T0", "-6", "--force"]).args(&packed))?;
+    xz_pack(&dir)?;
     let tree = tracked_bytes(root)?;
     let mib = |b: u64| b as f64 / 1048576.0;
-    // Under a size cap, what does not fit is left behind, the least needed first: the coco128 slice (the script
-    // then generates a synthetic 640 px set on the device), the nvJPEG conformance suite and nvJPEG itself (their
-    // steps are then skipped), and last the device checks' executable.
     let cap = max_mib.map_or(u64::MAX, |m| m << 20);
-    let optional = [
-        (dir.join("data"), "the coco128 slice: the device generates a synthetic set instead"),
-        (dir.join("conformance.xz"), "the nvJPEG conformance suite"),
-        (dir.join("lib/libnvjpeg.so.13.xz"), "nvJPEG: the nvJPEG steps are skipped"),
-        (dir.join("gpu.xz"), "the device checks: the smoke, h2d and convs steps are skipped"),
-    ];
-    for (path, what) in optional {
-        if folder_bytes(&dir) + tree <= cap {
-            break;
-        }
-        if path.is_dir() {
-            std::fs::remove_dir_all(&path).with_context(|| format!("removing {}", path.display()))?;
-        } else if path.exists() {
-            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-        } else {
-            continue;
-        }
-        eprintln!("xtask: left out to fit {} MiB: {what}", cap >> 20);
-    }
+    fit_under(&dir, tree, cap)?;
     let total = folder_bytes(&dir);
     let data_now = if dir.join("data").exists() { data } else { 0 };
     eprintln!(
@@ -531,7 +500,53 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
             cap >> 20
         );
     }
-    let rel = dir.strip_prefix(root).unwrap_or(&dir);
+    print_how_to_run(dir.strip_prefix(root).unwrap_or(&dir));
+    Ok(())
+}
+
+/// The executables and libraries travel xz-compressed (a third of their size; `run.sh` unpacks them).
+fn xz_pack(dir: &Path) -> Result<()> {
+    let mut packed = vec![dir.join("sluice")];
+    for name in ["conformance", "gpu"] {
+        if dir.join(name).exists() {
+            packed.push(dir.join(name));
+        }
+    }
+    for entry in std::fs::read_dir(dir.join("lib")).context("reading the prepared lib folder")? {
+        packed.push(entry?.path());
+    }
+    crate::run(Command::new("xz").args(["-T0", "-6", "--force"]).args(&packed))
+}
+
+/// Under a size cap (`cap` bytes for the folder and the tracked tree's `tree` bytes together), what does not fit is
+/// left behind, the least needed first: the coco128 slice (the script then generates a synthetic 640 px set on the
+/// device), the nvJPEG conformance suite and nvJPEG itself (their steps are then skipped), and last the device
+/// checks' executable.
+fn fit_under(dir: &Path, tree: u64, cap: u64) -> Result<()> {
+    let optional = [
+        (dir.join("data"), "the coco128 slice: the device generates a synthetic set instead"),
+        (dir.join("conformance.xz"), "the nvJPEG conformance suite"),
+        (dir.join("lib/libnvjpeg.so.13.xz"), "nvJPEG: the nvJPEG steps are skipped"),
+        (dir.join("gpu.xz"), "the device checks: the smoke, h2d and convs steps are skipped"),
+    ];
+    for (path, what) in optional {
+        if folder_bytes(dir) + tree <= cap {
+            break;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).with_context(|| format!("removing {}", path.display()))?;
+        } else if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        } else {
+            continue;
+        }
+        eprintln!("xtask: left out to fit {} MiB: {what}", cap >> 20);
+    }
+    Ok(())
+}
+
+/// How to run the prepared folder `rel` (relative to the repository's root) on a CUDA machine.
+fn print_how_to_run(rel: &Path) {
     println!(
         "Copy the repository with {} to a CUDA machine (Python with PyTorch for the peers), then from the",
         rel.display()
@@ -550,7 +565,6 @@ pub(crate) fn gpu_check(root: &Path, sluice: Option<PathBuf>, features: &str, ma
          GPU_CHECK_ONLY=matrix bash {}/run.sh   (matrix.jsonl)",
         rel.display()
     );
-    Ok(())
 }
 
 #[cfg(test)]

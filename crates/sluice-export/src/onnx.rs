@@ -5,7 +5,7 @@
 
 use prost::Message;
 use sluice_model::candle_core::{DType, Tensor};
-use sluice_model::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Op};
+use sluice_model::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Node, Op};
 
 use crate::error::{ExportError, Result};
 use crate::metadata::Metadata;
@@ -69,63 +69,7 @@ pub fn to_model_proto(graph: &Graph, opts: &OnnxOptions, meta: &Metadata) -> Res
             .collect::<Option<_>>()
             .ok_or_else(|| unsupported(&node.name, format!("an input from a later value ({:?})", node.inputs)))?;
         let out = if i + 1 == graph.output { "output0".to_string() } else { format!("/{}/output", node.name) };
-        let c = match &node.op {
-            Op::Conv(conv) => {
-                w.conv(&node.name, conv, inputs[0], &out)?;
-                conv.weight.dim(0).map_err(|e| tensor_err(&node.name, e))?
-            }
-            Op::Slice { start, len } => {
-                let starts = w.ints(&format!("{}.starts", node.name), &[*start as i64]);
-                let ends = w.ints(&format!("{}.ends", node.name), &[(*start + *len) as i64]);
-                let axes = w.ints(&format!("{}.axes", node.name), &[1]);
-                w.node("Slice", &node.name, &[inputs[0], &starts, &ends, &axes], &out, vec![]);
-                *len
-            }
-            Op::Concat => {
-                w.node("Concat", &node.name, &inputs, &out, vec![int_attr("axis", 1)]);
-                node.inputs.iter().map(|&v| channels[v]).sum()
-            }
-            Op::Add => {
-                w.node("Add", &node.name, &inputs, &out, vec![]);
-                channels[node.inputs[0]]
-            }
-            Op::MaxPool { kernel } => {
-                let (k, p) = (*kernel as i64, (*kernel / 2) as i64);
-                let attrs = vec![
-                    ints_attr("kernel_shape", &[k, k]),
-                    ints_attr("strides", &[1, 1]),
-                    ints_attr("pads", &[p, p, p, p]),
-                    ints_attr("dilations", &[1, 1]),
-                    int_attr("ceil_mode", 0),
-                ];
-                w.node("MaxPool", &node.name, &[inputs[0]], &out, attrs);
-                channels[node.inputs[0]]
-            }
-            Op::Upsample { scale } => {
-                let s = *scale as f32;
-                let scales = w.floats32(&format!("{}.scales", node.name), &[1.0, 1.0, s, s]);
-                let attrs = vec![
-                    str_attr("mode", "nearest"),
-                    str_attr("coordinate_transformation_mode", "asymmetric"),
-                    str_attr("nearest_mode", "floor"),
-                ];
-                w.node("Resize", &node.name, &[inputs[0], "", &scales], &out, attrs);
-                channels[node.inputs[0]]
-            }
-            Op::Detect(d) => {
-                w.detect(&node.name, d, &inputs, &out)?;
-                4 + d.nc
-            }
-            Op::Attention(a) => {
-                w.attention(&node.name, a, inputs[0], &out, false);
-                a.heads * a.head_dim
-            }
-            Op::AttentionValues(a) => {
-                w.attention(&node.name, a, inputs[0], &out, true);
-                a.heads * a.head_dim
-            }
-            other => return Err(unsupported(&node.name, format!("no ONNX form for {other:?}"))),
-        };
+        let c = w.op(node, &inputs, &out, &channels)?;
         names.push(out);
         channels.push(c);
     }
@@ -242,6 +186,68 @@ struct Writer {
 }
 
 impl Writer {
+    /// Writes `node` (its inputs' names `inputs`, its output's name `out`) and returns its output's channels;
+    /// `channels` holds the channels of the values before it.
+    fn op(&mut self, node: &Node, inputs: &[&str], out: &str, channels: &[usize]) -> Result<usize> {
+        Ok(match &node.op {
+            Op::Conv(conv) => {
+                self.conv(&node.name, conv, inputs[0], out)?;
+                conv.weight.dim(0).map_err(|e| tensor_err(&node.name, e))?
+            }
+            Op::Slice { start, len } => {
+                let starts = self.ints(&format!("{}.starts", node.name), &[*start as i64]);
+                let ends = self.ints(&format!("{}.ends", node.name), &[(*start + *len) as i64]);
+                let axes = self.ints(&format!("{}.axes", node.name), &[1]);
+                self.node("Slice", &node.name, &[inputs[0], &starts, &ends, &axes], out, vec![]);
+                *len
+            }
+            Op::Concat => {
+                self.node("Concat", &node.name, inputs, out, vec![int_attr("axis", 1)]);
+                node.inputs.iter().map(|&v| channels[v]).sum()
+            }
+            Op::Add => {
+                self.node("Add", &node.name, inputs, out, vec![]);
+                channels[node.inputs[0]]
+            }
+            Op::MaxPool { kernel } => {
+                let (k, p) = (*kernel as i64, (*kernel / 2) as i64);
+                let attrs = vec![
+                    ints_attr("kernel_shape", &[k, k]),
+                    ints_attr("strides", &[1, 1]),
+                    ints_attr("pads", &[p, p, p, p]),
+                    ints_attr("dilations", &[1, 1]),
+                    int_attr("ceil_mode", 0),
+                ];
+                self.node("MaxPool", &node.name, &[inputs[0]], out, attrs);
+                channels[node.inputs[0]]
+            }
+            Op::Upsample { scale } => {
+                let s = *scale as f32;
+                let scales = self.floats32(&format!("{}.scales", node.name), &[1.0, 1.0, s, s]);
+                let attrs = vec![
+                    str_attr("mode", "nearest"),
+                    str_attr("coordinate_transformation_mode", "asymmetric"),
+                    str_attr("nearest_mode", "floor"),
+                ];
+                self.node("Resize", &node.name, &[inputs[0], "", &scales], out, attrs);
+                channels[node.inputs[0]]
+            }
+            Op::Detect(d) => {
+                self.detect(&node.name, d, inputs, out)?;
+                4 + d.nc
+            }
+            Op::Attention(a) => {
+                self.attention(&node.name, a, inputs[0], out, false);
+                a.heads * a.head_dim
+            }
+            Op::AttentionValues(a) => {
+                self.attention(&node.name, a, inputs[0], out, true);
+                a.heads * a.head_dim
+            }
+            other => return Err(unsupported(&node.name, format!("no ONNX form for {other:?}"))),
+        })
+    }
+
     fn node(&mut self, op: &str, name: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>) {
         let mut node_name = format!("/{name}/{op}");
         // Node names stay unique when one module emits several nodes of one type.

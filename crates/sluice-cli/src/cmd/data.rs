@@ -38,43 +38,7 @@ enum DataCmd {
     },
     /// Generate the synthetic shapes dataset (deterministic from the seed). A preset gives every setting; the
     /// flags override it.
-    Gen {
-        /// `quick`: the embedded default of `cargo xtask train` (400/100 images at 256 px, 1–6 objects of 8–50% of
-        /// the side); `default`: 256/64 images at 320 px, 1–8 objects of 4–60%; `signs`: another task for
-        /// fine-tuning (four other classes on textured backgrounds, 200/100 images at 256 px, 1–8 objects of 6–40%).
-        #[arg(long, default_value = "quick")]
-        preset: Preset,
-        /// Output folder.
-        #[arg(long, default_value = "datasets/synthetic")]
-        out: PathBuf,
-        /// Seed.
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Train images.
-        #[arg(long)]
-        train: Option<usize>,
-        /// Val images.
-        #[arg(long)]
-        val: Option<usize>,
-        /// Image side in pixels.
-        #[arg(long)]
-        imgsz: Option<u32>,
-        /// Smallest object side, as a fraction of the image side.
-        #[arg(long)]
-        min_size: Option<f32>,
-        /// Largest object side, as a fraction of the image side.
-        #[arg(long)]
-        max_size: Option<f32>,
-        /// Most objects per image.
-        #[arg(long)]
-        max_objects: Option<usize>,
-        /// Leave the folder as it is when it already holds a dataset generated with exactly these settings.
-        #[arg(long)]
-        unless_current: bool,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Gen(GenArgs),
     /// Draw one augmented training batch (mosaic, perspective, HSV, flips; Ultralytics' default settings) with its
     /// boxes and class names, as the trainer's train_batch0.jpg.
     Preview {
@@ -156,6 +120,46 @@ enum DataCmd {
     },
 }
 
+/// Arguments of `sluice data gen`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct GenArgs {
+    /// `quick`: the embedded default of `cargo xtask train` (400/100 images at 256 px, 1–6 objects of 8–50% of
+    /// the side); `default`: 256/64 images at 320 px, 1–8 objects of 4–60%; `signs`: another task for
+    /// fine-tuning (four other classes on textured backgrounds, 200/100 images at 256 px, 1–8 objects of 6–40%).
+    #[arg(long, default_value = "quick")]
+    preset: Preset,
+    /// Output folder.
+    #[arg(long, default_value = "datasets/synthetic")]
+    out: PathBuf,
+    /// Seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Train images.
+    #[arg(long)]
+    train: Option<usize>,
+    /// Val images.
+    #[arg(long)]
+    val: Option<usize>,
+    /// Image side in pixels.
+    #[arg(long)]
+    imgsz: Option<u32>,
+    /// Smallest object side, as a fraction of the image side.
+    #[arg(long)]
+    min_size: Option<f32>,
+    /// Largest object side, as a fraction of the image side.
+    #[arg(long)]
+    max_size: Option<f32>,
+    /// Most objects per image.
+    #[arg(long)]
+    max_objects: Option<usize>,
+    /// Leave the folder as it is when it already holds a dataset generated with exactly these settings.
+    #[arg(long)]
+    unless_current: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 /// A synthetic dataset preset.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum Preset {
@@ -181,55 +185,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 print!("{}", report.to_text());
             }
         }
-        DataCmd::Gen {
-            preset,
-            out,
-            seed,
-            train,
-            val,
-            imgsz,
-            min_size,
-            max_size,
-            max_objects,
-            unless_current,
-            json,
-        } => {
-            let mut cfg = match preset {
-                Preset::Quick => SynthConfig::quick(out),
-                Preset::Default => SynthConfig { out, ..SynthConfig::default() },
-                Preset::Signs => SynthConfig::signs(out),
-            };
-            cfg.seed = seed.unwrap_or(cfg.seed);
-            cfg.train = train.unwrap_or(cfg.train);
-            cfg.val = val.unwrap_or(cfg.val);
-            cfg.imgsz = imgsz.unwrap_or(cfg.imgsz);
-            cfg.objects.min_size = min_size.unwrap_or(cfg.objects.min_size);
-            cfg.objects.max_size = max_size.unwrap_or(cfg.objects.max_size);
-            cfg.objects.max_count = max_objects.unwrap_or(cfg.objects.max_count);
-            if unless_current && is_generated_with(&cfg) {
-                eprintln!("{} is current: generated with these settings", cfg.out.join("data.yaml").display());
-                return Ok(());
-            }
-            eprintln!(
-                "generating the synthetic dataset ({}) in {} ...",
-                cfg.kit.classes().join(", "),
-                cfg.out.display()
-            );
-            let t = std::time::Instant::now();
-            let s = generate(&cfg).with_context(|| format!("generating into {}", cfg.out.display()))?;
-            if json {
-                println!("{}", serde_json::to_string(&s)?);
-            } else {
-                println!(
-                    "wrote {} ({} train + {} val images, {} boxes, {:.1} s)",
-                    s.data_yaml.display(),
-                    s.train_images,
-                    s.val_images,
-                    s.boxes,
-                    t.elapsed().as_secs_f64()
-                );
-            }
-        }
+        DataCmd::Gen(g) => generate_synthetic(g)?,
         DataCmd::Preview { data, out, imgsz, batch, seed, epoch, epochs, workers, json } => {
             let opts = PreviewOptions { data, out, imgsz, batch, seed, epoch, epochs, hyp: Hyp::default(), workers };
             let s = preview(&opts).with_context(|| format!("previewing a batch of {}", opts.data.display()))?;
@@ -270,6 +226,43 @@ pub(crate) fn run(args: Args) -> Result<()> {
             std::io::Write::flush(&mut w).with_context(|| format!("writing {}", out.display()))?;
             eprintln!("wrote {n} samples to {} ({skipped} skipped for bad input)", out.display());
         }
+    }
+    Ok(())
+}
+
+/// `sluice data gen`: a preset's settings with the flags given over them, written unless `--unless-current` finds
+/// the folder generated with exactly these settings.
+fn generate_synthetic(g: GenArgs) -> Result<()> {
+    let mut cfg = match g.preset {
+        Preset::Quick => SynthConfig::quick(g.out),
+        Preset::Default => SynthConfig { out: g.out, ..SynthConfig::default() },
+        Preset::Signs => SynthConfig::signs(g.out),
+    };
+    cfg.seed = g.seed.unwrap_or(cfg.seed);
+    cfg.train = g.train.unwrap_or(cfg.train);
+    cfg.val = g.val.unwrap_or(cfg.val);
+    cfg.imgsz = g.imgsz.unwrap_or(cfg.imgsz);
+    cfg.objects.min_size = g.min_size.unwrap_or(cfg.objects.min_size);
+    cfg.objects.max_size = g.max_size.unwrap_or(cfg.objects.max_size);
+    cfg.objects.max_count = g.max_objects.unwrap_or(cfg.objects.max_count);
+    if g.unless_current && is_generated_with(&cfg) {
+        eprintln!("{} is current: generated with these settings", cfg.out.join("data.yaml").display());
+        return Ok(());
+    }
+    eprintln!("generating the synthetic dataset ({}) in {} ...", cfg.kit.classes().join(", "), cfg.out.display());
+    let t = std::time::Instant::now();
+    let s = generate(&cfg).with_context(|| format!("generating into {}", cfg.out.display()))?;
+    if g.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!(
+            "wrote {} ({} train + {} val images, {} boxes, {:.1} s)",
+            s.data_yaml.display(),
+            s.train_images,
+            s.val_images,
+            s.boxes,
+            t.elapsed().as_secs_f64()
+        );
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! defaults (`--imgsz 640 --conf 0.25 --iou 0.7 --max-det 300`). Prints one line per image (or one JSON object
 //! with `--json`); `--save` writes each image with its boxes and labels into a fresh run folder
 //! (`runs/predict`, `runs/predict2`, …), `--coco-json` writes the detections in COCO's results format. The work
-//! is in `sluice_train::predict` and `crate::plots::annotate` (plots).
+//! is in `sluice_infer::predict` and `crate::plots::annotate` (plots).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -161,35 +161,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let t0 = Instant::now();
     let arch = sluice_model::parse_model(&a.model)?;
     let sources = list_sources(&a.source)?;
-    let names = match &a.data {
-        Some(yaml) => sluice_dataset::DataConfig::load(yaml)?.names,
-        None if sluice_model::is_pt(&a.weights) => sluice_model::read_pt(&a.weights)?.names,
-        None => Vec::new(),
-    };
-    let opts = PredictOptions {
-        imgsz: a.imgsz,
-        conf: a.conf,
-        iou: a.iou,
-        max_det: a.max_det,
-        agnostic: a.agnostic_nms,
-        end2end: a.end2end,
-        device_nms: a.device_paths.unwrap_or_default().device_nms,
-        half: a.half && a.device != "cpu",
-    };
-    if a.half && a.device == "cpu" {
-        eprintln!("warning: --half runs on CUDA devices only (as Ultralytics); predicting in f32 on the CPU");
-    }
-    let device = sluice_infer::device_of(&a.device)?;
-    let mut predictor = Predictor::load_on(&a.weights, arch, a.nc, opts, &device).context("loading the model")?;
-    if !names.is_empty() && names.len() != predictor.num_classes() {
-        bail!(
-            "{} names {} classes, the weights {} have {}",
-            a.data.as_deref().unwrap_or(Path::new("")).display(),
-            names.len(),
-            a.weights.display(),
-            predictor.num_classes()
-        );
-    }
+    let (mut predictor, names, threads) = load(&a, arch)?;
     let opts = predictor.options();
     if opts.imgsz != a.imgsz && !a.json {
         eprintln!("warning: --imgsz {} is not a multiple of 32, using {}", a.imgsz, opts.imgsz);
@@ -203,54 +175,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
     };
     let load_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let mut preds = Vec::with_capacity(sources.len());
-    let mut times = Vec::with_capacity(sources.len());
-    let mut used = std::collections::HashSet::new();
-    // Files are read and decoded ahead on other threads while the model runs: one on the CPU (whose cores the
-    // model uses), several beside a GPU.
-    let threads = match a.workers {
-        0 if device.is_cuda() => std::thread::available_parallelism().map_or(4, |n| n.get()).min(8),
-        0 => 1,
-        n => n,
-    };
-    // A progress bar with images/s on a terminal (hidden otherwise, and with --json).
-    let bar = if a.json { ProgressBar::hidden() } else { ProgressBar::new(sources.len() as u64) };
-    bar.set_style(
-        ProgressStyle::with_template("{bar:25} {pos}/{len} images, {per_sec} [{elapsed}<{eta}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut last = Instant::now();
-    predictor.predict_stream(&sources, threads, a.batch, |i, r| -> Result<()> {
-        let path = &sources[i];
-        let (pred, mut image) = r?;
-        let ms = last.elapsed().as_secs_f64() * 1e3;
-        if let Some(dir) = &save_dir {
-            let boxes: Vec<Annotation> = pred.detections.iter().map(Annotation::from).collect();
-            annotate(&mut image, &boxes, &names).with_context(|| format!("drawing {}", path.display()))?;
-            let out = saved_name(dir, path, &mut used);
-            let packed: Vec<u8> = (0..image.height()).flat_map(|y| image.row(y).iter().copied()).collect();
-            save_rgb(&packed, image.width(), image.height(), &out)?;
-        }
-        if !a.json {
-            bar.suspend(|| {
-                println!(
-                    "image {}/{} {}: {}x{} {}, {ms:.1}ms",
-                    i + 1,
-                    sources.len(),
-                    path.display(),
-                    pred.letterbox.canvas.1,
-                    pred.letterbox.canvas.0,
-                    summary(&pred, &names)
-                )
-            });
-        }
-        bar.inc(1);
-        preds.push(pred);
-        times.push(ms);
-        last = Instant::now();
-        Ok(())
-    })?;
-    bar.finish_and_clear();
+    let (preds, times) = predict_all(&a, &mut predictor, &sources, threads, &names, save_dir.as_deref())?;
     let predict_s = t1.elapsed().as_secs_f64();
     if let Some(out) = &a.coco_json {
         if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -261,27 +186,6 @@ pub(crate) fn run(a: Args) -> Result<()> {
     let detections: usize = preds.iter().map(|p| p.detections.len()).sum();
     let images_per_s = if predict_s > 0.0 { preds.len() as f64 / predict_s } else { 0.0 };
     if a.json {
-        let no_name = String::new();
-        let images = preds
-            .iter()
-            .zip(&times)
-            .map(|(p, &ms)| ImageJson {
-                file: &p.path,
-                width: p.width,
-                height: p.height,
-                ms,
-                detections: p
-                    .detections
-                    .iter()
-                    .map(|d| DetJson {
-                        class: d.class,
-                        name: names.get(d.class as usize).unwrap_or(&no_name),
-                        score: d.score,
-                        bbox: [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2],
-                    })
-                    .collect(),
-            })
-            .collect();
         let report = Report {
             model: arch.name(),
             weights: &a.weights,
@@ -289,7 +193,7 @@ pub(crate) fn run(a: Args) -> Result<()> {
             imgsz: opts.imgsz,
             conf: opts.conf,
             iou: opts.iou,
-            images,
+            images: images_json(&preds, &times, &names),
             detections,
             save_dir: save_dir.as_deref(),
             coco_json: a.coco_json.as_deref(),
@@ -311,4 +215,125 @@ pub(crate) fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The predictor on its device, the class names (from `--data`, else from a `.pt`'s own) and how many threads
+/// read and decode ahead.
+fn load(a: &Args, arch: sluice_model::Arch) -> Result<(Predictor, Vec<String>, usize)> {
+    let names = match &a.data {
+        Some(yaml) => sluice_dataset::DataConfig::load(yaml)?.names,
+        None if sluice_model::is_pt(&a.weights) => sluice_model::read_pt(&a.weights)?.names,
+        None => Vec::new(),
+    };
+    let opts = PredictOptions {
+        imgsz: a.imgsz,
+        conf: a.conf,
+        iou: a.iou,
+        max_det: a.max_det,
+        agnostic: a.agnostic_nms,
+        end2end: a.end2end,
+        device_nms: a.device_paths.unwrap_or_default().device_nms,
+        half: a.half && a.device != "cpu",
+    };
+    if a.half && a.device == "cpu" {
+        eprintln!("warning: --half runs on CUDA devices only (as Ultralytics); predicting in f32 on the CPU");
+    }
+    let device = sluice_infer::device_of(&a.device)?;
+    let predictor = Predictor::load_on(&a.weights, arch, a.nc, opts, &device).context("loading the model")?;
+    if !names.is_empty() && names.len() != predictor.num_classes() {
+        bail!(
+            "{} names {} classes, the weights {} have {}",
+            a.data.as_deref().unwrap_or(Path::new("")).display(),
+            names.len(),
+            a.weights.display(),
+            predictor.num_classes()
+        );
+    }
+    // Files are read and decoded ahead on other threads while the model runs: one on the CPU (whose cores the
+    // model uses), several beside a GPU.
+    let threads = match a.workers {
+        0 if device.is_cuda() => std::thread::available_parallelism().map_or(4, |n| n.get()).min(8),
+        0 => 1,
+        n => n,
+    };
+    Ok((predictor, names, threads))
+}
+
+/// Every source through the model, in order: each image's line (or nothing with `--json`) and, with `--save`,
+/// its drawing; returns the predictions and each one's milliseconds.
+fn predict_all(
+    a: &Args,
+    predictor: &mut Predictor,
+    sources: &[PathBuf],
+    threads: usize,
+    names: &[String],
+    save_dir: Option<&Path>,
+) -> Result<(Vec<Prediction>, Vec<f64>)> {
+    let mut preds = Vec::with_capacity(sources.len());
+    let mut times = Vec::with_capacity(sources.len());
+    let mut used = std::collections::HashSet::new();
+    // A progress bar with images/s on a terminal (hidden otherwise, and with --json).
+    let bar = if a.json { ProgressBar::hidden() } else { ProgressBar::new(sources.len() as u64) };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:25} {pos}/{len} images, {per_sec} [{elapsed}<{eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut last = Instant::now();
+    predictor.predict_stream(sources, threads, a.batch, |i, r| -> Result<()> {
+        let path = &sources[i];
+        let (pred, mut image) = r?;
+        let ms = last.elapsed().as_secs_f64() * 1e3;
+        if let Some(dir) = save_dir {
+            let boxes: Vec<Annotation> = pred.detections.iter().map(Annotation::from).collect();
+            annotate(&mut image, &boxes, names).with_context(|| format!("drawing {}", path.display()))?;
+            let out = saved_name(dir, path, &mut used);
+            let packed: Vec<u8> = (0..image.height()).flat_map(|y| image.row(y).iter().copied()).collect();
+            save_rgb(&packed, image.width(), image.height(), &out)?;
+        }
+        if !a.json {
+            bar.suspend(|| {
+                println!(
+                    "image {}/{} {}: {}x{} {}, {ms:.1}ms",
+                    i + 1,
+                    sources.len(),
+                    path.display(),
+                    pred.letterbox.canvas.1,
+                    pred.letterbox.canvas.0,
+                    summary(&pred, names)
+                )
+            });
+        }
+        bar.inc(1);
+        preds.push(pred);
+        times.push(ms);
+        last = Instant::now();
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    Ok((preds, times))
+}
+
+/// `--json`'s per-image records.
+fn images_json<'a>(preds: &'a [Prediction], times: &[f64], names: &'a [String]) -> Vec<ImageJson<'a>> {
+    const NO_NAME: &str = "";
+    preds
+        .iter()
+        .zip(times)
+        .map(|(p, &ms)| ImageJson {
+            file: &p.path,
+            width: p.width,
+            height: p.height,
+            ms,
+            detections: p
+                .detections
+                .iter()
+                .map(|d| DetJson {
+                    class: d.class,
+                    name: names.get(d.class as usize).map_or(NO_NAME, String::as_str),
+                    score: d.score,
+                    bbox: [d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2],
+                })
+                .collect(),
+        })
+        .collect()
 }

@@ -342,21 +342,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
             return launch_mpi(nproc);
         }
     }
-    let dist = if launch.launcher != sluice_dist::Launcher::Single {
-        let device = sluice_infer::rank_device(&cfg.device, launch.local_rank)?;
-        let device = sluice_infer::device_of(&device)?;
-        let dist = Dist::from_vars(&device, &|k| std::env::var(k).ok())
-            .with_context(|| format!("rank {} of {}", launch.rank, launch.world))?;
-        // A rank blocked in a collective cannot return: the heartbeat's thread ends the process.
-        let rank = launch.rank;
-        dist.on_lost(Box::new(move |e| {
-            eprintln!("error: rank {rank}: {e}; ending this rank");
-            std::process::exit(1);
-        }));
-        dist
-    } else {
-        Dist::single()
-    };
+    let dist = rank_dist(&launch, &cfg.device)?;
     let main = dist.is_main();
     let mut trainer = match &resume {
         Some(ck) => {
@@ -388,6 +374,43 @@ pub(crate) fn run(args: Args) -> Result<()> {
         trainer.run(&mut sluice_train::train::Quiet)?;
         return finish_dist(trainer);
     }
+    print_header(&trainer);
+    let cfg = trainer.config();
+    let one_bin = cfg.arch().is_ok_and(|a| a.family.reg_max() == 1);
+    let mut console =
+        Console { bar: None, epochs: cfg.epochs, plots: cfg.plots, third: if one_bin { "l1" } else { "dfl" } };
+    let summary = trainer.run(&mut console)?;
+    if let Some(bar) = console.bar.take() {
+        bar.finish_and_clear();
+    }
+    print_summary(&summary);
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    }
+    finish_dist(trainer)
+}
+
+/// This rank's collective when a launcher started the process (its device from `--device` and the local rank),
+/// else the single-process one.
+fn rank_dist(launch: &sluice_dist::Launch, device: &str) -> Result<Dist> {
+    if launch.launcher == sluice_dist::Launcher::Single {
+        return Ok(Dist::single());
+    }
+    let device = sluice_infer::rank_device(device, launch.local_rank)?;
+    let device = sluice_infer::device_of(&device)?;
+    let dist = Dist::from_vars(&device, &|k| std::env::var(k).ok())
+        .with_context(|| format!("rank {} of {}", launch.rank, launch.world))?;
+    // A rank blocked in a collective cannot return: the heartbeat's thread ends the process.
+    let rank = launch.rank;
+    dist.on_lost(Box::new(move |e| {
+        eprintln!("error: rank {rank}: {e}; ending this rank");
+        std::process::exit(1);
+    }));
+    Ok(dist)
+}
+
+/// The lines rank 0 prints before the first epoch: what trains on what, the ranks, the run folder.
+fn print_header(trainer: &Trainer) {
     let cfg = trainer.config();
     let (n_train, n_val) = trainer.sizes();
     let sizes = if cfg.multi_scale > 0.0 {
@@ -418,18 +441,6 @@ pub(crate) fn run(args: Args) -> Result<()> {
         );
     }
     eprintln!("run folder: {}", trainer.paths().dir.display());
-    let one_bin = cfg.arch().is_ok_and(|a| a.family.reg_max() == 1);
-    let mut console =
-        Console { bar: None, epochs: cfg.epochs, plots: cfg.plots, third: if one_bin { "l1" } else { "dfl" } };
-    let summary = trainer.run(&mut console)?;
-    if let Some(bar) = console.bar.take() {
-        bar.finish_and_clear();
-    }
-    print_summary(&summary);
-    if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
-    }
-    finish_dist(trainer)
 }
 
 /// Ends a rank's connections in order, so the other ranks do not report it as lost.
