@@ -110,121 +110,163 @@ pub fn assign(
         bbox: vec![[0.0; 4]; b_n * a_n],
     };
     for (b, image_gts) in gts.iter().enumerate() {
-        let n = image_gts.len();
-        if n == 0 {
+        if image_gts.is_empty() {
             continue;
         }
-        let pred = |a: usize| -> [f64; 4] {
-            let base = b * 4 * a_n;
-            [0, 1, 2, 3].map(|k| pred_boxes[base + k * a_n + a] as f64)
-        };
-        // Metrics and overlaps, dense (n, A); zero outside the candidates.
-        let mut overlaps = vec![0.0f64; n * a_n];
-        let mut metric = vec![0.0f64; n * a_n];
-        let mut candidate = vec![false; n * a_n];
-        for (g, gt) in image_gts.iter().enumerate() {
-            let gb = gt.xyxy.map(|v| v as f64);
-            let (cx, cy) = ((gb[0] + gb[2]) / 2.0, (gb[1] + gb[3]) / 2.0);
-            let w = (gb[2] - gb[0]).max(cfg.min_side);
-            let h = (gb[3] - gb[1]).max(cfg.min_side);
-            let (x1, y1, x2, y2) = (cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0);
-            let cls = gt.class.min(nc.saturating_sub(1));
-            for (a, p) in anchors.iter().enumerate() {
-                let (ax, ay) = (p[0] as f64, p[1] as f64);
-                let d = (ax - x1).min(ay - y1).min(x2 - ax).min(y2 - ay);
-                if d > cfg.eps {
-                    let i = g * a_n + a;
-                    candidate[i] = true;
-                    let ov = ciou_host(gb, pred(a)).max(0.0);
-                    let s = scores[(b * nc + cls) * a_n + a] as f64;
-                    overlaps[i] = ov;
-                    metric[i] = s.powf(cfg.alpha) * ov.powf(cfg.beta);
-                }
+        let pred = &pred_boxes[b * 4 * a_n..(b + 1) * 4 * a_n];
+        let scores = &scores[b * nc * a_n..(b + 1) * nc * a_n];
+        let (overlaps, metric, candidate) = alignment(cfg, scores, pred, anchors, image_gts, nc);
+        let pos = positives(cfg, &overlaps, &metric, &candidate, image_gts.len(), a_n);
+        targets(cfg, &overlaps, &metric, &pos, image_gts, b, &mut out);
+    }
+    out
+}
+
+/// One image's overlaps and alignment metrics, dense `(n, A)` for its `n` GTs, zero outside the candidates (anchor
+/// centres inside a GT), and which entries are candidates. `scores` is the image's `(nc, A)`, `pred` its `(4, A)`.
+fn alignment(
+    cfg: &AssignerConfig,
+    scores: &[f32],
+    pred: &[f32],
+    anchors: &[[f32; 2]],
+    image_gts: &[GtBox],
+    nc: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<bool>) {
+    let (n, a_n) = (image_gts.len(), anchors.len());
+    let pred = |a: usize| -> [f64; 4] { [0, 1, 2, 3].map(|k| pred[k * a_n + a] as f64) };
+    let mut overlaps = vec![0.0f64; n * a_n];
+    let mut metric = vec![0.0f64; n * a_n];
+    let mut candidate = vec![false; n * a_n];
+    for (g, gt) in image_gts.iter().enumerate() {
+        let gb = gt.xyxy.map(|v| v as f64);
+        let (cx, cy) = ((gb[0] + gb[2]) / 2.0, (gb[1] + gb[3]) / 2.0);
+        let w = (gb[2] - gb[0]).max(cfg.min_side);
+        let h = (gb[3] - gb[1]).max(cfg.min_side);
+        let (x1, y1, x2, y2) = (cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0);
+        let cls = gt.class.min(nc.saturating_sub(1));
+        for (a, p) in anchors.iter().enumerate() {
+            let (ax, ay) = (p[0] as f64, p[1] as f64);
+            let d = (ax - x1).min(ay - y1).min(x2 - ax).min(y2 - ay);
+            if d > cfg.eps {
+                let i = g * a_n + a;
+                candidate[i] = true;
+                let ov = ciou_host(gb, pred(a)).max(0.0);
+                let s = scores[cls * a_n + a] as f64;
+                overlaps[i] = ov;
+                metric[i] = s.powf(cfg.alpha) * ov.powf(cfg.beta);
             }
         }
-        // Top-k per GT (largest metric first, lower anchor index on ties), restricted to candidates.
-        let mut pos = vec![false; n * a_n];
-        let mut order: Vec<usize> = Vec::with_capacity(a_n);
+    }
+    (overlaps, metric, candidate)
+}
+
+/// The positive `(GT, anchor)` pairs of one image, dense `(n, A)`: each GT's top-k candidates by metric, one GT per
+/// anchor, then the optional second top-k.
+fn positives(
+    cfg: &AssignerConfig,
+    overlaps: &[f64],
+    metric: &[f64],
+    candidate: &[bool],
+    n: usize,
+    a_n: usize,
+) -> Vec<bool> {
+    // Top-k per GT (largest metric first, lower anchor index on ties), restricted to candidates.
+    let mut pos = vec![false; n * a_n];
+    let mut order: Vec<usize> = Vec::with_capacity(a_n);
+    for g in 0..n {
+        let row = &metric[g * a_n..(g + 1) * a_n];
+        order.clear();
+        order.extend(0..a_n);
+        let k = cfg.topk.min(a_n);
+        if k == 0 {
+            continue;
+        }
+        order.select_nth_unstable_by(k - 1, |&i, &j| row[j].total_cmp(&row[i]).then(i.cmp(&j)));
+        for &a in &order[..k] {
+            if candidate[g * a_n + a] {
+                pos[g * a_n + a] = true;
+            }
+        }
+    }
+    // One GT per anchor: the one with the largest overlap (first on ties).
+    for a in 0..a_n {
+        let count = (0..n).filter(|&g| pos[g * a_n + a]).count();
+        if count > 1 {
+            let mut best = 0;
+            for g in 1..n {
+                if overlaps[g * a_n + a] > overlaps[best * a_n + a] {
+                    best = g;
+                }
+            }
+            for g in 0..n {
+                pos[g * a_n + a] = g == best;
+            }
+        }
+    }
+    // topk2: each GT keeps its `k2` anchors of largest metric among the positives (Ultralytics' top-k over the
+    // metric masked by the positives, where a zero can win over a positive of metric zero: lower index first).
+    if let Some(k2) = cfg.topk2.filter(|&k2| k2 < cfg.topk) {
         for g in 0..n {
-            let row = &metric[g * a_n..(g + 1) * a_n];
+            let value = |a: usize| if pos[g * a_n + a] { metric[g * a_n + a] } else { 0.0 };
             order.clear();
             order.extend(0..a_n);
-            let k = cfg.topk.min(a_n);
+            let k = k2.min(a_n);
             if k == 0 {
                 continue;
             }
-            order.select_nth_unstable_by(k - 1, |&i, &j| row[j].total_cmp(&row[i]).then(i.cmp(&j)));
-            for &a in &order[..k] {
-                if candidate[g * a_n + a] {
-                    pos[g * a_n + a] = true;
-                }
-            }
-        }
-        // One GT per anchor: the one with the largest overlap (first on ties).
-        for a in 0..a_n {
-            let count = (0..n).filter(|&g| pos[g * a_n + a]).count();
-            if count > 1 {
-                let mut best = 0;
-                for g in 1..n {
-                    if overlaps[g * a_n + a] > overlaps[best * a_n + a] {
-                        best = g;
-                    }
-                }
-                for g in 0..n {
-                    pos[g * a_n + a] = g == best;
-                }
-            }
-        }
-        // topk2: each GT keeps its `k2` anchors of largest metric among the positives (Ultralytics' top-k over the
-        // metric masked by the positives, where a zero can win over a positive of metric zero: lower index first).
-        if let Some(k2) = cfg.topk2.filter(|&k2| k2 < cfg.topk) {
-            for g in 0..n {
-                let value = |a: usize| if pos[g * a_n + a] { metric[g * a_n + a] } else { 0.0 };
-                order.clear();
-                order.extend(0..a_n);
-                let k = k2.min(a_n);
-                if k == 0 {
-                    continue;
-                }
-                order.select_nth_unstable_by(k - 1, |&i, &j| value(j).total_cmp(&value(i)).then(i.cmp(&j)));
-                let keep: Vec<usize> = order[..k].to_vec();
-                for a in 0..a_n {
-                    if pos[g * a_n + a] && !keep.contains(&a) {
-                        pos[g * a_n + a] = false;
-                    }
-                }
-            }
-        }
-        // Normalised alignment: metric / max metric of the GT × max overlap of the GT, max over GTs.
-        let mut pos_align = vec![0.0f64; n];
-        let mut pos_ov = vec![0.0f64; n];
-        for g in 0..n {
+            order.select_nth_unstable_by(k - 1, |&i, &j| value(j).total_cmp(&value(i)).then(i.cmp(&j)));
+            let keep: Vec<usize> = order[..k].to_vec();
             for a in 0..a_n {
-                let i = g * a_n + a;
-                if pos[i] {
-                    pos_align[g] = pos_align[g].max(metric[i]);
-                    pos_ov[g] = pos_ov[g].max(overlaps[i]);
+                if pos[g * a_n + a] && !keep.contains(&a) {
+                    pos[g * a_n + a] = false;
                 }
             }
-        }
-        for a in 0..a_n {
-            let Some(g) = (0..n).find(|&g| pos[g * a_n + a]) else { continue };
-            let mut norm = 0.0f64;
-            for h in 0..n {
-                let i = h * a_n + a;
-                if pos[i] {
-                    norm = norm.max(metric[i] * pos_ov[h] / (pos_align[h] + cfg.eps));
-                }
-            }
-            let o = b * a_n + a;
-            out.fg[o] = true;
-            out.gt_idx[o] = g;
-            out.label[o] = image_gts[g].class;
-            out.score[o] = norm as f32;
-            out.bbox[o] = image_gts[g].xyxy;
         }
     }
-    out
+    pos
+}
+
+/// Writes one image's targets into `out` (image `b`): for each positive anchor its GT (the first positive one), the
+/// GT's class and box, and the normalised alignment (metric / the GT's largest metric × the GT's largest overlap,
+/// the largest over the anchor's positive GTs).
+fn targets(
+    cfg: &AssignerConfig,
+    overlaps: &[f64],
+    metric: &[f64],
+    pos: &[bool],
+    image_gts: &[GtBox],
+    b: usize,
+    out: &mut Assignment,
+) {
+    let (n, a_n) = (image_gts.len(), out.anchors);
+    // Normalised alignment: metric / max metric of the GT × max overlap of the GT, max over GTs.
+    let mut pos_align = vec![0.0f64; n];
+    let mut pos_ov = vec![0.0f64; n];
+    for g in 0..n {
+        for a in 0..a_n {
+            let i = g * a_n + a;
+            if pos[i] {
+                pos_align[g] = pos_align[g].max(metric[i]);
+                pos_ov[g] = pos_ov[g].max(overlaps[i]);
+            }
+        }
+    }
+    for a in 0..a_n {
+        let Some(g) = (0..n).find(|&g| pos[g * a_n + a]) else { continue };
+        let mut norm = 0.0f64;
+        for h in 0..n {
+            let i = h * a_n + a;
+            if pos[i] {
+                norm = norm.max(metric[i] * pos_ov[h] / (pos_align[h] + cfg.eps));
+            }
+        }
+        let o = b * a_n + a;
+        out.fg[o] = true;
+        out.gt_idx[o] = g;
+        out.label[o] = image_gts[g].class;
+        out.score[o] = norm as f32;
+        out.bbox[o] = image_gts[g].xyxy;
+    }
 }
 
 #[cfg(test)]
