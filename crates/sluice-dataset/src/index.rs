@@ -5,6 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use rand::seq::SliceRandom;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sluice_core::{ImageLabels, SampleId};
@@ -63,6 +64,24 @@ impl SampleIndex {
     /// Total number of boxes.
     pub fn boxes(&self) -> usize {
         self.samples.iter().map(|s| s.labels.objects.len()).sum()
+    }
+
+    /// A seed-determined `fraction` of the samples (at least one), in their original order (the trainer's
+    /// `val_fraction`).
+    pub fn subset(&self, fraction: f64, seed: u64) -> SampleIndex {
+        if fraction >= 1.0 || self.samples.is_empty() {
+            return self.clone();
+        }
+        let keep = ((self.len() as f64 * fraction).ceil() as usize).clamp(1, self.len());
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.shuffle(&mut sluice_core::sample_rng(seed, u64::MAX, 0));
+        let mut chosen = order[..keep].to_vec();
+        chosen.sort_unstable();
+        SampleIndex {
+            names: self.names.clone(),
+            samples: chosen.into_iter().map(|i| self.samples[i].clone()).collect(),
+            category_ids: self.category_ids.clone(),
+        }
     }
 }
 

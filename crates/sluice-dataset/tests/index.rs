@@ -202,3 +202,25 @@ fn read_only_dataset_folder_gets_no_cache_but_a_full_index() {
     assert!(!labels.join("train.cache").exists());
     assert_eq!(r.index.len(), 6);
 }
+
+#[test]
+fn a_subset_is_seeded_ordered_and_nonempty() {
+    let mut index = sluice_dataset::SampleIndex::default();
+    for i in 0..10 {
+        index.samples.push(sluice_dataset::Sample {
+            image: std::path::PathBuf::from(format!("{i}.jpg")),
+            format: sluice_dataset::ImageFormat::Jpeg,
+            label_file: None,
+            labels: sluice_core::ImageLabels::default(),
+            crowd: Vec::new(),
+            image_id: None,
+        });
+    }
+    let a = index.subset(0.3, 1);
+    assert_eq!(a.len(), 3);
+    assert_eq!(a, index.subset(0.3, 1));
+    assert!(a.samples.windows(2).all(|w| w[0].image < w[1].image));
+    assert_ne!(a, index.subset(0.3, 2));
+    assert_eq!(index.subset(0.01, 1).len(), 1);
+    assert_eq!(index.subset(1.0, 1).len(), 10);
+}

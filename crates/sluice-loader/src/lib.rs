@@ -24,4 +24,6 @@ pub use cache::{CacheMode, ParseCacheModeError, ParseReadFromError, ReadFrom, di
 pub use loader::{LoaderConfig, STRIDE, SkipReport, TrainLoader, ValLoader, default_workers};
 pub use node_cache::NodeCache;
 pub use source::{CacheFile, DecodedSource, RAM_CACHE_BYTES, SourceKind, SourceStats};
-pub use split::{DataError, LoadedSplit, RemoteConfig, StagedCopy, load_split, load_split_with, pack_index};
+pub use split::{
+    DataError, LoadedSplit, RemoteConfig, StagedCopy, load_split, load_split_observed, load_split_with, pack_index,
+};

@@ -157,8 +157,21 @@ pub fn load_split_with(
     require_images: bool,
     remote: &RemoteConfig,
 ) -> Result<LoadedSplit> {
+    load_split_observed(data, split, opts, require_images, remote, &mut |_, _, _| {})
+}
+
+/// [`load_split_with`], calling `progress(url, bytes_done, bytes_total)` as a copy from object storage arrives
+/// (not at all when the split is local or its copy is current).
+pub fn load_split_observed(
+    data: &Path,
+    split: Split,
+    opts: &IndexOptions,
+    require_images: bool,
+    remote: &RemoteConfig,
+    progress: &mut dyn FnMut(&str, u64, u64),
+) -> Result<LoadedSplit> {
     let mut config = DataConfig::load(data)?;
-    let staged = stage_remote(&mut config, split, remote)?;
+    let staged = stage_remote(&mut config, split, remote, progress)?;
     let (indexed, source) = match shard_of(&config, split) {
         Some(shard) => (index_shard(&shard, &config.names)?, SourceKind::Packed(shard)),
         None => (config.index(split, opts)?, SourceKind::Files),
@@ -170,7 +183,12 @@ pub fn load_split_with(
 }
 
 /// Replaces a URL source of `split` by its local copy.
-fn stage_remote(config: &mut DataConfig, split: Split, remote: &RemoteConfig) -> Result<Option<StagedCopy>> {
+fn stage_remote(
+    config: &mut DataConfig,
+    split: Split,
+    remote: &RemoteConfig,
+    progress: &mut dyn FnMut(&str, u64, u64),
+) -> Result<Option<StagedCopy>> {
     let sources = match split {
         Split::Train => &mut config.train,
         Split::Val => &mut config.val,
@@ -189,23 +207,33 @@ fn stage_remote(config: &mut DataConfig, split: Split, remote: &RemoteConfig) ->
     let dir = remote.cache_dir.clone().unwrap_or_else(|| {
         config.yaml.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join(".sluice-remote")
     });
-    let copy = stage(url, &dir, remote).map_err(bad)?;
+    let copy = stage(url, &dir, remote, &mut |done, total| progress(url, done, total)).map_err(bad)?;
     *sources = vec![copy.path.clone()];
     Ok(Some(copy))
 }
 
 #[cfg(feature = "object-store")]
-fn stage(url: &str, dir: &Path, remote: &RemoteConfig) -> std::result::Result<StagedCopy, String> {
+fn stage(
+    url: &str,
+    dir: &Path,
+    remote: &RemoteConfig,
+    progress: &mut dyn FnMut(u64, u64),
+) -> std::result::Result<StagedCopy, String> {
     use sluice_storage::remote::{RemoteOptions, stage_shard};
     let opts = RemoteOptions { settings: remote.settings.clone(), ..RemoteOptions::default() };
     let t0 = std::time::Instant::now();
-    let s = stage_shard(url, dir, &opts, &mut |_, _| {}).map_err(|e| e.to_string())?;
+    let s = stage_shard(url, dir, &opts, progress).map_err(|e| e.to_string())?;
     let seconds = t0.elapsed().as_secs_f64();
     Ok(StagedCopy { url: url.to_string(), path: s.path, bytes: s.bytes, fetched: s.fetched, seconds })
 }
 
 #[cfg(not(feature = "object-store"))]
-fn stage(url: &str, _dir: &Path, _remote: &RemoteConfig) -> std::result::Result<StagedCopy, String> {
+fn stage(
+    url: &str,
+    _dir: &Path,
+    _remote: &RemoteConfig,
+    _progress: &mut dyn FnMut(u64, u64),
+) -> std::result::Result<StagedCopy, String> {
     Err(format!("{url}: this build of Sluice reads no object storage; build it with the `object-store` feature"))
 }
 

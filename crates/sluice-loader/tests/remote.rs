@@ -41,7 +41,7 @@ fn without_the_feature_a_url_split_says_how_to_read_it() {
 #[test]
 fn shards_in_object_storage_load_as_the_local_shards_do() {
     use sluice_core::ImageSource;
-    use sluice_loader::{DecodedSource, RemoteConfig, load_split_with, pack_index};
+    use sluice_loader::{DecodedSource, RemoteConfig, load_split_observed, load_split_with, pack_index};
     use sluice_testkit::s3::MotoServer;
 
     let Some(server) = MotoServer::start("sluice-loader") else { return };
@@ -57,11 +57,21 @@ fn shards_in_object_storage_load_as_the_local_shards_do() {
     let cache = dir.path().join("copies");
     let remote = RemoteConfig { cache_dir: Some(cache.clone()), settings: server.settings() };
     for (split, name) in [(Split::Train, "train"), (Split::Val, "val")] {
-        let from_store = load_split_with(&y, split, &OPTS, true, &remote).expect("staged split");
+        let mut arrived = Vec::new();
+        let from_store = load_split_observed(&y, split, &OPTS, true, &remote, &mut |url, done, total| {
+            arrived.push((url.to_string(), done, total))
+        })
+        .expect("staged split");
         let sluice_loader::SourceKind::Packed(copy) = &from_store.source else { panic!("a shard") };
         assert!(copy.starts_with(&cache), "{}", copy.display());
         let shard = dir.path().join(format!("{name}.sluice"));
         assert_eq!(std::fs::read(copy).expect("copy"), std::fs::read(&shard).expect("shard"));
+        // The copy's progress names the object and counts its bytes to the end.
+        let size = std::fs::metadata(&shard).expect("shard").len();
+        let url = server.url(&format!("ds/{name}.sluice"));
+        assert!(arrived.iter().all(|(u, _, total)| *u == url && *total == size), "{arrived:?}");
+        assert!(arrived.windows(2).all(|w| w[0].1 <= w[1].1), "{arrived:?}");
+        assert_eq!(arrived.last().map(|a| a.1), Some(size), "{arrived:?}");
         let direct = sluice_loader::split::index_shard(&shard, &from_store.config.names).expect("local index");
         assert_eq!(from_store.index().samples, direct.index.samples, "{name}: the same samples");
         let a = DecodedSource::open(&from_store.source, from_store.index().clone(), 64, false, 0).expect("source");
@@ -71,8 +81,9 @@ fn shards_in_object_storage_load_as_the_local_shards_do() {
             let (x, y) = (a.get(id).expect("remote sample"), b.get(id).expect("local sample"));
             assert_eq!((&x.image, &x.labels), (&y.image, &y.labels), "{name} sample {id}");
         }
-        // A second load reuses the copy.
-        let again = load_split_with(&y, split, &OPTS, true, &remote).expect("again");
+        // A second load reuses the copy and fetches nothing.
+        let again = load_split_observed(&y, split, &OPTS, true, &remote, &mut |url, _, _| panic!("fetched {url}"))
+            .expect("again");
         assert_eq!(again.source, from_store.source);
     }
     assert_eq!(std::fs::read_dir(&cache).expect("copies").count(), 2, "one copy per split");

@@ -15,9 +15,11 @@ use sluice_infer::predict::{PredictOptions, Predictor};
 use sluice_infer::{DevicePaths, ValRequest, ValSettings, parse_device_paths, validate_weights};
 use sluice_model::candle_core::Device;
 use sluice_model::{Arch, Family, Scale};
+use sluice_train::dist::Dist;
 use sluice_train::train::results::ResultsCsv;
 use sluice_train::train::{
-    BatchEvent, CacheMode, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, TrainConfig, TrainSummary, Trainer,
+    BatchEvent, CacheMode, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom, SetupEvent, SetupTask, TrainConfig,
+    TrainSummary, Trainer,
 };
 
 #[derive(Default)]
@@ -36,9 +38,21 @@ struct Record {
     finished: Vec<TrainSummary>,
     /// The set-up lines the run reported.
     infos: Vec<String>,
+    /// (split, done, total) of each `cache: disk` build step the set-up reported.
+    disk_builds: Vec<(String, u64, u64)>,
 }
 
 impl Observer for Record {
+    fn setup(&mut self, e: &SetupEvent<'_>) {
+        match e.task {
+            SetupTask::DiskCache { split, path } => {
+                assert!(path.to_string_lossy().contains(".imgcache"), "{}", path.display());
+                self.disk_builds.push((split.to_string(), e.done, e.total));
+            }
+            SetupTask::Fetch { url } => panic!("nothing is fetched: {url}"),
+        }
+    }
+
     fn batch(&mut self, e: &BatchEvent) {
         self.losses.push((e.epoch, e.batch, e.side, e.loss));
         if self.stop_at == Some((e.epoch, e.batch))
@@ -411,7 +425,8 @@ fn a_run_from_a_packed_shard_equals_the_run_from_files() {
 }
 
 /// `cache: disk` trains exactly as `cache: ram`: the same loss sequence bit for bit and the same validation
-/// metrics, from one file per split beside its label cache; a second run reuses both files.
+/// metrics, from one file per split beside its label cache, its build reported image by image for a progress bar;
+/// a second run reuses both files and builds nothing.
 #[test]
 fn a_run_with_cache_disk_equals_the_run_with_cache_ram() {
     let dir = tempfile::tempdir().unwrap();
@@ -423,12 +438,19 @@ fn a_run_with_cache_disk_equals_the_run_with_cache_ram() {
     let run = |name: &str, cache: CacheMode| {
         let mut rec = Record::default();
         let c = TrainConfig { cache, multi_scale: 0.0, ..config(&data, &project, name) };
-        let mut t = Trainer::new(c).unwrap();
+        let mut t = Trainer::new_with(c, Dist::single(), &mut rec).unwrap();
         t.run(&mut rec).unwrap();
-        (rec.losses, ResultsCsv::read(&t.paths().results).unwrap(), rec.infos)
+        (rec.losses, ResultsCsv::read(&t.paths().results).unwrap(), (rec.infos, rec.disk_builds))
     };
-    let (ram_losses, ram_rows, _) = run("ram", CacheMode::Ram);
-    let (disk_losses, disk_rows, infos) = run("disk", CacheMode::Disk);
+    let (ram_losses, ram_rows, (_, ram_builds)) = run("ram", CacheMode::Ram);
+    assert!(ram_builds.is_empty(), "{ram_builds:?}");
+    let (disk_losses, disk_rows, (infos, builds)) = run("disk", CacheMode::Disk);
+    for (split, images) in [("train", 8), ("val", 4)] {
+        let steps: Vec<_> = builds.iter().filter(|b| b.0 == split).map(|b| (b.1, b.2)).collect();
+        assert!(steps.iter().all(|&(_, total)| total == images), "{split}: {steps:?}");
+        assert!(steps.windows(2).all(|w| w[0].0 <= w[1].0), "{split}: done never goes back: {steps:?}");
+        assert_eq!(steps.last(), Some(&(images, images)), "{split}: the build is reported to its end");
+    }
     let files: Vec<_> =
         walk(dir.path()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "imgcache")).collect();
     assert_eq!(files.len(), 2, "one file per split: {files:?}");
@@ -439,7 +461,8 @@ fn a_run_with_cache_disk_equals_the_run_with_cache_ram() {
         rows.iter().map(|r| (r.epoch, r.train_loss, r.metrics, r.val_loss)).collect::<Vec<_>>()
     };
     assert_eq!(metrics(&ram_rows), metrics(&disk_rows));
-    let (again, _, infos) = run("again", CacheMode::Disk);
+    let (again, _, (infos, builds)) = run("again", CacheMode::Disk);
+    assert!(builds.is_empty(), "a reused file is not built: {builds:?}");
     assert_eq!(again, ram_losses);
     assert_eq!(infos.iter().filter(|l| l.starts_with("cache=disk:") && l.contains(" from ")).count(), 2, "{infos:?}");
 }

@@ -10,7 +10,7 @@ use sluice_train::dist::Dist;
 use sluice_train::train::checkpoint_config;
 use sluice_train::train::{
     Amp, BatchEvent, CacheMode, DevicePaths, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, ReadFrom,
-    TrainConfig, TrainSummary, Trainer, find_resume, parse_device_paths, parse_multi_scale,
+    SetupEvent, SetupTask, TrainConfig, TrainSummary, Trainer, find_resume, parse_device_paths, parse_multi_scale,
 };
 
 use crate::plots::{plot_batch, plot_pr_curve, plot_results};
@@ -165,6 +165,49 @@ impl Args {
         c.dense_loss |= self.dense_loss;
         c.store_settings = super::store_settings_from_env()?;
         Ok(c)
+    }
+}
+
+/// A progress bar for each long step of the set-up (a copy from object storage, a `cache: disk` build), drawn by
+/// rank 0 only and cleared when the step ends (the trainer then prints a line saying what it did).
+struct SetupBars {
+    /// Whether this process draws (rank 0).
+    draw: bool,
+    /// The step being drawn, and its bar.
+    bar: Option<(String, ProgressBar)>,
+}
+
+impl Observer for SetupBars {
+    fn setup(&mut self, e: &SetupEvent<'_>) {
+        if !self.draw {
+            return;
+        }
+        let (label, template) = match e.task {
+            SetupTask::Fetch { url } => {
+                (format!("fetching {url}"), "{prefix} {bar:25} {bytes}/{total_bytes} {bytes_per_sec} [{elapsed}<{eta}]")
+            }
+            SetupTask::DiskCache { split, .. } => {
+                (format!("cache=disk: decoding {split} images"), "{prefix} {bar:25} {pos}/{len} [{elapsed}<{eta}]")
+            }
+        };
+        if self.bar.as_ref().is_none_or(|(drawn, _)| *drawn != label) {
+            if let Some((_, old)) = self.bar.take() {
+                old.finish_and_clear();
+            }
+            let bar = ProgressBar::new(e.total);
+            bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()));
+            bar.set_prefix(label.clone());
+            self.bar = Some((label, bar));
+        }
+        if let Some((_, bar)) = &self.bar {
+            bar.set_length(e.total);
+            bar.set_position(e.done);
+        }
+        if e.done >= e.total
+            && let Some((_, bar)) = self.bar.take()
+        {
+            bar.finish_and_clear();
+        }
     }
 }
 
@@ -344,14 +387,15 @@ pub(crate) fn run(args: Args) -> Result<()> {
     }
     let dist = rank_dist(&launch, &cfg.device)?;
     let main = dist.is_main();
+    let mut setup_bars = SetupBars { draw: main, bar: None };
     let mut trainer = match &resume {
         Some(ck) => {
             if main {
                 eprintln!("resuming {} ({} epochs, model {})", ck.display(), cfg.epochs, cfg.model);
             }
-            Trainer::resume_with(ck, dist, &super::store_settings_from_env()?)?
+            Trainer::resume_with(ck, dist, &super::store_settings_from_env()?, &mut setup_bars)?
         }
-        None => Trainer::new_with(cfg, dist)?,
+        None => Trainer::new_with(cfg, dist, &mut setup_bars)?,
     };
     let stop = trainer.stop_flag();
     let distributed = trainer.dist().is_distributed();

@@ -73,9 +73,31 @@ pub struct FinalEvalEvent<'a> {
     pub run_dir: &'a Path,
 }
 
+/// A step of the run's set-up that can take minutes, for a progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs, reason = "each field is named in its variant's line")]
+pub enum SetupTask<'a> {
+    /// Copying the shard at `url` from object storage to local disk; counted in bytes.
+    Fetch { url: &'a str },
+    /// Decoding the images of the `train` or `val` split into the `cache: disk` file `path`; counted in images.
+    DiskCache { split: &'a str, path: &'a Path },
+}
+
+/// How far a [`SetupTask`] is: `done` of `total` (bytes or images, as the task counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs, reason = "the fields are named in the type's line")]
+pub struct SetupEvent<'a> {
+    pub task: SetupTask<'a>,
+    pub done: u64,
+    pub total: u64,
+}
+
 /// Callbacks of a run. The trainer itself draws and prints nothing: a front end (the `sluice` binary, a test)
 /// shows progress, draws the plots and prints warnings from these events.
 pub trait Observer {
+    /// While the run is built ([`super::Trainer::new_with`], [`super::Trainer::resume_with`]): a copy from object storage or a `cache: disk`
+    /// build advanced. Not called when nothing has to be fetched or built.
+    fn setup(&mut self, _event: &SetupEvent<'_>) {}
     /// After each batch.
     fn batch(&mut self, _event: &BatchEvent) {}
     /// After each epoch (validation included).

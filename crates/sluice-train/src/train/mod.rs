@@ -13,7 +13,7 @@ pub mod state;
 pub mod telemetry;
 
 pub use config::{Amp, CacheMode, ReadFrom, TrainConfig, parse_multi_scale};
-pub use events::{BatchEvent, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, Quiet};
+pub use events::{BatchEvent, EpochEvent, FinalEvalEvent, FirstBatchEvent, Observer, Quiet, SetupEvent, SetupTask};
 pub use run::Trainer;
 pub use sluice_infer::{CudnnSearch, DevicePaths, parse_device_paths};
 pub use state::{Metrics, Progress, RunPaths, TrainSummary, checkpoint_config, find_resume};

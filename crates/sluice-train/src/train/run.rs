@@ -16,9 +16,9 @@ use sluice_transfer::{DeviceTransfer, Readback};
 
 use super::config::TrainConfig;
 use super::epoch::RunTotals;
-use super::events::{FinalEvalEvent, Observer};
+use super::events::{FinalEvalEvent, Observer, Quiet};
 use super::results::{JsonLines, ResultsCsv};
-use super::setup::{loader_config, model, node_source, splits, subset};
+use super::setup::{Report, loader_config, model, node_source, splits};
 use super::state::{CheckpointMeta, Progress, RunPaths, TrainSummary, read_meta};
 use crate::dist::Dist;
 use crate::error::{Context, Result};
@@ -79,18 +79,18 @@ impl std::fmt::Debug for Trainer {
 impl Trainer {
     /// Prepares a new run: indexes the data, builds loaders, model and optimizer, creates the run folder.
     pub fn new(cfg: TrainConfig) -> Result<Self> {
-        Self::new_with(cfg, Dist::single())
+        Self::new_with(cfg, Dist::single(), &mut Quiet)
     }
 
     /// [`Trainer::new`] as one rank of a data-parallel run: every rank calls it with the same configuration;
-    /// rank 0 names and creates the run folder.
-    pub fn new_with(cfg: TrainConfig, dist: Dist) -> Result<Self> {
+    /// rank 0 names and creates the run folder. `observer` sees the set-up's long steps ([`Observer::setup`]).
+    pub fn new_with(cfg: TrainConfig, dist: Dist, observer: &mut dyn Observer) -> Result<Self> {
         cfg.validate()?;
         let mut dir = RunPaths::fresh(&cfg).dir.into_os_string().into_encoded_bytes();
         dist.comm().broadcast_bytes(&mut dir, 0).context("sending the run folder's name from rank 0")?;
         // SAFETY: the bytes come from `OsString::into_encoded_bytes` on rank 0, a process of this same build.
         let dir = unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(dir) };
-        let t = Self::build(cfg, RunPaths::new(dir.into()), None, dist)?;
+        let t = Self::build(cfg, RunPaths::new(dir.into()), None, dist, observer)?;
         if t.dist.is_main() {
             t.paths.create()?;
             std::fs::write(t.paths.dir.join("args.yaml"), t.cfg.to_yaml()?)?;
@@ -100,17 +100,23 @@ impl Trainer {
 
     /// Continues the run whose checkpoint is `path` (see [`find_resume`]).
     pub fn resume(path: &Path) -> Result<Self> {
-        Self::resume_with(path, Dist::single(), &[])
+        Self::resume_with(path, Dist::single(), &[], &mut Quiet)
     }
 
     /// [`Trainer::resume`] as one rank of a data-parallel run (every rank reads the same checkpoint), with the
-    /// object-store client's settings ([`TrainConfig::store_settings`], which checkpoints never hold).
-    pub fn resume_with(path: &Path, dist: Dist, store_settings: &[(String, String)]) -> Result<Self> {
+    /// object-store client's settings ([`TrainConfig::store_settings`], which checkpoints never hold);
+    /// `observer` sees the set-up's long steps ([`Observer::setup`]).
+    pub fn resume_with(
+        path: &Path,
+        dist: Dist,
+        store_settings: &[(String, String)],
+        observer: &mut dyn Observer,
+    ) -> Result<Self> {
         let meta = read_meta(path)?;
         let mut cfg = TrainConfig::from_yaml_str(&meta.config)?;
         cfg.store_settings = store_settings.to_vec();
         cfg.validate()?;
-        let mut t = Self::build(cfg, RunPaths::new(meta.run_dir.clone()), Some(path), dist)?;
+        let mut t = Self::build(cfg, RunPaths::new(meta.run_dir.clone()), Some(path), dist, observer)?;
         if t.dist.is_main() {
             t.paths.create()?;
         }
@@ -128,9 +134,15 @@ impl Trainer {
 
     /// A run from `cfg`: a new one (initial weights from `cfg.weights`), or, with `resume_from`, the model shaped
     /// for that checkpoint (its weights are loaded by the caller).
-    fn build(cfg: TrainConfig, paths: RunPaths, resume_from: Option<&Path>, dist: Dist) -> Result<Self> {
-        let mut notes = Vec::new();
-        let (mut train_split, mut val_split) = splits(&cfg, &dist, &mut notes)?;
+    fn build(
+        cfg: TrainConfig,
+        paths: RunPaths,
+        resume_from: Option<&Path>,
+        dist: Dist,
+        observer: &mut dyn Observer,
+    ) -> Result<Self> {
+        let mut report = Report { notes: Vec::new(), observer };
+        let (mut train_split, mut val_split) = splits(&cfg, &dist, &mut report)?;
         let val_left_out = val_split.left_out();
         let train_index = std::mem::take(&mut train_split.indexed.index);
         let val_index = std::mem::take(&mut val_split.indexed.index);
@@ -140,23 +152,23 @@ impl Trainer {
             None => device_of(&rank_device(&cfg.device, dist.launch().local_rank)?)?,
         };
         let mut cfg = cfg;
-        let lcfg = loader_config(&mut cfg, &dist, nc, &device, train_index.len(), &mut notes)?;
+        let lcfg = loader_config(&mut cfg, &dist, nc, &device, train_index.len(), &mut report.notes)?;
         let (rank, world) = (dist.rank(), dist.world());
         let train = TrainLoader::new(
-            node_source(&dist, &train_split.source, train_index, true, &cfg, &mut notes)?,
+            node_source(&dist, &train_split.source, train_index, true, &cfg, &mut report)?,
             lcfg,
             cfg.hyp,
         )?
         .shard(rank, world)?;
-        let val_index = subset(&val_index, cfg.val_fraction, cfg.seed);
+        let val_index = val_index.subset(cfg.val_fraction, cfg.seed);
         // Ultralytics validates with twice the (per-rank) training batch, at `imgsz` (multi-scale is for training
         // only). Each rank validates a contiguous share of the rect plan's batches.
         let vcfg = LoaderConfig { batch: lcfg.batch * 2, multi_scale: 0.0, ..lcfg };
-        let val = ValLoader::new(node_source(&dist, &val_split.source, val_index, false, &cfg, &mut notes)?, vcfg)
+        let val = ValLoader::new(node_source(&dist, &val_split.source, val_index, false, &cfg, &mut report)?, vcfg)
             .with_left_out(val_left_out);
         let share = sluice_dist::contiguous_share(val.len(), rank, world);
         let val = val.with_batches(share);
-        let (model, half) = model(&cfg, resume_from, nc, &device, &dist, &mut notes)?;
+        let (model, half) = model(&cfg, resume_from, nc, &device, &dist, &mut report.notes)?;
         let shape = RunShape {
             batch: cfg.batch,
             epochs: cfg.epochs as usize,
@@ -171,7 +183,7 @@ impl Trainer {
         if !opt_in.enabled().is_empty() && device.is_cuda() {
             let line =
                 format!("device paths not yet verified on a device, on by request: {}", opt_in.enabled().join(", "));
-            notes.push(Note::Info(line));
+            report.notes.push(Note::Info(line));
         }
         let path = match (dense_on(&device, cfg.dense_loss), device.is_cuda() && opt_in.fused_step) {
             (false, _) => StepPath::Host,
@@ -204,7 +216,7 @@ impl Trainer {
             progress: Progress::default(),
             stop: Arc::new(AtomicBool::new(false)),
             consecutive_nonfinite: 0,
-            notes,
+            notes: report.notes,
             dist,
         })
     }

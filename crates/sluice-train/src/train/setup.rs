@@ -1,20 +1,18 @@
 //! What a run is built from, step by step: the splits, the loaders' settings (the batch after AutoBatch, each rank's
-//! share), the model (fresh, or shaped for a checkpoint or weights file), the decoded-image sources of the splits,
-//! the validation subset.
+//! share), the model (fresh, or shaped for a checkpoint or weights file), the decoded-image sources of the splits.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use rand::seq::SliceRandom;
-use sluice_core::sample_rng;
 use sluice_dataset::{IndexOptions, SampleIndex, Split};
 use sluice_loader::default_workers;
-use sluice_loader::split::{LoadedSplit, RemoteConfig, load_split_with, packed};
+use sluice_loader::split::{LoadedSplit, RemoteConfig, load_split_observed, packed};
 use sluice_loader::{CacheFile, CacheMode, DecodedSource, LoaderConfig, NodeCache, ReadFrom, STRIDE, SourceKind};
 use sluice_model::Yolo;
 use sluice_model::candle_core::{DType, Device};
 
 use super::config::{Amp, TrainConfig};
+use super::events::{Observer, SetupEvent, SetupTask};
 use super::run::Note;
 use crate::dist::Dist;
 use crate::error::{Context, Result};
@@ -31,21 +29,10 @@ pub(crate) fn amp_dtype(cfg: &TrainConfig, device: &Device) -> Option<DType> {
     }
 }
 
-/// Seed-determined subset of `fraction` of the samples (at least one), in their original order.
-pub(crate) fn subset(index: &SampleIndex, fraction: f64, seed: u64) -> SampleIndex {
-    if fraction >= 1.0 || index.samples.is_empty() {
-        return index.clone();
-    }
-    let keep = ((index.len() as f64 * fraction).ceil() as usize).clamp(1, index.len());
-    let mut order: Vec<usize> = (0..index.len()).collect();
-    order.shuffle(&mut sample_rng(seed, u64::MAX, 0));
-    let mut chosen = order[..keep].to_vec();
-    chosen.sort_unstable();
-    SampleIndex {
-        names: index.names.clone(),
-        samples: chosen.into_iter().map(|i| index.samples[i].clone()).collect(),
-        category_ids: index.category_ids.clone(),
-    }
+/// What the set-up says as it goes: lines given to the observer when the run starts, progress at once.
+pub(super) struct Report<'a> {
+    pub(super) notes: Vec<Note>,
+    pub(super) observer: &'a mut dyn Observer,
 }
 
 /// The decoded-image source of a split's `index`: read through the reader `kind` names, decoded to `imgsz`.
@@ -74,11 +61,11 @@ pub(super) fn node_source(
     index: SampleIndex,
     augment: bool,
     cfg: &TrainConfig,
-    notes: &mut Vec<Note>,
+    report: &mut Report<'_>,
 ) -> Result<Arc<DecodedSource>> {
     let (imgsz, cache) = (cfg.imgsz, cfg.cache);
     if cache == CacheMode::Disk {
-        return disk_source(dist, kind, index, augment, cfg, notes);
+        return disk_source(dist, kind, index, augment, cfg, report);
     }
     if !dist.is_distributed() || cache == CacheMode::None {
         return source(kind, index, imgsz, augment, cache);
@@ -116,7 +103,7 @@ fn disk_source(
     index: SampleIndex,
     augment: bool,
     cfg: &TrainConfig,
-    notes: &mut Vec<Note>,
+    report: &mut Report<'_>,
 ) -> Result<Arc<DecodedSource>> {
     let src = DecodedSource::open(kind, index, cfg.imgsz, augment, 0)?;
     let Some(path) = sluice_loader::disk_cache_path(src.index(), cfg.imgsz, augment, cfg.cache_dir.as_deref()) else {
@@ -126,11 +113,15 @@ fn disk_source(
     let builder = !dist.is_distributed() || dist.launch().local_rank == 0;
     let built = if builder {
         let t0 = std::time::Instant::now();
-        let (cache, how) = src.open_or_build_disk_cache(&path, &mut |_, _| {}).with_context(|| {
+        let task = SetupTask::DiskCache { split, path: &path };
+        let mut progress = |done: usize, total: usize| {
+            report.observer.setup(&SetupEvent { task, done: done as u64, total: total as u64 });
+        };
+        let (cache, how) = src.open_or_build_disk_cache(&path, &mut progress).with_context(|| {
             format!("cache=disk: {split} images into {} (cache_dir names another folder)", path.display())
         })?;
         let held = format!("{} images, {:.1} MB", cache.images(), cache.len() as f64 / 1e6);
-        notes.push(Note::Info(match how {
+        report.notes.push(Note::Info(match how {
             CacheFile::Reused => format!("cache=disk: {split} images from {} ({held})", path.display()),
             CacheFile::Built { replaced } => {
                 let why = replaced.map_or_else(String::new, |r| format!("; replaced the previous file: {r}"));
@@ -155,11 +146,14 @@ fn disk_source(
 /// The run's train and val splits, indexed. Splits in object storage are copied to local disk once per machine
 /// (the node's local rank 0 copies, its other ranks wait). What the splits left out is named once here (each val
 /// pass also counts the val ones); fatal with `strict`.
-pub(super) fn splits(cfg: &TrainConfig, dist: &Dist, notes: &mut Vec<Note>) -> Result<(LoadedSplit, LoadedSplit)> {
+pub(super) fn splits(cfg: &TrainConfig, dist: &Dist, report: &mut Report<'_>) -> Result<(LoadedSplit, LoadedSplit)> {
     let opts = IndexOptions { cache: true, find_orphans: false };
-    let split = |s: Split| -> Result<LoadedSplit> {
+    let mut split = |s: Split| -> Result<LoadedSplit> {
         let remote = RemoteConfig { cache_dir: cfg.cache_dir.clone(), settings: cfg.store_settings.clone() };
-        let loaded = load_split_with(&cfg.data, s, &opts, s == Split::Train, &remote)
+        let mut progress = |url: &str, done: u64, total: u64| {
+            report.observer.setup(&SetupEvent { task: SetupTask::Fetch { url }, done, total });
+        };
+        let loaded = load_split_observed(&cfg.data, s, &opts, s == Split::Train, &remote, &mut progress)
             .with_context(|| format!("dataset {}, {} split", cfg.data.display(), s.as_str()))?;
         match cfg.source {
             ReadFrom::Files => Ok(loaded),
@@ -178,13 +172,13 @@ pub(super) fn splits(cfg: &TrainConfig, dist: &Dist, notes: &mut Vec<Note>) -> R
     let (train, val) = if let Some(loaded) = first { loaded } else { (split(Split::Train)?, split(Split::Val)?) };
     for (what, split) in [("train split", &train), ("val split", &val)] {
         if let Some(copy) = &split.staged {
-            notes.push(Note::Info(format!("{what}: {}", copy.line())));
+            report.notes.push(Note::Info(format!("{what}: {}", copy.line())));
         }
     }
     for (what, left_out) in [("train split", train.left_out()), ("val split", val.left_out())] {
         if let Some(line) = left_out.line(what) {
             crate::ensure!(!cfg.strict, "strict: {line}");
-            notes.push(Note::Warn(line));
+            report.notes.push(Note::Warn(line));
         }
     }
     Ok((train, val))
@@ -283,33 +277,4 @@ pub(super) fn model(
         )));
     }
     Ok((model, half))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::PathBuf;
-
-    use super::*;
-
-    #[test]
-    fn subset_is_seeded_ordered_and_nonempty() {
-        let mut index = SampleIndex::default();
-        for i in 0..10 {
-            index.samples.push(sluice_dataset::Sample {
-                image: PathBuf::from(format!("{i}.jpg")),
-                format: sluice_dataset::ImageFormat::Jpeg,
-                label_file: None,
-                labels: sluice_core::ImageLabels::default(),
-                crowd: Vec::new(),
-                image_id: None,
-            });
-        }
-        let a = subset(&index, 0.3, 1);
-        assert_eq!(a.len(), 3);
-        assert_eq!(a, subset(&index, 0.3, 1));
-        assert!(a.samples.windows(2).all(|w| w[0].image < w[1].image));
-        assert_ne!(a, subset(&index, 0.3, 2));
-        assert_eq!(subset(&index, 0.01, 1).len(), 1);
-        assert_eq!(subset(&index, 1.0, 1).len(), 10);
-    }
 }
