@@ -2,7 +2,8 @@
 //!
 //! [`conv2d`] is a drop-in for `x.conv2d(w, pad, stride, 1, 1)` (groups 1, dilation 1, square kernel). On
 //! contiguous CPU f32/f64 tensors it runs as a [`CustomOp2`] whose backward pass is two more custom ops without a
-//! backward of their own:
+//! backward of their own (f16/bf16 tensors run the f32 kernels between conversions, as cuDNN's half path accumulates
+//! in f32):
 //!
 //! - forward: per tile of output rows, im2col into a `(c·k·k) × (rows·wo)` column matrix, one gemm `w · col`
 //!   into those columns of every output channel and the epilogue (bias first, SiLU after), all while the tile is
@@ -119,9 +120,10 @@ fn bias_conv(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize, pad: usize, silu
     x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, Conv2dBiasOp { geom, silu })
 }
 
-/// Whether the custom ops run for tensors like `x`: f32/f64 on the CPU, or cuDNN's dtypes on CUDA (`cudnn`).
+/// Whether the custom ops run for tensors like `x`: every float dtype on the CPU (f16 and bf16 through the f32
+/// kernels), or cuDNN's dtypes on CUDA (`cudnn`).
 fn runs_custom(x: &Tensor) -> bool {
-    let cpu = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
+    let cpu = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64 | DType::F16 | DType::BF16);
     #[cfg(feature = "cudnn")]
     let cpu = cpu || (x.device().is_cuda() && cudnn::supports(x.dtype()));
     cpu
@@ -186,7 +188,8 @@ fn slice<'a, T>(data: &'a [T], l: &Layout, op: &str) -> Result<&'a [T]> {
     }
 }
 
-/// Runs `f32` or `f64` kernel `f` on two storages of the same dtype.
+/// Runs the `f32` or `f64` kernel on two storages of the same dtype. Two f16 or bf16 storages take the f32 kernel
+/// between conversions: the CPU twin of cuDNN's half-precision convolution, which also accumulates in f32.
 fn run2(
     op: &str,
     (s1, l1): (&CpuStorage, &Layout),
@@ -194,10 +197,20 @@ fn run2(
     f32k: impl FnOnce(&[f32], &[f32]) -> Vec<f32>,
     f64k: impl FnOnce(&[f64], &[f64]) -> Vec<f64>,
 ) -> Result<CpuStorage> {
+    let widen = |v: &[half::f16]| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+    let widen_bf = |v: &[half::bf16]| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
     match (s1, s2) {
         (CpuStorage::F32(a), CpuStorage::F32(b)) => Ok(CpuStorage::F32(f32k(slice(a, l1, op)?, slice(b, l2, op)?))),
         (CpuStorage::F64(a), CpuStorage::F64(b)) => Ok(CpuStorage::F64(f64k(slice(a, l1, op)?, slice(b, l2, op)?))),
-        _ => bail!("{op}: expected two f32 or two f64 tensors, got {:?} and {:?}", s1.dtype(), s2.dtype()),
+        (CpuStorage::F16(a), CpuStorage::F16(b)) => {
+            let y = f32k(&widen(slice(a, l1, op)?), &widen(slice(b, l2, op)?));
+            Ok(CpuStorage::F16(y.into_iter().map(half::f16::from_f32).collect()))
+        }
+        (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
+            let y = f32k(&widen_bf(slice(a, l1, op)?), &widen_bf(slice(b, l2, op)?));
+            Ok(CpuStorage::BF16(y.into_iter().map(half::bf16::from_f32).collect()))
+        }
+        _ => bail!("{op}: expected two tensors of one float dtype, got {:?} and {:?}", s1.dtype(), s2.dtype()),
     }
 }
 

@@ -125,6 +125,34 @@ fn f32_matches_stock_conv2d_and_its_gradients() {
     check_against_stock(DType::F32, 1e-4);
 }
 
+/// f16 and bf16 (the CPU twin of cuDNN's half path, under mixed precision): the f32 kernels between conversions, so
+/// the output and both gradients are the f64 convolution of the same half values, rounded once (within the dtype's
+/// precision; the gradients also carry the rounding of the half output gradient).
+#[test]
+fn half_dtypes_match_the_f64_conv_of_the_same_values() {
+    for (dtype, tol) in [(DType::F16, 4e-3), (DType::BF16, 3e-2)] {
+        for (i, &(n, c, h, w, o, k, s, p)) in SHAPES.iter().enumerate() {
+            if (h + 2 * p - k) % s != 0 || (w + 2 * p - k) % s != 0 {
+                continue; // candle's stock backward, the reference, mis-sizes dx there (see above)
+            }
+            let seed = 100 * i as u64;
+            let x = tensor(&[n, c, h, w], seed, dtype);
+            let wt = tensor(&[o, c, k, k], seed + 1, dtype);
+            let ours = run(|x, w| conv2d(x, w, s, p), &x, &wt, seed + 2);
+            let f64_of = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+            let reference = run(|x, w| x.conv2d(w, p, s, 1, 1), &f64_of(&x), &f64_of(&wt), seed + 2);
+            let shape = format!("{dtype:?} x {n}×{c}×{h}×{w}, w {o}×{c}×{k}×{k}, stride {s}, pad {p}");
+            for (what, a, r) in
+                [("y", &ours.0, &reference.0), ("dx", &ours.1, &reference.1), ("dw", &ours.2, &reference.2)]
+            {
+                assert_eq!(a.dtype(), dtype, "{what} {shape}");
+                let e = rel_err(a, r);
+                assert!(e < tol, "{what} {shape}: rel err {e:e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn gradients_match_f64_central_differences() {
     // Odd and even sides of the 3×3 stride-2 down conv (whose even sides candle's stock backward cannot check).

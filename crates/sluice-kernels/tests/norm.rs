@@ -153,8 +153,9 @@ fn other_dtypes_fall_back_to_the_composed_ops() {
 
 #[test]
 fn half_activations_with_f32_parameters_take_f32_statistics() {
-    // Mixed precision: f16 / bf16 activations, f32 γ and β. Off the CUDA kernels the f32 op runs between casts,
-    // so y is the f32 result rounded once, the statistics are the f32 op's, and the gradients of γ and β are f32.
+    // Mixed precision: f16 / bf16 activations, f32 γ and β. On the CPU the fused kernel computes in f32 between
+    // conversions (as the CUDA kernel does), so y is the f32 result rounded once, the statistics are the f32 op's,
+    // and the gradients of γ and β are f32.
     let mut rng = Rng::new(7);
     let shape = [2, 5, 6, 7];
     let x = rng.tensor(&shape, 3.0, 2.0, DType::F32);

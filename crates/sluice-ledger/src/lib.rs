@@ -247,14 +247,6 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     if !ledger::AVAILABLE {
         return Err(LedgerError::Msg("this build has no op ledger (candle-core's `ledger` feature)".into()));
     }
-    // Under autocast a CUDA step runs cuDNN's and the BatchNorm kernels' half-precision paths; their CPU twins are
-    // f32 only, so the CPU would take other ops than the device and the ledger would not model it.
-    if opts.amp.is_some() {
-        return Err(LedgerError::Msg(
-            "the ledger models f32 steps only: the CPU has no twin of the half-precision cuDNN and BatchNorm paths"
-                .into(),
-        ));
-    }
     if opts.batch == 0 || opts.imgsz == 0 || !opts.imgsz.is_multiple_of(32) {
         return Err(LedgerError::Msg("imgsz must be a positive multiple of 32, batch at least 1".into()));
     }

@@ -1,17 +1,21 @@
-//! The GPU step's cost held to its committed budget: the op ledger of one YOLOv8n training step and one validation
-//! batch at 640, batch 32, f32, SGD (`sluice bench step-cost --budget`), recorded as a model of the CUDA step on
-//! the CPU. A change that raises (or lowers) a phase's kernel launches or bytes moved by more than 2 % fails here
-//! and prints the ops that changed; a change that lowers it updates `tests/data/step_cost/` with
-//! `sluice bench step-cost --budget > crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_f32_sgd.json`.
+//! The GPU step's cost held to its committed budgets: the op ledger of one YOLOv8n training step and one validation
+//! batch at 640, batch 32, SGD, in f32 and under fp16 autocast (`sluice bench step-cost --budget [--amp fp16]`),
+//! recorded as a model of the CUDA step on the CPU. A change that raises (or lowers) a phase's kernel launches or
+//! bytes moved by more than 2 % fails here and prints the ops that changed; a change that lowers it updates
+//! `tests/data/step_cost/` with
+//! `sluice bench step-cost --budget > crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_f32_sgd.json` and
+//! `sluice bench step-cost --budget --amp fp16 > crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_fp16_sgd.json`.
 
+use candle_core::DType;
 use sluice_ledger::{Budget, StepCostOptions, budget, budget_changes, record_step};
 
-const BUDGET: &str = include_str!("data/step_cost/yolov8n_640_b32_f32_sgd.json");
+/// The ledger records process-wide: one recording at a time.
+static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn the_yolov8n_step_keeps_to_its_budget_of_launches_and_bytes() -> Result<(), Box<dyn std::error::Error>> {
-    let committed: Budget = serde_json::from_str(BUDGET)?;
-    let opts = StepCostOptions::new("yolov8n");
+fn keeps_to(committed: &str, amp: Option<DType>) -> Result<(), Box<dyn std::error::Error>> {
+    let _one = RECORDING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let committed: Budget = serde_json::from_str(committed)?;
+    let opts = StepCostOptions { amp, ..StepCostOptions::new("yolov8n") };
     let records = record_step(&opts)?;
     let now = budget(&opts, &records);
     // The ledger models the device: a validation batch reads nothing back but its packed rows, a training step
@@ -23,9 +27,20 @@ fn the_yolov8n_step_keeps_to_its_budget_of_launches_and_bytes() -> Result<(), Bo
     let changes = budget_changes(&committed, &now, 0.02);
     assert!(
         changes.is_empty(),
-        "the step's ledger left its budget by more than 2 %:\n{}\nif the change is meant, regenerate the budget \
+        "the {} step's ledger left its budget by more than 2 %:\n{}\nif the change is meant, regenerate the budget \
          (see this file's header)",
+        committed.amp,
         changes.join("\n")
     );
     Ok(())
+}
+
+#[test]
+fn the_yolov8n_step_keeps_to_its_budget_of_launches_and_bytes() -> Result<(), Box<dyn std::error::Error>> {
+    keeps_to(include_str!("data/step_cost/yolov8n_640_b32_f32_sgd.json"), None)
+}
+
+#[test]
+fn the_yolov8n_fp16_step_keeps_to_its_budget_of_launches_and_bytes() -> Result<(), Box<dyn std::error::Error>> {
+    keeps_to(include_str!("data/step_cost/yolov8n_640_b32_fp16_sgd.json"), Some(DType::F16))
 }

@@ -197,7 +197,22 @@ impl CustomOp3 for BnSiluTrain {
                 contiguous(s3, l3, BN_OP, "beta")?,
                 dims,
             )?),
-            _ => candle_core::bail!("{BN_OP}: only f32 and f64 are supported"),
+            // Mixed precision: half activations, f32 parameters; the f32 kernel between conversions (the CUDA
+            // kernel also computes in f32).
+            CpuStorage::F16(_) => {
+                let x: Vec<f32> = contiguous::<half::f16>(s1, l1, BN_OP, "input")?.iter().map(|v| v.to_f32()).collect();
+                let y =
+                    self.fwd::<f32>(&x, contiguous(s2, l2, BN_OP, "gamma")?, contiguous(s3, l3, BN_OP, "beta")?, dims)?;
+                CpuStorage::F16(y.into_iter().map(half::f16::from_f32).collect())
+            }
+            CpuStorage::BF16(_) => {
+                let x: Vec<f32> =
+                    contiguous::<half::bf16>(s1, l1, BN_OP, "input")?.iter().map(|v| v.to_f32()).collect();
+                let y =
+                    self.fwd::<f32>(&x, contiguous(s2, l2, BN_OP, "gamma")?, contiguous(s3, l3, BN_OP, "beta")?, dims)?;
+                CpuStorage::BF16(y.into_iter().map(half::bf16::from_f32).collect())
+            }
+            _ => candle_core::bail!("{BN_OP}: only f32, f64, and f16 or bf16 with f32 parameters are supported"),
         };
         Ok((out, l1.shape().clone()))
     }
@@ -239,6 +254,12 @@ impl CustomOp3 for BnSiluTrain {
         let twin = || match x.dtype() {
             DType::F32 => self.bwd_typed::<f32>(x, gamma, beta, grad),
             DType::F64 => self.bwd_typed::<f64>(x, gamma, beta, grad),
+            // Mixed precision: the f32 backward of the widened activations; dx in their dtype, dγ and dβ in f32.
+            half @ (DType::F16 | DType::BF16) => {
+                let [dx, dg, db] =
+                    self.bwd_typed::<f32>(&x.to_dtype(DType::F32)?, gamma, beta, &grad.to_dtype(DType::F32)?)?;
+                Ok([dx.to_dtype(half)?, dg, db])
+            }
             d => candle_core::bail!("{BN_OP}: unsupported dtype {d:?}"),
         };
         let [dx, dg, db] = if crate::ledger::model_cuda() {
@@ -258,10 +279,10 @@ impl CustomOp3 for BnSiluTrain {
 /// biased `var` are the per-channel batch statistics, shape `(C,)`, detached (for the running-stat update).
 ///
 /// `x` is NCHW, `gamma`/`beta` have shape `(C,)` and `x`'s dtype, or f32 for f16 / bf16 activations (mixed
-/// precision: `y` in the activations' dtype, the statistics in f32). The fused kernel runs for f32/f64 on the CPU
-/// and, with the `cuda` feature, for f32, f16 and bf16 activations on a CUDA device (gradients for `x`, `gamma` and
-/// `beta`); mixed precision elsewhere runs the f32 op between casts, and other devices and dtypes use
-/// [`batch_norm_silu_train_composed`].
+/// precision: `y` in the activations' dtype, the statistics in f32). The fused kernel runs for f32/f64 and for f16 /
+/// bf16 activations (through f32) on the CPU and, with the `cuda` feature, for f32, f16 and bf16 activations on a
+/// CUDA device (gradients for `x`, `gamma` and `beta`); mixed precision elsewhere runs the f32 op between casts, and
+/// other devices and dtypes use [`batch_norm_silu_train_composed`].
 pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<(Tensor, Tensor, Tensor)> {
     let (_, c, _, _) = nchw(x.shape(), BN_OP)?;
     // Mixed precision: half activations with f32 parameters.
@@ -280,13 +301,14 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
         let mv = cuda::mean_var(st, dev, c)?;
         return Ok((y, mv.narrow(0, 0, c)?, mv.narrow(0, c, c)?));
     }
-    if mixed {
+    if mixed && !x.device().is_cpu() {
         // Off the CUDA kernels: the f32 op between two casts (differentiable), statistics in f32.
         let (y, mean, var) = batch_norm_silu_train(&x.to_dtype(DType::F32)?, gamma, beta, eps)?;
         return Ok((y.to_dtype(x.dtype())?, mean, var));
     }
-    // The CPU kernel also stands for the CUDA one while the op ledger models a CUDA device.
-    let cpu_kernel = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
+    // The CPU kernel (half activations through f32) also stands for the CUDA one while the op ledger models a CUDA
+    // device.
+    let cpu_kernel = x.device().is_cpu() && (mixed || matches!(x.dtype(), DType::F32 | DType::F64));
     if !cpu_kernel || crate::ledger::model_composed_batch_norm() {
         return batch_norm_silu_train_composed(x, gamma, beta, eps);
     }
@@ -302,8 +324,8 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
         candle_core::bail!("{BN_OP}: the forward pass left no statistics");
     };
     let stats = || -> Result<(Tensor, Tensor)> {
-        let mean = Tensor::new(st.mean.as_slice(), &Device::Cpu)?.to_dtype(x.dtype())?;
-        let var = Tensor::new(st.var.as_slice(), &Device::Cpu)?.to_dtype(x.dtype())?;
+        let mean = Tensor::new(st.mean.as_slice(), &Device::Cpu)?.to_dtype(param_dtype)?;
+        let var = Tensor::new(st.var.as_slice(), &Device::Cpu)?.to_dtype(param_dtype)?;
         Ok((mean, var))
     };
     let (mean, var) = if crate::ledger::model_cuda() {
