@@ -57,6 +57,13 @@ struct OnDevice {
     overflows: Tensor,
 }
 
+impl OnDevice {
+    /// `1 / scale` in float32, rounded from float64 as `GradScaler` does.
+    fn inverse(&self) -> Result<Tensor> {
+        Ok(self.scale.to_dtype(DType::F64)?.recip()?.to_dtype(DType::F32)?)
+    }
+}
+
 /// A dynamic loss scaler (see the module header).
 #[derive(Debug, Clone)]
 pub struct LossScaler {
@@ -118,13 +125,19 @@ impl LossScaler {
                 }
             }
             Some(d) => {
-                let inv = d.scale.to_dtype(DType::F64)?.recip()?.to_dtype(DType::F32)?;
+                let inv = d.inverse()?;
                 for g in grads.iter_mut().flatten() {
                     *g = g.broadcast_mul(&inv.to_dtype(g.dtype())?)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// The reciprocal of the scale as a float32 scalar on the device, where the scale lives there (the factor
+    /// [`LossScaler::unscale`] multiplies by).
+    pub(crate) fn inverse_tensor(&self) -> Result<Option<Tensor>> {
+        self.device.as_ref().map(OnDevice::inverse).transpose()
     }
 
     /// `GradScaler.update` on the host, after a step whose gradients were finite or not.

@@ -386,11 +386,11 @@ impl Optimization {
             // The fused norm divides by the loss scale itself.
             return self.fused_step(model, ni, accumulate);
         }
-        if let Some(s) = &self.scaler {
-            s.unscale(&mut self.pending)?;
-        }
         if self.device_checks {
             return self.device_step(model, ni, accumulate);
+        }
+        if let Some(s) = &self.scaler {
+            s.unscale(&mut self.pending)?;
         }
         let norm = total_grad_norm(&self.pending)?;
         if !norm.is_finite() {
@@ -452,9 +452,22 @@ impl Optimization {
     fn device_step(&mut self, model: &Yolo, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
         let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
         if let Some(norm) = total_grad_norm_tensor(&grads)? {
+            // Under loss scaling the gradients are still scaled: their norm is unscaled here and `1/scale` joins
+            // the clip's factor, so each gradient takes one multiply instead of two. The scale is a power of two
+            // (as `GradScaler`'s growth and back-off keep it), so both products are exact and the values are those
+            // of unscaling first.
+            let inv = self.scaler.as_ref().map(LossScaler::inverse_tensor).transpose()?.flatten();
+            let norm = match &inv {
+                Some(inv) => norm.broadcast_mul(inv)?,
+                None => norm,
+            };
             #[allow(clippy::eq_op)] // x − x is 0 exactly when x is finite.
             let ok = (&norm - &norm)?.eq(0.0)?;
             let coef = clip_coefficient_tensor(&norm, MAX_GRAD_NORM)?;
+            let coef = match &inv {
+                Some(inv) => coef.broadcast_mul(inv)?,
+                None => coef,
+            };
             for g in grads.iter_mut().flatten() {
                 *g = g.broadcast_mul(&coef.to_dtype(g.dtype())?)?;
             }
