@@ -12,8 +12,6 @@
 pub mod coco;
 pub mod error;
 pub mod masknms;
-#[cfg(feature = "cuda")]
-mod masknms_cuda;
 pub mod metric;
 pub mod nms;
 pub mod numeric;

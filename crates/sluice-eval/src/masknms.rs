@@ -1,5 +1,5 @@
-//! Batched NMS by overlap bitmasks: the algorithm the device runs (`masknms_cuda`, feature `cuda`) and its host
-//! twin here, step for step, so that the CPU machines check what the GPU computes.
+//! Batched NMS by overlap bitmasks: the algorithm the device runs (`sluice_kernels::masknms`, feature `cuda`) and
+//! its host twin here, step for step, so that the CPU machines check what the GPU computes.
 //!
 //! The steps, each one kernel on the device and one function here:
 //! 1. [`candidate_keys`]: one `u64` per (anchor, class) slot of an image, `desc_key(score) << 32 | slot` for a
@@ -31,11 +31,8 @@ use crate::nms::{NmsMode, NmsParams, PredView, begin_image, check_boxes, desc_ke
 /// The key of a slot that is no candidate; it sorts after every candidate's key.
 pub const NO_CANDIDATE: u64 = u64::MAX;
 
-/// Bits per mask word.
+/// Bits per mask word (the device's `sluice_kernels::masknms::WORD`; this crate's host twin builds without it).
 pub const WORD: usize = 64;
-
-/// The CUDA source of the device steps (compiled by NVRTC at run time; `cargo xtask ptx` compiles it in CI).
-pub const CUDA_SOURCE: &str = include_str!("masknms.cu");
 
 /// Reusable buffers of [`MaskNms::run`].
 #[derive(Debug, Default)]
@@ -86,6 +83,11 @@ fn class_offset(p: &NmsParams) -> Option<f32> {
     }
 }
 
+/// Whether suppression compares boxes within their class only (the exact per-class mode).
+fn per_class(p: &NmsParams) -> bool {
+    !p.agnostic && p.mode == NmsMode::Exact
+}
+
 /// Step 3: for the first `n` sorted keys, the detection box, the suppression box with its area, and the group.
 pub fn suppression_boxes(
     pred: &PredView<'_>,
@@ -97,7 +99,7 @@ pub fn suppression_boxes(
 ) {
     let nc = pred.num_classes() as u64;
     let offset = class_offset(p);
-    let per_class = !p.agnostic && p.mode == NmsMode::Exact;
+    let per_class = per_class(p);
     boxes.clear();
     sup.clear();
     groups.clear();
@@ -384,6 +386,16 @@ impl sluice_core::PostProcess for ValPost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host twin's word is the kernels' (the mask layout both sides share).
+    #[cfg(feature = "candle")]
+    #[test]
+    fn the_host_twin_uses_the_kernels_mask_words() {
+        assert_eq!(WORD, sluice_kernels::masknms::WORD);
+        for n in [1, 63, 64, 65, 300, 30000] {
+            assert_eq!(words(n), sluice_kernels::masknms::words(n));
+        }
+    }
     use crate::{Layout, Nms, NmsScratch};
 
     /// A small deterministic generator (the tests need no `rand`).
@@ -572,7 +584,23 @@ pub fn nms_tensor(y: &candle_core::Tensor, layout: crate::Layout, p: &NmsParams)
     }
     match y.device() {
         #[cfg(feature = "cuda")]
-        Device::Cuda(_) => crate::masknms_cuda::nms(y, layout, nc, na, p),
+        Device::Cuda(_) => {
+            let params = sluice_kernels::masknms::Params {
+                nc,
+                na,
+                channels_first: layout == crate::Layout::ChannelsFirst,
+                conf_thres: p.conf_thres as f32,
+                iou_thres: p.iou_thres,
+                max_nms: p.max_nms,
+                max_det: p.max_det,
+                multi_label: p.multi_label,
+                class_offset: class_offset(p),
+                per_class: per_class(p),
+                suppress: p.mode != NmsMode::None,
+            };
+            let k = sluice_kernels::masknms::run(y, &params).map_err(Error::Candle)?;
+            Ok(KeptRows { rows: k.rows, anchors: k.anchors, kept: k.kept, non_finite: k.non_finite })
+        }
         Device::Cpu => {
             let data = y.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(Error::Candle)?;
             let per = (4 + nc) * na;

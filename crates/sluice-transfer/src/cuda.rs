@@ -23,27 +23,14 @@ use std::sync::{Arc, Mutex};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DriverError, HostSlice, LaunchConfig, PinnedHostSlice,
-    PushKernelArg, SyncOnDrop,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, HostSlice, PinnedHostSlice, SyncOnDrop,
 };
 use sluice_core::syncs::{self, Site};
 use sluice_core::{Batch, Error, Result, Transfer};
-use sluice_kernels::nvrtc::PerDevice;
+use sluice_kernels::convert::Convert;
 
 use crate::ring::{Fence, Ring, Slot};
 use crate::{DeviceBatch, padded_targets};
-
-/// The conversion kernels' source, compiled with NVRTC once per device.
-const SRC: &str = include_str!("kernels.cu");
-
-/// The u8 → float conversions of `kernels.cu`.
-struct Kernels {
-    to_f32: CudaFunction,
-    to_bf16: CudaFunction,
-}
-
-/// [`Kernels`] per device, compiled on the first transfer made for it.
-static KERNELS: PerDevice<Kernels> = PerDevice::new();
 
 fn drv(what: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::Invalid { what, reason: format!("CUDA: {e}") }
@@ -105,7 +92,7 @@ pub struct CudaTransfer {
     compute: Arc<CudaStream>,
     copy: Arc<CudaStream>,
     dtype: DType,
-    kernels: Arc<Kernels>,
+    convert: Arc<Convert>,
     inner: Mutex<Inner>,
 }
 
@@ -194,11 +181,7 @@ impl CudaTransfer {
         let compute = cuda.cuda_stream();
         let ctx = compute.context().clone();
         let copy = ctx.new_stream().map_err(drv("copy stream"))?;
-        let kernels = KERNELS
-            .get(cuda, "CUDA transfer kernels", SRC, |f| {
-                Ok(Kernels { to_f32: f.get("sluice_u8_to_f32")?, to_bf16: f.get("sluice_u8_to_bf16")? })
-            })
-            .map_err(candle("CUDA transfer kernels"))?;
+        let convert = Convert::for_device(cuda).map_err(candle("CUDA transfer kernels"))?;
         let mut ring_slots = Vec::with_capacity(slots);
         for _ in 0..slots {
             ring_slots.push(CudaSlot {
@@ -219,7 +202,7 @@ impl CudaTransfer {
             compute,
             copy,
             dtype,
-            kernels,
+            convert,
             inner: Mutex::new(Inner { ring, stats: CudaTransferStats::default() }),
         })
     }
@@ -288,31 +271,13 @@ impl Transfer for CudaTransfer {
         // Compute stream: wait on the device, convert, copy the targets out, then `consumed`.
         self.compute.wait(&slot.copied).map_err(drv("transfer event"))?;
         let len = pixels.len();
-        let nn = len as u64;
         let scale = 1.0f32 / 255.0;
-        let cfg = LaunchConfig {
-            grid_dim: (len.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let dims = [n, shape.channels, shape.height, shape.width];
         let src = pd.slice(..len);
         let images = if self.dtype == DType::F32 {
-            // SAFETY: `dst` is fully written by the kernel before any reader on the compute stream sees it.
-            let mut dst = unsafe { self.compute.alloc::<f32>(len.max(1)) }.map_err(drv("image tensor"))?;
-            let mut b = self.compute.launch_builder(&self.kernels.to_f32);
-            b.arg(&src).arg(&mut dst).arg(&nn).arg(&scale);
-            // SAFETY: argument types match the kernel's signature; `n` bounds every access.
-            unsafe { b.launch(cfg) }.map_err(drv("image conversion"))?;
-            self.wrap(dst, &dims)
+            self.wrap(self.convert.to_f32(&self.compute, &src, scale).map_err(candle("image conversion"))?, &dims)
         } else {
-            // SAFETY: as above.
-            let mut dst = unsafe { self.compute.alloc::<half::bf16>(len.max(1)) }.map_err(drv("image tensor"))?;
-            let mut b = self.compute.launch_builder(&self.kernels.to_bf16);
-            b.arg(&src).arg(&mut dst).arg(&nn).arg(&scale);
-            // SAFETY: as above (bf16 is a 16-bit value, written as `unsigned short`).
-            unsafe { b.launch(cfg) }.map_err(drv("image conversion"))?;
-            self.wrap(dst, &dims)
+            self.wrap(self.convert.to_bf16(&self.compute, &src, scale).map_err(candle("image conversion"))?, &dims)
         };
         let targets = self.compute.clone_dtod(&td.slice(..tlen)).map_err(drv("target tensors"))?;
         slot.consumed.0.record(&self.compute).map_err(drv("transfer event"))?;

@@ -1,4 +1,4 @@
-// The transfer stage's kernels (cuda.rs; compiled by NVRTC at run time).
+// The u8 → float conversion of a batch's pixels (convert.rs; compiled by NVRTC at run time).
 extern "C" __global__ void sluice_u8_to_f32(const unsigned char* src, float* dst, unsigned long long n, float scale) {
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {

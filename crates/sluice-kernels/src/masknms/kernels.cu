@@ -1,8 +1,8 @@
-// Batched NMS by overlap bitmasks on the device: the kernels of masknms.rs's steps, whose host twins there are the
-// reference. Float operations use the round-to-nearest intrinsics so that NVRTC contracts no multiply-add and every
-// value equals the host's. Predictions are B images of (4 + nc) rows over A anchors, float32: value (row r, anchor a)
-// of image b at pred[b * (4 + nc) * A + r * rs + a * as] (channels first: rs = A, as = 1; anchors first: rs = 1,
-// as = 4 + nc). Counts, positions and flags are unsigned 32-bit.
+// Batched NMS by overlap bitmasks on the device: the kernels of sluice-eval's masknms.rs steps, whose host twins
+// there are the reference. Float operations use the round-to-nearest intrinsics so that NVRTC contracts no
+// multiply-add and every value equals the host's. Predictions are B images of (4 + nc) rows over A anchors, float32:
+// value (row r, anchor a) of image b at pred[b * (4 + nc) * A + r * rs + a * as] (channels first: rs = A, as = 1;
+// anchors first: rs = 1, as = 4 + nc). Counts, positions and flags are unsigned 32-bit.
 
 typedef unsigned long long u64;
 

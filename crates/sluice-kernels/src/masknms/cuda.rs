@@ -1,19 +1,15 @@
-//! The CUDA launches of batched mask NMS (feature `cuda`): the kernels of `masknms.cu`, compiled by NVRTC once per
-//! device, chained on the input's stream with no host read. See [`crate::masknms`] for the steps and their host
-//! twins.
+//! The CUDA launches of batched mask NMS: the kernels of `kernels.cu`, compiled by NVRTC once per device, chained on
+//! the input's stream with no host read. The steps and their host twins are `sluice_eval::masknms`'s.
 
 use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, Storage, Tensor};
-use sluice_kernels::nvrtc::PerDevice;
+use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
 
-use crate::Layout;
-use crate::error::{Error, Result};
-use crate::masknms::{CUDA_SOURCE, KeptRows, WORD, words};
-use crate::nms::{NmsMode, NmsParams};
+use super::{CUDA_SOURCE, Kept, Params, WORD, words};
+use crate::nvrtc::PerDevice;
 
 struct Kernels {
     keys: CudaFunction,
@@ -28,13 +24,13 @@ struct Kernels {
     gather: CudaFunction,
 }
 
-fn drv<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
-    move |e| Error::Invalid { what: "CUDA NMS", reason: format!("{what}: {e:?}") }
+fn drv<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> candle_core::Error {
+    move |e| candle_core::Error::Msg(format!("batched NMS (CUDA) {what}: {e:?}"))
 }
 
 fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
     static KERNELS: PerDevice<Kernels> = PerDevice::new();
-    let k = KERNELS.get(dev, "CUDA NMS", CUDA_SOURCE, |f| {
+    KERNELS.get(dev, "CUDA NMS", CUDA_SOURCE, |f| {
         Ok(Kernels {
             keys: f.get("masknms_candidate_keys")?,
             fill: f.get("masknms_fill")?,
@@ -47,8 +43,7 @@ fn kernels(dev: &CudaDevice) -> Result<Arc<Kernels>> {
             keep: f.get("masknms_keep")?,
             gather: f.get("masknms_gather")?,
         })
-    });
-    k.map_err(Error::Candle)
+    })
 }
 
 /// One thread per element, 256 per block.
@@ -70,20 +65,19 @@ fn wrap<T: candle_core::cuda_backend::CudaDType>(s: CudaSlice<T>, dev: &CudaDevi
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
-/// The kernels' chain for `B` images of `nc` classes over `na` anchors (checked by the caller).
-pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParams) -> Result<KeptRows> {
-    let b = y.dim(0).map_err(Error::Candle)?;
-    let y = y.contiguous().map_err(Error::Candle)?;
+/// The kernels' chain on the `B` images of `y` (f32, shaped as `p` says; the caller checks the shape, `max_det >= 1`
+/// and that `na · nc` fits 32 bits).
+pub fn run(y: &Tensor, p: &Params) -> Result<Kept> {
+    let (nc, na) = (p.nc, p.na);
+    let b = y.dim(0)?;
+    let y = y.contiguous()?;
     let (ys, ly) = y.storage_and_layout();
     let Storage::Cuda(ys) = &*ys else { return Err(drv("input")("not on a CUDA device")) };
-    let pred = ys.as_cuda_slice::<f32>().map_err(Error::Candle)?.slice(ly.start_offset()..);
+    let pred = ys.as_cuda_slice::<f32>()?.slice(ly.start_offset()..);
     let dev = ys.device().clone();
     let stream = dev.cuda_stream();
     let k = kernels(&dev)?;
-    let (rs, cs) = match layout {
-        Layout::ChannelsFirst => (na, 1),
-        Layout::AnchorsFirst => (1, 4 + nc),
-    };
+    let (rs, cs) = if p.channels_first { (na, 1) } else { (1, 4 + nc) };
     let slots = na * nc;
     let seg = slots.next_power_of_two().max(2);
     // The candidates are gathered into segments of `cap` keys and sorted there; only an image with more than
@@ -94,11 +88,7 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
     let w = words(n_max);
     let max_det = p.max_det;
     let multi = p.multi_label && nc > 1;
-    let offset = match (p.agnostic, p.mode) {
-        (false, NmsMode::ClassOffset { max_wh }) => Some(max_wh),
-        _ => None,
-    };
-    let per_class = !p.agnostic && p.mode == NmsMode::Exact;
+    let (offset, per_class) = (p.class_offset, p.per_class);
     let (nci, bi, wi, mdi) = (i32_of(nc)?, i32_of(b)?, i32_of(w)?, i32_of(max_det)?);
     let (nai, rsi, csi, segi, ni) = (i64_of(na)?, i64_of(rs)?, i64_of(cs)?, i64_of(seg)?, i64_of(n_max)?);
     let capi = i64_of(cap)?;
@@ -123,10 +113,10 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
     let total = i64_of(b * seg)?;
     let mut l = stream.launch_builder(&k.fill);
     l.arg(&mut keys).arg(&total);
-    // SAFETY (every launch below): the arguments match the kernel's signature in masknms.cu, and every index a
+    // SAFETY (every launch below): the arguments match the kernel's signature in kernels.cu, and every index a
     // kernel forms is bounded by the sizes passed, which are those of the buffers allocated above.
     unsafe { l.launch(flat(b * seg)?) }.map_err(drv("fill"))?;
-    let (conf, multi_i) = (p.conf_thres as f32, i32::from(multi));
+    let (conf, multi_i) = (p.conf_thres, i32::from(multi));
     let mut l = stream.launch_builder(&k.keys);
     l.arg(&pred).arg(&mut keys).arg(&mut bad).arg(&nci).arg(&nai).arg(&rsi).arg(&csi).arg(&segi).arg(&bi);
     l.arg(&conf).arg(&multi_i);
@@ -171,7 +161,7 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
     l.arg(&pred).arg(&compact).arg(&count).arg(&mut boxes).arg(&mut sup).arg(&mut groups).arg(&nci).arg(&nai);
     l.arg(&rsi).arg(&csi).arg(&capi).arg(&ni).arg(&bi).arg(&max_wh).arg(&off_i).arg(&pc_i);
     unsafe { l.launch(flat(b * n_max)?) }.map_err(drv("boxes"))?;
-    let suppress = i32::from(p.mode != NmsMode::None);
+    let suppress = i32::from(p.suppress);
     let blocks = u32::try_from(w).map_err(drv("too many candidates"))?;
     let shared = u32::try_from(w * 8).map_err(drv("too many candidates"))?;
     for img in 0..b {
@@ -192,7 +182,7 @@ pub(crate) fn nms(y: &Tensor, layout: Layout, nc: usize, na: usize, p: &NmsParam
     l.arg(&pred).arg(&compact).arg(&boxes).arg(&keep).arg(&kept).arg(&mut rows).arg(&mut anchors).arg(&nci).arg(&nai);
     l.arg(&rsi).arg(&csi).arg(&capi).arg(&ni).arg(&bi).arg(&mdi);
     unsafe { l.launch(flat(b * max_det)?) }.map_err(drv("gather"))?;
-    Ok(KeptRows {
+    Ok(Kept {
         rows: wrap(rows, &dev, &[b, max_det, 6]),
         anchors: wrap(anchors, &dev, &[b, max_det]),
         kept: wrap(kept, &dev, &[b]),
