@@ -337,12 +337,6 @@ impl Optimization {
         self.warmup(ni, epoch);
         self.last_ni = Some(ni);
         let accumulate = self.accumulate;
-        let skip = |s: &mut Self, grad_norm: Option<f64>| -> Result<BatchOutcome> {
-            s.pending.iter_mut().for_each(|g| *g = None);
-            s.last_opt_step = ni as i64;
-            s.skipped += 1;
-            Ok(BatchOutcome { stepped: false, skipped_nonfinite: true, skipped_overflow: false, grad_norm, accumulate })
-        };
 
         let finite = match finite {
             Some(f) => f,
@@ -352,8 +346,29 @@ impl Optimization {
             }
         };
         if !finite {
-            return skip(self, None);
+            return Ok(self.skip_nonfinite(ni, None));
         }
+        self.backward(loss)?;
+        if (ni as i64) - self.last_opt_step < accumulate as i64 {
+            return Ok(BatchOutcome::accumulated(accumulate));
+        }
+        candle_core::ledger::set_phase("optimizer");
+
+        if let Some(r) = self.grad_reduce.as_mut() {
+            r.reduce(&mut self.pending, self.optimizer.groups().params())?;
+        }
+        if self.device_checks && self.fused.is_some() {
+            // The fused norm divides by the loss scale itself.
+            return self.fused_step(model, ni, accumulate);
+        }
+        if self.device_checks {
+            return self.device_step(model, ni, accumulate);
+        }
+        self.host_step(model, ni, accumulate)
+    }
+
+    /// The backward pass of `loss` (scaled under loss scaling), its gradients added into the window's.
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
         // Phases of the op ledger (`sluice bench step-cost`); nothing unless one is recording.
         candle_core::ledger::set_phase("backward");
         let grads = match &self.scaler {
@@ -370,25 +385,24 @@ impl Optimization {
                 });
             }
         }
-        drop(grads);
         if !any {
             return Err(OptimError::BadInput("the loss does not depend on any trainable parameter".into()));
         }
-        if (ni as i64) - self.last_opt_step < accumulate as i64 {
-            return Ok(BatchOutcome::accumulated(accumulate));
-        }
-        candle_core::ledger::set_phase("optimizer");
+        Ok(())
+    }
 
-        if let Some(r) = self.grad_reduce.as_mut() {
-            r.reduce(&mut self.pending, self.optimizer.groups().params())?;
-        }
-        if self.device_checks && self.fused.is_some() {
-            // The fused norm divides by the loss scale itself.
-            return self.fused_step(model, ni, accumulate);
-        }
-        if self.device_checks {
-            return self.device_step(model, ni, accumulate);
-        }
+    /// A step skipped for a non-finite loss or gradient: the window's gradients go, and it counts.
+    fn skip_nonfinite(&mut self, ni: usize, grad_norm: Option<f64>) -> BatchOutcome {
+        self.pending.iter_mut().for_each(|g| *g = None);
+        self.last_opt_step = ni as i64;
+        self.skipped += 1;
+        let accumulate = self.accumulate;
+        BatchOutcome { stepped: false, skipped_nonfinite: true, skipped_overflow: false, grad_norm, accumulate }
+    }
+
+    /// The step on the host: the gradients unscaled, their norm read, the step skipped when it is not finite, else
+    /// clipped and applied.
+    fn host_step(&mut self, model: &Yolo, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
         if let Some(s) = &self.scaler {
             s.unscale(&mut self.pending)?;
         }
@@ -409,7 +423,7 @@ impl Optimization {
                     accumulate,
                 });
             }
-            return skip(self, Some(norm));
+            return Ok(self.skip_nonfinite(ni, Some(norm)));
         }
         let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
         scale_grads(&mut grads, clip_coefficient(norm, MAX_GRAD_NORM))?;
