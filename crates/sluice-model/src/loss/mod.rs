@@ -223,40 +223,10 @@ impl DetectionLoss {
             let iou = bbox::ciou(&pbox, &tbox)?; // (F)
             let box_loss = ((iou.affine(-1.0, 1.0)? * &weight)?.sum_all()? / tss)?;
             if reg_max == 1 {
-                // No DFL: the L1 distance of the four side distances, in units of the input's width (x sides) and
-                // height (y sides).
-                let (h_px, w_px) = ((raw.grids[0].0 * 8) as f32, (raw.grids[0].1 * 8) as f32);
-                let mut target = Vec::with_capacity(4 * f);
-                let mut scale = Vec::with_capacity(4 * f);
-                for &o in &fg_idx {
-                    let ai = o as usize % a;
-                    let s = strides_host[ai];
-                    let bx = asg.bbox[o as usize].map(|v| v / s);
-                    let (ax, ay) = (anchors_grid[2 * ai], anchors_grid[2 * ai + 1]);
-                    let sc = [s / w_px, s / h_px, s / w_px, s / h_px];
-                    for (k, d) in [ax - bx[0], ay - bx[1], bx[2] - ax, bx[3] - ay].into_iter().enumerate() {
-                        target.push(d * sc[k]);
-                        scale.push(sc[k]);
-                    }
-                }
-                let target = Tensor::from_vec(target, (f, 4), &dev)?.to_dtype(dtype)?;
-                let scale = Tensor::from_vec(scale, (f, 4), &dev)?.to_dtype(dtype)?;
-                let pd = dist.permute((0, 2, 1))?.reshape((b * a, 4))?.index_select(&idx, 0)?;
-                let l1 = (pd * scale)?.sub(&target)?.abs()?.mean(1)?; // (F)
-                let l1_loss = ((l1 * &weight)?.sum_all()? / tss)?;
+                let l1_loss = l1_term(raw, &dist, &idx, (&fg_idx, &asg), (&anchors_grid, &strides_host), &weight, tss)?;
                 return self.finish(box_loss, cls, l1_loss, b, on_device, asg);
             }
-            let pdist = raw.boxes.permute((0, 2, 1))?.reshape((b * a, 4, REG_MAX))?;
-            let logp = ops::log_softmax(&pdist.index_select(&idx, 0)?, 2)?; // (F, 4, 16)
-            let tl_t = Tensor::from_vec(tl.clone(), (f, 4, 1), &dev)?;
-            let tr_t = Tensor::from_vec(tl.iter().map(|v| v + 1).collect::<Vec<u32>>(), (f, 4, 1), &dev)?;
-            let wl_t = Tensor::from_vec(wl.clone(), (f, 4), &dev)?.to_dtype(dtype)?;
-            let wr_t = wl_t.affine(-1.0, 1.0)?;
-            let ce_l = logp.gather(&tl_t, 2)?.squeeze(2)?.neg()?;
-            let ce_r = logp.gather(&tr_t, 2)?.squeeze(2)?.neg()?;
-            let per_anchor = ((ce_l * wl_t)? + (ce_r * wr_t)?)?.mean(1)?; // (F)
-            let dfl_loss = ((per_anchor * &weight)?.sum_all()? / tss)?;
-            (box_loss, dfl_loss)
+            (box_loss, dfl_term(raw, &idx, (tl, wl), &weight, tss)?)
         };
         self.finish(box_loss, cls, dfl_loss, b, on_device, asg)
     }
@@ -283,4 +253,58 @@ impl DetectionLoss {
         let total = (((box_loss + cls)? + dfl_loss)? * b as f64)?;
         Ok(LossOutput { total, items, assignment: asg })
     }
+}
+
+/// The DFL term (Ultralytics' `DFLoss`): the cross entropy of each side's distribution at the two bins around its
+/// target distance, weighted by the distance to each (`tl`: the left bins, `wl`: their weights, 4 per anchor), per
+/// foreground anchor (`idx`), weighted by the target score and over the score sum `tss`.
+fn dfl_term(raw: &RawHead, idx: &Tensor, (tl, wl): (Vec<u32>, Vec<f32>), weight: &Tensor, tss: f64) -> Result<Tensor> {
+    let (dev, dtype) = (raw.boxes.device(), raw.boxes.dtype());
+    let (b, a, f) = (raw.boxes.dim(0)?, raw.boxes.dim(2)?, idx.dim(0)?);
+    let pdist = raw.boxes.permute((0, 2, 1))?.reshape((b * a, 4, REG_MAX))?;
+    let logp = ops::log_softmax(&pdist.index_select(idx, 0)?, 2)?; // (F, 4, 16)
+    let tr: Vec<u32> = tl.iter().map(|v| v + 1).collect();
+    let tl_t = Tensor::from_vec(tl, (f, 4, 1), dev)?;
+    let tr_t = Tensor::from_vec(tr, (f, 4, 1), dev)?;
+    let wl_t = Tensor::from_vec(wl, (f, 4), dev)?.to_dtype(dtype)?;
+    let wr_t = wl_t.affine(-1.0, 1.0)?;
+    let ce_l = logp.gather(&tl_t, 2)?.squeeze(2)?.neg()?;
+    let ce_r = logp.gather(&tr_t, 2)?.squeeze(2)?.neg()?;
+    let per_anchor = ((ce_l * wl_t)? + (ce_r * wr_t)?)?.mean(1)?; // (F)
+    Ok(((per_anchor * weight)?.sum_all()? / tss)?)
+}
+
+/// The box term of a one-bin head (YOLO26, no DFL): the L1 distance of the four side distances in units of the
+/// input's width (x sides) and height (y sides), per foreground anchor, weighted by the target score and over the
+/// score sum `tss`.
+fn l1_term(
+    raw: &RawHead,
+    dist: &Tensor,
+    idx: &Tensor,
+    (fg_idx, asg): (&[u32], &assigner::Assignment),
+    (anchors_grid, strides_host): (&[f32], &[f32]),
+    weight: &Tensor,
+    tss: f64,
+) -> Result<Tensor> {
+    let (dev, dtype) = (raw.boxes.device(), raw.boxes.dtype());
+    let (b, a, f) = (dist.dim(0)?, dist.dim(2)?, fg_idx.len());
+    let (h_px, w_px) = ((raw.grids[0].0 * 8) as f32, (raw.grids[0].1 * 8) as f32);
+    let mut target = Vec::with_capacity(4 * f);
+    let mut scale = Vec::with_capacity(4 * f);
+    for &o in fg_idx {
+        let ai = o as usize % a;
+        let s = strides_host[ai];
+        let bx = asg.bbox[o as usize].map(|v| v / s);
+        let (ax, ay) = (anchors_grid[2 * ai], anchors_grid[2 * ai + 1]);
+        let sc = [s / w_px, s / h_px, s / w_px, s / h_px];
+        for (k, d) in [ax - bx[0], ay - bx[1], bx[2] - ax, bx[3] - ay].into_iter().enumerate() {
+            target.push(d * sc[k]);
+            scale.push(sc[k]);
+        }
+    }
+    let target = Tensor::from_vec(target, (f, 4), dev)?.to_dtype(dtype)?;
+    let scale = Tensor::from_vec(scale, (f, 4), dev)?.to_dtype(dtype)?;
+    let pd = dist.permute((0, 2, 1))?.reshape((b * a, 4))?.index_select(idx, 0)?;
+    let l1 = (pd * scale)?.sub(&target)?.abs()?.mean(1)?; // (F)
+    Ok(((l1 * weight)?.sum_all()? / tss)?)
 }
