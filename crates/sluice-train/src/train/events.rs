@@ -95,8 +95,8 @@ pub struct SetupEvent<'a> {
 /// Callbacks of a run. The trainer itself draws and prints nothing: a front end (the `sluice` binary, a test)
 /// shows progress, draws the plots and prints warnings from these events.
 pub trait Observer {
-    /// While the run is built ([`super::Trainer::new_with`], [`super::Trainer::resume_with`]): a copy from object storage or a `cache: disk`
-    /// build advanced. Not called when nothing has to be fetched or built.
+    /// While the run is built ([`super::Trainer::new_with`], [`super::Trainer::resume_with`]): a copy from object
+    /// storage or a `cache: disk` build advanced. Not called when nothing has to be fetched or built.
     fn setup(&mut self, _event: &SetupEvent<'_>) {}
     /// After each batch.
     fn batch(&mut self, _event: &BatchEvent) {}
