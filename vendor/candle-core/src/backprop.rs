@@ -182,25 +182,44 @@ impl Tensor {
             let grad = if do_not_detach { grad } else { grad.detach() };
             if let Some(op) = node.op() {
                 match op {
+                    // An operand that tracks no op (a constant: a target, a mask, a cached scalar) gets no
+                    // gradient: nothing reads it, as PyTorch computes none for an input that needs none
+                    // (Sluice patch). The gradients of the tracked operands are computed as before.
                     Op::Binary(lhs, rhs, BinaryOp::Add) => {
-                        grads.accumulate(lhs, &grad)?;
-                        grads.accumulate(rhs, &grad)?;
+                        if lhs.track_op() {
+                            grads.accumulate(lhs, &grad)?;
+                        }
+                        if rhs.track_op() {
+                            grads.accumulate(rhs, &grad)?;
+                        }
                     }
                     Op::Binary(lhs, rhs, BinaryOp::Sub) => {
-                        grads.accumulate(lhs, &grad)?;
-                        grads.accumulate_neg(rhs, &grad)?;
+                        if lhs.track_op() {
+                            grads.accumulate(lhs, &grad)?;
+                        }
+                        if rhs.track_op() {
+                            grads.accumulate_neg(rhs, &grad)?;
+                        }
                     }
                     Op::Binary(lhs, rhs, BinaryOp::Mul) => {
-                        let lhs_grad = grad.mul(rhs)?;
-                        grads.accumulate(lhs, &lhs_grad)?;
-                        let rhs_grad = grad.mul(lhs)?;
-                        grads.accumulate(rhs, &rhs_grad)?;
+                        if lhs.track_op() {
+                            let lhs_grad = grad.mul(rhs)?;
+                            grads.accumulate(lhs, &lhs_grad)?;
+                        }
+                        if rhs.track_op() {
+                            let rhs_grad = grad.mul(lhs)?;
+                            grads.accumulate(rhs, &rhs_grad)?;
+                        }
                     }
                     Op::Binary(lhs, rhs, BinaryOp::Div) => {
-                        let lhs_grad = grad.div(rhs)?;
-                        grads.accumulate(lhs, &lhs_grad)?;
-                        let rhs_grad = grad.mul(lhs)?.div(&rhs.sqr()?)?;
-                        grads.accumulate_neg(rhs, &rhs_grad)?;
+                        if lhs.track_op() {
+                            let lhs_grad = grad.div(rhs)?;
+                            grads.accumulate(lhs, &lhs_grad)?;
+                        }
+                        if rhs.track_op() {
+                            let rhs_grad = grad.mul(lhs)?.div(&rhs.sqr()?)?;
+                            grads.accumulate_neg(rhs, &rhs_grad)?;
+                        }
                     }
                     Op::Binary(lhs, rhs, BinaryOp::Minimum)
                     | Op::Binary(lhs, rhs, BinaryOp::Maximum) => {
@@ -209,20 +228,27 @@ impl Tensor {
 
                         // If both masks are 1 one the same point, we want to scale the
                         // gradient by 0.5 rather than 1.
-                        let lhs_grad = mask_lhs.mul(&grad)?.div(&(&mask_rhs + 1.)?)?;
-                        grads.accumulate(lhs, &lhs_grad)?;
-
-                        let rhs_grad = mask_rhs.mul(&grad)?.div(&(&mask_lhs + 1.)?)?;
-                        grads.accumulate(rhs, &rhs_grad)?;
+                        if lhs.track_op() {
+                            let lhs_grad = mask_lhs.mul(&grad)?.div(&(&mask_rhs + 1.)?)?;
+                            grads.accumulate(lhs, &lhs_grad)?;
+                        }
+                        if rhs.track_op() {
+                            let rhs_grad = mask_rhs.mul(&grad)?.div(&(&mask_lhs + 1.)?)?;
+                            grads.accumulate(rhs, &rhs_grad)?;
+                        }
                     }
                     Op::WhereCond(pred, t, f) => {
                         let zeros = grad.zeros_like()?;
-                        let t_sum_grad = grads.or_insert(t)?;
-                        let t_grad = pred.where_cond(&grad, &zeros)?;
-                        *t_sum_grad = t_sum_grad.add(&t_grad)?;
-                        let f_sum_grad = grads.or_insert(f)?;
-                        let f_grad = pred.where_cond(&zeros, &grad)?;
-                        *f_sum_grad = f_sum_grad.add(&f_grad)?;
+                        if t.track_op() {
+                            let t_sum_grad = grads.or_insert(t)?;
+                            let t_grad = pred.where_cond(&grad, &zeros)?;
+                            *t_sum_grad = t_sum_grad.add(&t_grad)?;
+                        }
+                        if f.track_op() {
+                            let f_sum_grad = grads.or_insert(f)?;
+                            let f_grad = pred.where_cond(&zeros, &grad)?;
+                            *f_sum_grad = f_sum_grad.add(&f_grad)?;
+                        }
                     }
                     Op::Conv1D {
                         arg,
