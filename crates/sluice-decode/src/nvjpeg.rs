@@ -436,20 +436,13 @@ impl NvJpegDecoder {
         }
     }
 
-    fn decode_on_gpu(&self, gpu: &mut Gpu, bytes: &[u8], out: &mut ImageRgb8) -> Result<Attempt> {
-        let api = Arc::clone(&gpu.api);
-        let corrupt = |call: &str, status: NvjpegStatus| DecodeError::Corrupt {
-            backend: NAME,
-            format: "JPEG",
-            len: bytes.len(),
-            reason: format!("{call}: {}", status_name(status)),
-        };
-        let device = |reason: String| DecodeError::Device { backend: NAME, reason };
+    /// The JPEG's plane layout and size from its header, or `None` for a JPEG nvJPEG does not decode.
+    fn image_info(gpu: &Gpu, bytes: &[u8]) -> Result<Option<(bool, u32, u32)>> {
         let (mut components, mut subsampling) = (0 as c_int, 0 as c_int);
         let (mut widths, mut heights) = ([0 as c_int; NVJPEG_MAX_COMPONENT], [0 as c_int; NVJPEG_MAX_COMPONENT]);
         // SAFETY: live handle; `bytes` is valid for its length; the out-pointers point at 1, 1, 4 and 4 ints.
         let status = unsafe {
-            (api.nvjpeg_get_image_info)(
+            (gpu.api.nvjpeg_get_image_info)(
                 gpu.handle,
                 bytes.as_ptr(),
                 bytes.len(),
@@ -460,23 +453,32 @@ impl NvJpegDecoder {
             )
         };
         if status != NVJPEG_STATUS_SUCCESS {
-            return if not_supported(status) { Ok(Attempt::Cpu) } else { Err(corrupt("nvjpegGetImageInfo", status)) };
+            return if not_supported(status) {
+                Ok(None)
+            } else {
+                Err(Self::corrupt(bytes, format!("nvjpegGetImageInfo: {}", status_name(status))))
+            };
         }
         // nvJPEG decodes 1- and 3-component JPEGs; CMYK/YCCK (4) and anything else go to the CPU.
         let gray = components == 1 || subsampling == NVJPEG_CSS_GRAY;
         if !gray && components != 3 {
-            return Ok(Attempt::Cpu);
+            return Ok(None);
         }
         let (w, h) = (widths[0], heights[0]);
         if w <= 0 || h <= 0 {
-            return Err(DecodeError::Corrupt {
-                backend: NAME,
-                format: "JPEG",
-                len: bytes.len(),
-                reason: format!("nvjpegGetImageInfo: {w}x{h} image"),
-            });
+            return Err(Self::corrupt(bytes, format!("nvjpegGetImageInfo: {w}x{h} image")));
         }
-        let (w, h) = (w as u32, h as u32);
+        Ok(Some((gray, w as u32, h as u32)))
+    }
+
+    fn corrupt(bytes: &[u8], reason: String) -> DecodeError {
+        DecodeError::Corrupt { backend: NAME, format: "JPEG", len: bytes.len(), reason }
+    }
+
+    fn decode_on_gpu(&self, gpu: &mut Gpu, bytes: &[u8], out: &mut ImageRgb8) -> Result<Attempt> {
+        let api = Arc::clone(&gpu.api);
+        let device = |reason: String| DecodeError::Device { backend: NAME, reason };
+        let Some((gray, w, h)) = Self::image_info(gpu, bytes)? else { return Ok(Attempt::Cpu) };
         DecodeError::check_pixels(NAME, w, h, self.max_pixels)?;
         let orientation = jpeg_orientation(bytes);
         let (ow, oh) = orientation.apply_to_size(w, h);
@@ -500,7 +502,7 @@ impl NvJpegDecoder {
             if device_failure(status) {
                 return Err(device(format!("nvjpegDecode failed with {} ({})", status_name(status), api.nvjpeg_lib)));
             }
-            return Err(corrupt("nvjpegDecode", status));
+            return Err(Self::corrupt(bytes, format!("nvjpegDecode: {}", status_name(status))));
         }
         let direct = channels == 3 && orientation == Orientation::Normal;
         let (dst, dpitch) = if direct {

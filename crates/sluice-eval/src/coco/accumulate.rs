@@ -43,6 +43,141 @@ struct Scratch {
     /// `cand` with each detection's list in the GT order of the current area range.
     cand_sorted: Vec<u32>,
     gt_rank: Vec<u32>,
+    /// Per detection of the current area range, bit `t` for a match and bit `16 + t` for an ignored detection.
+    masks: Vec<u32>,
+}
+
+impl Scratch {
+    /// Orders one (image, category) group's detections by descending score (stable, cut at `max_det`), fills the
+    /// IoU matrix `[d][g]` in GT file order (maskUtils.iou / bbIou) and lists per detection the GTs with IoU >=
+    /// `t_min`, the lowest threshold.
+    fn candidates(
+        &mut self,
+        max_det: usize,
+        t_min: f64,
+        gts: &[GtBox],
+        g_idx: &[(u32, u32)],
+        dts: &[DtBox],
+        d_idx: &[(u32, u32)],
+    ) {
+        self.dt_order.clear();
+        self.dt_order.extend(d_idx.iter().map(|p| p.1));
+        self.dt_order.sort_by(|&i, &j| (dts[j as usize].score + 0.0).total_cmp(&(dts[i as usize].score + 0.0)));
+        self.dt_order.truncate(max_det);
+        let nd = self.dt_order.len();
+        let ng = g_idx.len();
+        self.ious.clear();
+        self.ious.resize(nd * ng, 0.0);
+        for (d, &di) in self.dt_order.iter().enumerate() {
+            let db = &dts[di as usize].bbox;
+            let da = db[2] * db[3];
+            for (g, &(_, gi)) in g_idx.iter().enumerate() {
+                let gt = &gts[gi as usize];
+                let gb = &gt.bbox;
+                let w = (db[2] + db[0]).min(gb[2] + gb[0]) - db[0].max(gb[0]);
+                if w <= 0.0 {
+                    continue;
+                }
+                let h = (db[3] + db[1]).min(gb[3] + gb[1]) - db[1].max(gb[1]);
+                if h <= 0.0 {
+                    continue;
+                }
+                let i = w * h;
+                let u = if gt.iscrowd { da } else { da + gb[2] * gb[3] - i };
+                self.ious[d * ng + g] = i / u;
+            }
+        }
+        // Only GTs with IoU >= the lowest threshold can ever be matched; visiting just those (in the same GT
+        // order) gives the same matches: skipped GTs would `continue`, and once a regular GT is matched every
+        // later GT is an ignored one, where the scan stops either way.
+        self.cand_off.clear();
+        self.cand.clear();
+        self.cand_off.push(0);
+        for d in 0..nd {
+            for g in 0..ng {
+                if self.ious[d * ng + g] >= t_min {
+                    self.cand.push(g as u32);
+                }
+            }
+            self.cand_off.push(self.cand.len() as u32);
+        }
+    }
+
+    /// Marks the GTs that area range `[lo, hi]` ignores (crowds and areas outside it).
+    fn ignore_by_area(&mut self, [lo, hi]: [f64; 2], gts: &[GtBox], g_idx: &[(u32, u32)]) {
+        self.gt_ig.clear();
+        self.gt_ig.extend(g_idx.iter().map(|&(_, gi)| {
+            let g = &gts[gi as usize];
+            g.iscrowd || g.area < lo || g.area > hi
+        }));
+    }
+
+    /// pycocotools' greedy matching of the group's detections at every threshold within one area range, into
+    /// `masks` (after `candidates` and `ignore_by_area`).
+    fn match_area(&mut self, thrs: &[f64], [lo, hi]: [f64; 2], gts: &[GtBox], g_idx: &[(u32, u32)], dts: &[DtBox]) {
+        let nd = self.dt_order.len();
+        let ng = g_idx.len();
+        // GT order: not ignored first (stable).
+        self.gt_sorted.clear();
+        self.gt_sorted.extend((0..ng as u32).filter(|&g| !self.gt_ig[g as usize]));
+        self.gt_sorted.extend((0..ng as u32).filter(|&g| self.gt_ig[g as usize]));
+        self.gt_rank.clear();
+        self.gt_rank.resize(ng, 0);
+        for (r, &g) in self.gt_sorted.iter().enumerate() {
+            self.gt_rank[g as usize] = r as u32;
+        }
+        self.cand_sorted.clear();
+        self.cand_sorted.extend_from_slice(&self.cand);
+        for d in 0..nd {
+            let seg = &mut self.cand_sorted[self.cand_off[d] as usize..self.cand_off[d + 1] as usize];
+            if seg.len() > 1 {
+                seg.sort_unstable_by_key(|&g| self.gt_rank[g as usize]);
+            }
+        }
+        self.masks.clear();
+        self.masks.resize(nd, 0);
+        for (t, &thr) in thrs.iter().enumerate() {
+            self.gt_matched.clear();
+            self.gt_matched.resize(ng, false);
+            for d in 0..nd {
+                let mut iou = thr.min(1.0 - 1e-10);
+                let mut m: Option<usize> = None;
+                for &g in &self.cand_sorted[self.cand_off[d] as usize..self.cand_off[d + 1] as usize] {
+                    let g = g as usize;
+                    let crowd = gts[g_idx[g].1 as usize].iscrowd;
+                    if self.gt_matched[g] && !crowd {
+                        continue;
+                    }
+                    if m.is_some_and(|mm| !self.gt_ig[mm] && self.gt_ig[g]) {
+                        break;
+                    }
+                    let v = self.ious[d * ng + g];
+                    if v < iou {
+                        continue;
+                    }
+                    iou = v;
+                    m = Some(g);
+                }
+                let db = &dts[self.dt_order[d] as usize].bbox;
+                let darea = db[2] * db[3];
+                let out_of_range = darea < lo || darea > hi;
+                // dtm holds the matched GT's id; pycocotools reads an id of 0 as "no match".
+                let (dtm_nonzero, mut ignored) = match m {
+                    Some(g) => {
+                        self.gt_matched[g] = true;
+                        (gts[g_idx[g].1 as usize].id != 0, self.gt_ig[g])
+                    }
+                    None => (false, false),
+                };
+                ignored |= !dtm_nonzero && out_of_range;
+                if ignored {
+                    self.masks[d] |= 1 << (16 + t);
+                } else if dtm_nonzero {
+                    self.masks[d] |= 1 << t;
+                }
+            }
+        }
+    }
 }
 
 /// A streaming COCO bbox evaluator: add images in any order (on any number of accumulators), merge, finalize.
@@ -139,52 +274,11 @@ impl CocoAccumulator {
         dts: &[DtBox],
         d_idx: &[(u32, u32)],
     ) {
-        let Dims { t: nt, a: na, .. } = self.dims;
+        let na = self.dims.a;
         let max_det = self.params.max_dets.last().copied().unwrap_or(0);
-        // Detections by descending score, stable, cut at the largest maxDets.
-        s.dt_order.clear();
-        s.dt_order.extend(d_idx.iter().map(|p| p.1));
-        s.dt_order.sort_by(|&i, &j| (dts[j as usize].score + 0.0).total_cmp(&(dts[i as usize].score + 0.0)));
-        s.dt_order.truncate(max_det);
-        let nd = s.dt_order.len();
-        let ng = g_idx.len();
-        // IoU matrix [d][g] in GT file order (maskUtils.iou / bbIou).
-        s.ious.clear();
-        s.ious.resize(nd * ng, 0.0);
-        for (d, &di) in s.dt_order.iter().enumerate() {
-            let db = &dts[di as usize].bbox;
-            let da = db[2] * db[3];
-            for (g, &(_, gi)) in g_idx.iter().enumerate() {
-                let gt = &gts[gi as usize];
-                let gb = &gt.bbox;
-                let w = (db[2] + db[0]).min(gb[2] + gb[0]) - db[0].max(gb[0]);
-                if w <= 0.0 {
-                    continue;
-                }
-                let h = (db[3] + db[1]).min(gb[3] + gb[1]) - db[1].max(gb[1]);
-                if h <= 0.0 {
-                    continue;
-                }
-                let i = w * h;
-                let u = if gt.iscrowd { da } else { da + gb[2] * gb[3] - i };
-                s.ious[d * ng + g] = i / u;
-            }
-        }
-        // Only GTs with IoU >= the lowest threshold can ever be matched; visiting just those (in the same GT
-        // order) gives the same matches: skipped GTs would `continue`, and once a regular GT is matched every
-        // later GT is an ignored one, where the scan stops either way.
         let t_min = self.params.iou_thrs.iter().fold(f64::INFINITY, |m, &t| m.min(t.min(1.0 - 1e-10)));
-        s.cand_off.clear();
-        s.cand.clear();
-        s.cand_off.push(0);
-        for d in 0..nd {
-            for g in 0..ng {
-                if s.ious[d * ng + g] >= t_min {
-                    s.cand.push(g as u32);
-                }
-            }
-            s.cand_off.push(s.cand.len() as u32);
-        }
+        s.candidates(max_det, t_min, gts, g_idx, dts, d_idx);
+        let nd = s.dt_order.len();
         let base = self.cats[k].recs.len();
         {
             let cat = &mut self.cats[k];
@@ -194,79 +288,15 @@ impl CocoAccumulator {
             cat.masks.resize(cat.recs.len() * na, 0);
         }
         for a in 0..na {
-            let [lo, hi] = self.params.area_rng[a];
-            s.gt_ig.clear();
-            s.gt_ig.extend(g_idx.iter().map(|&(_, gi)| {
-                let g = &gts[gi as usize];
-                g.iscrowd || g.area < lo || g.area > hi
-            }));
+            let area = self.params.area_rng[a];
+            s.ignore_by_area(area, gts, g_idx);
             self.npig[k * na + a] += s.gt_ig.iter().filter(|&&ig| !ig).count() as u64;
             if nd == 0 {
                 continue;
             }
-            // GT order: not ignored first (stable).
-            s.gt_sorted.clear();
-            s.gt_sorted.extend((0..ng as u32).filter(|&g| !s.gt_ig[g as usize]));
-            s.gt_sorted.extend((0..ng as u32).filter(|&g| s.gt_ig[g as usize]));
-            s.gt_rank.clear();
-            s.gt_rank.resize(ng, 0);
-            for (r, &g) in s.gt_sorted.iter().enumerate() {
-                s.gt_rank[g as usize] = r as u32;
-            }
-            s.cand_sorted.clear();
-            s.cand_sorted.extend_from_slice(&s.cand);
-            for d in 0..nd {
-                let seg = &mut s.cand_sorted[s.cand_off[d] as usize..s.cand_off[d + 1] as usize];
-                if seg.len() > 1 {
-                    seg.sort_unstable_by_key(|&g| s.gt_rank[g as usize]);
-                }
-            }
-            let mut masks = vec![0u32; nd];
-            for (t, &thr) in self.params.iou_thrs.iter().enumerate().take(nt) {
-                s.gt_matched.clear();
-                s.gt_matched.resize(ng, false);
-                for (d, mask) in masks.iter_mut().enumerate() {
-                    let mut iou = thr.min(1.0 - 1e-10);
-                    let mut m: Option<usize> = None;
-                    if ng > 0 {
-                        for &g in &s.cand_sorted[s.cand_off[d] as usize..s.cand_off[d + 1] as usize] {
-                            let g = g as usize;
-                            let crowd = gts[g_idx[g].1 as usize].iscrowd;
-                            if s.gt_matched[g] && !crowd {
-                                continue;
-                            }
-                            if m.is_some_and(|mm| !s.gt_ig[mm] && s.gt_ig[g]) {
-                                break;
-                            }
-                            let v = s.ious[d * ng + g];
-                            if v < iou {
-                                continue;
-                            }
-                            iou = v;
-                            m = Some(g);
-                        }
-                    }
-                    let db = &dts[s.dt_order[d] as usize].bbox;
-                    let darea = db[2] * db[3];
-                    let out_of_range = darea < lo || darea > hi;
-                    // dtm holds the matched GT's id; pycocotools reads an id of 0 as "no match".
-                    let (dtm_nonzero, mut ignored) = match m {
-                        Some(g) => {
-                            s.gt_matched[g] = true;
-                            (gts[g_idx[g].1 as usize].id != 0, s.gt_ig[g])
-                        }
-                        None => (false, false),
-                    };
-                    ignored |= !dtm_nonzero && out_of_range;
-                    if ignored {
-                        *mask |= 1 << (16 + t);
-                    } else if dtm_nonzero {
-                        *mask |= 1 << t;
-                    }
-                }
-            }
+            s.match_area(&self.params.iou_thrs, area, gts, g_idx, dts);
             let cat = &mut self.cats[k];
-            for (d, &mask) in masks.iter().enumerate() {
+            for (d, &mask) in s.masks.iter().enumerate() {
                 cat.masks[(base + d) * na + a] = mask;
             }
         }
