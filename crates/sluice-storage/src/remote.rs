@@ -20,8 +20,11 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use futures::StreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::path::Path as ObjectPath;
+use object_store::{BackoffConfig, ObjectStore, ObjectStoreExt, ObjectStoreScheme, RetryConfig};
 
 use crate::error::{Result, StorageError};
 use crate::shard::PackedReader;
@@ -38,12 +41,84 @@ pub struct RemoteOptions {
     pub parallel: usize,
     /// Bytes per ranged read.
     pub chunk_bytes: u64,
+    /// How long a failing request is retried before the copy fails.
+    pub retry: Retry,
 }
 
 impl Default for RemoteOptions {
     fn default() -> Self {
-        Self { settings: Vec::new(), parallel: 8, chunk_bytes: 8 << 20 }
+        Self { settings: Vec::new(), parallel: 8, chunk_bytes: 8 << 20, retry: Retry::default() }
     }
+}
+
+/// Retries of a request that fails with a transient error (a refused or dropped connection, a timeout, a 5xx or 429
+/// status), with exponential back-off from `first_backoff` up to `max_backoff` between tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Tries after the first (0: none).
+    pub max_retries: usize,
+    /// No retry starts later than this after the first try.
+    pub timeout: Duration,
+    /// The wait before the first retry; each later wait doubles, up to `max_backoff`.
+    pub first_backoff: Duration,
+    /// The longest wait between two tries.
+    pub max_backoff: Duration,
+}
+
+/// `object_store`'s own defaults: 10 retries within 3 minutes, waits from 100 ms up to 15 s.
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            max_retries: 10,
+            timeout: Duration::from_secs(180),
+            first_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(15),
+        }
+    }
+}
+
+impl Retry {
+    fn config(self) -> RetryConfig {
+        RetryConfig {
+            backoff: BackoffConfig { init_backoff: self.first_backoff, max_backoff: self.max_backoff, base: 2.0 },
+            max_retries: self.max_retries,
+            retry_timeout: self.timeout,
+        }
+    }
+}
+
+/// The store of `url` with `settings` (as `object_store::parse_url_opts` applies them: unknown keys are ignored)
+/// and `retry`, and the object's path in it.
+fn open_store(
+    url: &url::Url,
+    settings: &[(String, String)],
+    retry: Retry,
+) -> std::result::Result<(Box<dyn ObjectStore>, ObjectPath), object_store::Error> {
+    macro_rules! build {
+        ($builder:ty, $url:expr) => {{
+            let builder = settings.iter().fold(<$builder>::new().with_url($url), |b, (key, value)| {
+                match key.to_ascii_lowercase().parse() {
+                    Ok(k) => b.with_config(k, value.clone()),
+                    Err(_) => b,
+                }
+            });
+            Box::new(builder.with_retry(retry.config()).build()?) as Box<dyn ObjectStore>
+        }};
+    }
+    let (scheme, path) = ObjectStoreScheme::parse(url)?;
+    let path = ObjectPath::parse(path)?;
+    let store = match scheme {
+        ObjectStoreScheme::AmazonS3 => build!(object_store::aws::AmazonS3Builder, url.to_string()),
+        ObjectStoreScheme::GoogleCloudStorage => build!(object_store::gcp::GoogleCloudStorageBuilder, url.to_string()),
+        ObjectStoreScheme::MicrosoftAzure => build!(object_store::azure::MicrosoftAzureBuilder, url.to_string()),
+        ObjectStoreScheme::Http => build!(object_store::http::HttpBuilder, &url[..url::Position::BeforePath]),
+        other => {
+            return Err(object_store::Error::NotSupported {
+                source: format!("{other:?} is not an object store Sluice reads shards from").into(),
+            });
+        }
+    };
+    Ok((store, path))
 }
 
 /// A shard object copied to local disk.
@@ -62,8 +137,7 @@ pub struct Staged {
 pub fn stage_shard(url: &str, dir: &Path, opts: &RemoteOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Staged> {
     let remote = |reason: String| StorageError::Remote { url: url.to_string(), reason };
     let parsed = url::Url::parse(url).map_err(|e| remote(format!("not a valid URL: {e}")))?;
-    let (store, location) = object_store::parse_url_opts(&parsed, opts.settings.iter().map(|(k, v)| (k, v.clone())))
-        .map_err(|e| remote(e.to_string()))?;
+    let (store, location) = open_store(&parsed, &opts.settings, opts.retry).map_err(|e| remote(e.to_string()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("sluice-remote")
@@ -111,7 +185,7 @@ pub fn stage_shard(url: &str, dir: &Path, opts: &RemoteOptions, progress: &mut d
 /// Reads `ranges` of the object, `parallel` at a time, writing each at its offset of `out`.
 async fn fetch_ranges(
     store: &dyn ObjectStore,
-    location: &object_store::path::Path,
+    location: &ObjectPath,
     ranges: Vec<Range<u64>>,
     parallel: usize,
     out: &File,

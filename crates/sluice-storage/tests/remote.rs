@@ -1,11 +1,13 @@
 //! Shards staged from an S3-compatible store (a local moto server, see `sluice_testkit::s3`): the local copy is
 //! the object byte for byte, reused while the object is unchanged and fetched again when it is rewritten; a missing
-//! object and an object that is not a shard are errors naming the object, and leave no shard behind.
+//! object and an object that is not a shard are errors naming the object, and leave no shard behind; a server that
+//! stops in the middle of a copy is retried with back-off and then named in the error, and no partial copy stays.
 #![cfg(feature = "object-store")]
 
 use std::path::Path;
+use std::time::Duration;
 
-use sluice_storage::remote::{RemoteOptions, stage_shard};
+use sluice_storage::remote::{RemoteOptions, Retry, stage_shard};
 use sluice_storage::{PackedReader, ShardWriter};
 use sluice_testkit::s3::MotoServer;
 
@@ -23,7 +25,7 @@ fn shard_bytes(dir: &Path, records: u8, salt: u8) -> Vec<u8> {
 
 /// Small ranges, several in flight: the object arrives in many pieces, out of order.
 fn opts(server: &MotoServer) -> RemoteOptions {
-    RemoteOptions { settings: server.settings(), parallel: 4, chunk_bytes: 1000 }
+    RemoteOptions { settings: server.settings(), parallel: 4, chunk_bytes: 1000, retry: Retry::default() }
 }
 
 fn shards_in(dir: &Path) -> Vec<String> {
@@ -85,4 +87,35 @@ fn missing_and_foreign_objects_are_errors_naming_the_object() {
 
     let err = stage_shard("s3://", cache.path(), &opts(&server), &mut |_, _| {}).expect_err("bad url").to_string();
     assert!(err.starts_with("s3://"), "{err}");
+}
+
+#[test]
+fn a_server_stopped_mid_copy_is_retried_then_named_and_leaves_no_copy() {
+    let Some(mut server) = MotoServer::start("sluice-stopped") else { return };
+    let src = tempfile::tempdir().expect("tempdir");
+    let original = shard_bytes(src.path(), 40, 3);
+    server.put("coco/train.sluice", &original);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let url = server.url("coco/train.sluice");
+    // Short waits so that the retries are over in well under a second.
+    let retry = Retry {
+        max_retries: 3,
+        timeout: Duration::from_secs(60),
+        first_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(40),
+    };
+    let opts = RemoteOptions { settings: server.settings(), parallel: 1, chunk_bytes: 1000, retry };
+    let mut arrived = Vec::new();
+    let err = stage_shard(&url, cache.path(), &opts, &mut |done, _| {
+        arrived.push(done);
+        if arrived.len() == 3 {
+            server.stop();
+        }
+    })
+    .expect_err("the server is gone")
+    .to_string();
+    assert_eq!(arrived, [1000, 2000, 3000], "nothing arrives once the server is stopped");
+    assert!(err.starts_with(&url) && err.contains("bytes 3000..4000"), "names the object and the range: {err}");
+    assert!(err.contains("after 3 retries"), "retried as configured: {err}");
+    assert!(shards_in(cache.path()).is_empty(), "no partial copy left: {:?}", shards_in(cache.path()));
 }

@@ -82,6 +82,12 @@ impl MotoServer {
         .collect()
     }
 
+    /// Stops the server (as a crash would: the process is killed); later requests find nothing listening.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// `s3://<bucket>/<key>`.
     pub fn url(&self, key: &str) -> String {
         format!("s3://{}/{key}", self.bucket)
@@ -90,7 +96,6 @@ impl MotoServer {
 
 impl Drop for MotoServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
