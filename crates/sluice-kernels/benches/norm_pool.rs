@@ -89,6 +89,7 @@ fn pool_upsample(c: &mut Criterion) {
         g.bench_function("composed_fwd_bwd", |b| {
             b.iter(|| fwd_bwd(&xv, &wt, &|t| pool::max_pool2d_same_composed(t, 5)))
         });
+        g.bench_function("gather_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| pool::max_pool2d_same_gather(t, 5))));
         g.finish();
     }
     // The neck's two upsamples at 320 for yolov8n.
@@ -133,6 +134,10 @@ fn bce(c: &mut Criterion) {
     g.bench_function("composed_fwd", |b| b.iter(|| loss::bce_with_logits_composed(&x, &z).expect("bce")));
     g.bench_function("fused_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits(t, &z))));
     g.bench_function("composed_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits_composed(t, &z))));
+    let p = Tensor::ones_like(&x).expect("p").affine(0.5, 0.0).expect("p");
+    g.bench_function("given_probs_fwd_bwd", |b| {
+        b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits_given_probs(t, &z, &p)))
+    });
     g.finish();
 }
 

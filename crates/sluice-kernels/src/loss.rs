@@ -106,6 +106,30 @@ pub fn bce_with_logits(x: &Tensor, z: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&z.detach().contiguous()?, Bce)
 }
 
+/// [`bce_with_logits`] for a caller that holds `p = σ(x)` already (the loss's assigner needs the probabilities):
+/// fused on f32/f64 CPU storage, elsewhere [`bce_with_logits_given_probs`].
+pub fn bce_with_logits_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<Tensor> {
+    if fused_supported(x) && x.dtype() == z.dtype() && x.shape() == z.shape() {
+        return bce_with_logits(x, z);
+    }
+    bce_with_logits_given_probs(x, z, p)
+}
+
+/// BCE with logits from candle's ops with a one-op backward: the value is [`bce_with_logits_composed`]'s, computed
+/// on the detached logits, and the gradient reaches `x` as `g·(p − z)` through `(x − x̂)·(p − z)`, a term that is
+/// exactly zero for finite logits (`x̂` holds the same values, detached). The composed form's own backward runs
+/// about twenty passes over `x`'s size (the derivatives of `abs`, `exp`, `log` and `relu`, and their sums); this is
+/// one. `p` is `σ(x)` (its gradient is not taken), `z` gets no gradient.
+pub fn bce_with_logits_given_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<Tensor> {
+    let (xd, zd) = (x.detach(), z.detach());
+    let y = bce_with_logits_composed(&xd, &zd)?;
+    if !x.track_op() {
+        return Ok(y);
+    }
+    let slope = (p.detach() - &zd)?;
+    y + ((x - &xd)? * slope)?
+}
+
 /// The same from candle's ops (differentiable in both arguments).
 pub fn bce_with_logits_composed(x: &Tensor, z: &Tensor) -> Result<Tensor> {
     let softplus = (x.abs()?.neg()?.exp()? + 1.0)?.log()?;

@@ -156,10 +156,70 @@ pub fn max_pool2d_same(x: &Tensor, k: usize) -> Result<Tensor> {
         candle_core::bail!("{POOL_OP}: kernel {k} must be odd");
     }
     let (_, _, h, w) = nchw(x.shape(), POOL_OP)?;
-    if !fused_supported(x) || h == 0 || w == 0 {
+    if h == 0 || w == 0 || (!fused_supported(x) && !x.track_op()) {
         return max_pool2d_same_composed(x, k);
     }
+    if !fused_supported(x) {
+        return max_pool2d_same_gather(x, k);
+    }
     x.contiguous()?.apply_op1(MaxPoolSame { k })
+}
+
+/// [`max_pool2d_same`] from candle's ops with a one-op backward, for devices without the fused op: each window's
+/// first maximum in raster order (the fused op's rule, PyTorch's) is found without tracking, separably (the first
+/// maximal column of each row window, then the first row holding the window's maximum), and the output is gathered
+/// from the input at those positions. The backward is then `gather`'s, one scatter-add of the output gradient,
+/// where the chain of `maximum`s in [`max_pool2d_same_composed`] runs about ten passes per `maximum` and a
+/// zero-padded copy per shifted view. `k` odd, `x` NCHW with non-empty planes.
+pub fn max_pool2d_same_gather(x: &Tensor, k: usize) -> Result<Tensor> {
+    if k.is_multiple_of(2) {
+        candle_core::bail!("{POOL_OP}: kernel {k} must be odd");
+    }
+    let (b, c, h, w) = x.dims4()?;
+    if h == 0 || w == 0 {
+        return max_pool2d_same_composed(x, k);
+    }
+    if k == 1 {
+        return Ok(x.clone());
+    }
+    let p = k / 2;
+    let padded = pad_neg_inf(&x.detach(), p)?; // (b, c, h + 2p, w + 2p)
+    // Offsets and coordinates as f32 whatever `x`'s dtype: exact integers up to 2^24.
+    let ramp = Tensor::arange(0f32, h.max(w).max(k) as f32, x.device())?;
+    let at = |i: usize| ramp.narrow(0, i, 1)?.reshape(());
+    let cols = (0..k).map(|dx| padded.narrow(3, dx, w)).collect::<Result<Vec<_>>>()?;
+    let row_max = maximum_of(&cols)?; // (b, c, h + 2p, w)
+    let row_arg = first_equal(&cols, &row_max, &at)?;
+    let rows = (0..k).map(|dy| row_max.narrow(2, dy, h)).collect::<Result<Vec<_>>>()?;
+    let dy = first_equal(&rows, &maximum_of(&rows)?, &at)?; // (b, c, h, w)
+    // The winning row in padded coordinates, then its first maximal column.
+    let prow = dy.broadcast_add(&ramp.narrow(0, 0, h)?.reshape((1, 1, h, 1))?)?;
+    let dx = row_arg.gather(&prow.to_dtype(DType::U32)?, 2)?;
+    let last = |n: usize| (n - 1) as f64;
+    let iy = prow.affine(1.0, -(p as f64))?.clamp(0.0, last(h))?;
+    let ix = dx.broadcast_add(&ramp.narrow(0, 0, w)?.reshape((1, 1, 1, w))?)?.affine(1.0, -(p as f64))?;
+    let flat = (iy.affine(w as f64, 0.0)? + ix.clamp(0.0, last(w))?)?.to_dtype(DType::U32)?;
+    x.reshape((b, c, h * w))?.gather(&flat.reshape((b, c, h * w))?, 2)?.reshape((b, c, h, w))
+}
+
+/// The element-wise maximum of `ts` (at least one).
+fn maximum_of(ts: &[Tensor]) -> Result<Tensor> {
+    let mut m = ts[0].clone();
+    for t in &ts[1..] {
+        m = m.maximum(t)?;
+    }
+    Ok(m)
+}
+
+/// Per element, the index (as f32, from `at`) of the first of `ts` equal to `max`; the last index where none is
+/// (a NaN).
+fn first_equal(ts: &[Tensor], max: &Tensor, at: &dyn Fn(usize) -> Result<Tensor>) -> Result<Tensor> {
+    let shape = max.shape();
+    let mut arg = at(ts.len() - 1)?.broadcast_as(shape)?;
+    for i in (0..ts.len() - 1).rev() {
+        arg = ts[i].eq(max)?.where_cond(&at(i)?.broadcast_as(shape)?, &arg)?;
+    }
+    Ok(arg)
 }
 
 /// Pads dims 2 and 3 of an NCHW tensor by `p` on every side with −∞.

@@ -1,5 +1,6 @@
 //! Fused max-pool and nearest upsample against the composed candle ops, a direct PyTorch-rule reference for
-//! ties, f64 central differences, and a graph where one tensor feeds an upsample and a concat.
+//! ties, f64 central differences, and a graph where one tensor feeds an upsample and a concat; the device's
+//! gathered max-pool against the fused op, ties included.
 #![allow(clippy::unwrap_used)] // Helpers of integration tests; clippy.toml already allows it in #[test] fns.
 
 mod common;
@@ -8,7 +9,7 @@ mod poison;
 use candle_core::{DType, Tensor, Var};
 use common::{Rng, grads, numeric_grad, rel_err, rel_err_vec, values};
 use sluice_kernels::pool::{
-    max_pool2d_same, max_pool2d_same_composed, upsample_nearest2x, upsample_nearest2x_composed,
+    max_pool2d_same, max_pool2d_same_composed, max_pool2d_same_gather, upsample_nearest2x, upsample_nearest2x_composed,
 };
 
 const SHAPES: &[[usize; 4]] = &[[1, 1, 1, 1], [2, 3, 7, 6], [1, 2, 5, 9], [3, 4, 13, 10], [1, 1, 2, 3], [8, 2, 10, 10]];
@@ -164,4 +165,31 @@ fn strided_and_fallback_inputs() {
     let h = x.to_dtype(DType::F16).unwrap();
     assert_eq!(max_pool2d_same(&h, 3).unwrap().dtype(), DType::F16);
     assert_eq!(upsample_nearest2x(&h).unwrap().dims(), &[2, 3, 8, 10]);
+}
+
+/// The device form picks each window's first maximum in raster order as the fused op does: on small integers
+/// (ties everywhere, so any other pick moves a gradient) with integer output gradients (sums exact in any order),
+/// values and gradients are equal to the fused op's, in f32 and f64 and, for the autocast step, in f16 and bf16.
+#[test]
+fn the_gathered_pool_is_the_fused_one_ties_included() {
+    let mut rng = Rng::new(21);
+    for (dtype, reference) in
+        [(DType::F32, DType::F32), (DType::F64, DType::F64), (DType::F16, DType::F32), (DType::BF16, DType::F32)]
+    {
+        for &shape in SHAPES.iter().chain(&[[2, 3, 20, 20]]) {
+            for k in [1, 3, 5, 7] {
+                let ints = (rng.ints(&shape, 4, DType::F64) - 2.0).unwrap();
+                let w = rng.ints(&shape, 5, DType::F64);
+                let x = Var::from_tensor(&ints.to_dtype(dtype).unwrap()).unwrap();
+                let xr = Var::from_tensor(&ints.to_dtype(reference).unwrap()).unwrap();
+                let (wd, wr) = (w.to_dtype(dtype).unwrap(), w.to_dtype(reference).unwrap());
+                let y = max_pool2d_same_gather(x.as_tensor(), k).unwrap();
+                let want = max_pool2d_same(xr.as_tensor(), k).unwrap();
+                assert_eq!(values(&y), values(&want), "{shape:?} k{k} {dtype:?}: values");
+                let g = grads(&[&x], |t| max_pool2d_same_gather(t[0], k)?.mul(&wd)?.sum_all());
+                let gr = grads(&[&xr], |t| max_pool2d_same(t[0], k)?.mul(&wr)?.sum_all());
+                assert_eq!(values(&g[0]), values(&gr[0]), "{shape:?} k{k} {dtype:?}: gradients");
+            }
+        }
+    }
 }
