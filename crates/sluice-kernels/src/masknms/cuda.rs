@@ -171,15 +171,18 @@ impl Buffers {
 // SAFETY (every launch below): the arguments match the kernel's signature in kernels.cu, and every index a kernel
 // forms is bounded by the sizes passed, which are those of the buffers `Buffers::new` allocated from the same `Sizes`.
 
+/// What every step of one call reads: the stream, the kernels, the input, its sizes and the parameters.
+struct Chain<'a> {
+    stream: &'a Arc<CudaStream>,
+    k: &'a Kernels,
+    pred: &'a CudaView<'a, f32>,
+    z: &'a Sizes,
+    p: &'a Params,
+}
+
 /// Each image's candidates above `conf_thres` as sort keys, compacted and sorted by score, and their counts.
-fn select(
-    stream: &Arc<CudaStream>,
-    k: &Kernels,
-    pred: &CudaView<'_, f32>,
-    m: &mut Buffers,
-    z: &Sizes,
-    p: &Params,
-) -> Result<()> {
+fn select(c: &Chain<'_>, m: &mut Buffers) -> Result<()> {
+    let Chain { stream, k, pred, z, p } = *c;
     let b = z.b;
     let total = i64_of(b * z.seg)?;
     let mut l = stream.launch_builder(&k.fill);
@@ -230,14 +233,8 @@ fn select(
 }
 
 /// The candidates' boxes, then per image the overlap masks and the greedy keep.
-fn suppress(
-    stream: &Arc<CudaStream>,
-    k: &Kernels,
-    pred: &CudaView<'_, f32>,
-    m: &mut Buffers,
-    z: &Sizes,
-    p: &Params,
-) -> Result<()> {
+fn suppress(c: &Chain<'_>, m: &mut Buffers) -> Result<()> {
+    let Chain { stream, k, pred, z, p } = *c;
     let offset = p.class_offset;
     let (max_wh, off_i, pc_i) = (offset.unwrap_or(0.0), i32::from(offset.is_some()), i32::from(p.per_class));
     let mut l = stream.launch_builder(&k.boxes);
@@ -279,8 +276,9 @@ pub fn run(y: &Tensor, p: &Params) -> Result<Kept> {
     let k = kernels(&dev)?;
     let z = Sizes::new(b, p)?;
     let mut m = Buffers::new(&stream, &z)?;
-    select(&stream, &k, &pred, &mut m, &z, p)?;
-    suppress(&stream, &k, &pred, &mut m, &z, p)?;
+    let chain = Chain { stream: &stream, k: &k, pred: &pred, z: &z, p };
+    select(&chain, &mut m)?;
+    suppress(&chain, &mut m)?;
     let mut l = stream.launch_builder(&k.gather);
     l.arg(&pred).arg(&m.compact).arg(&m.boxes).arg(&m.keep).arg(&m.kept).arg(&mut m.rows).arg(&mut m.anchors);
     l.arg(&z.nci).arg(&z.nai).arg(&z.rsi).arg(&z.csi).arg(&z.capi).arg(&z.ni).arg(&z.bi).arg(&z.mdi);
