@@ -10,9 +10,11 @@
 //!   (PyTorch's rule, NaN wins), and adds the output gradient there, so overlapping windows accumulate.
 //! * [`upsample_nearest2x`]: each input value copied to a 2×2 block; the backward sums each block.
 //!
-//! Custom ops on contiguous f32/f64 CPU storage, parallel over `(n, c)` planes with rayon; the composed versions
-//! elsewhere. The composed versions split the gradient evenly between tied maxima (candle's `maximum` rule), so
-//! they match the fused pool only where each window's maximum is unique.
+//! Custom ops on contiguous f32/f64 CPU storage, parallel over `(n, c)` planes with rayon. Elsewhere (a CUDA
+//! device) the pool is [`max_pool2d_same_gather`] when its gradient is needed (candle ops, the fused op's tie rule,
+//! a one-op backward) and candle's native pool otherwise; the upsample is the composed version. The composed pool
+//! splits the gradient evenly between tied maxima (candle's `maximum` rule), so it matches the fused pool only where
+//! each window's maximum is unique.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
