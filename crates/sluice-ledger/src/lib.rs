@@ -261,6 +261,8 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     // stands for the CUDA kernels).
     let path = if opts.device_paths.fused_step { StepPath::DeviceFused } else { StepPath::Device };
     let loss_scaling = (opts.amp == Some(DType::F16)).then(ScalerSettings::default);
+    // Packed as the trainer packs it.
+    let model = Optimization::pack_model(model, &settings, shape)?;
     let mut opt = Optimization::with_step(&model, &settings, shape, StepOptions { path, loss_scaling })?;
     let loss = DetectionLoss::new(opts.nc);
     let transfer = DeviceTransfer::new(&device, DType::F32)?;

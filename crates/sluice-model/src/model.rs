@@ -53,8 +53,10 @@ pub struct Yolo {
     /// The BatchNorm layers' reports of a training forward, and the buffers their running statistics live in.
     stats: StatsSink,
     stat_packs: Vec<StatsPack>,
-    /// Every floating-point variable once, as stored: the running-statistics buffers, then the other variables by
-    /// name.
+    /// Parameters stored as parts of one buffer per pack ([`Self::with_params_packed`]).
+    param_packs: Vec<PackedVars>,
+    /// Every floating-point variable once, as stored: the running-statistics buffers, the parameter packs, then
+    /// the other variables by name.
     segments: Vec<Segment>,
     pub(crate) num_batches_tracked: BTreeMap<String, i64>,
 }
@@ -148,6 +150,72 @@ impl Yolo {
         Ok(model)
     }
 
+    /// The same model (the same values) with each list of `packs` as consecutive parts of one new buffer, in the
+    /// list's order: an optimizer whose parameter group is one such list updates the group with one op over the
+    /// buffer, not one per variable, and the buffer takes the new values without a copy. Each name must be a
+    /// floating-point variable that is not yet part of a buffer, in one list at most. Mixed precision, the
+    /// running statistics' buffers and the step counters carry over.
+    pub fn with_params_packed(self, packs: &[Vec<String>]) -> Result<Self> {
+        if self.fused {
+            return Err(ModelError::Fused("packing the parameters"));
+        }
+        let vars = self.sorted_vars();
+        let in_buffer: std::collections::HashSet<String> = self
+            .stat_packs
+            .iter()
+            .flat_map(|p| p.segments())
+            .flat_map(|s| s.names)
+            .chain(self.param_packs.iter().flat_map(|p| p.parts.iter().map(|(n, _)| n.clone())))
+            .collect();
+        let mut taken = std::collections::HashSet::new();
+        let varmap = VarMap::new();
+        let mut param_packs = self.param_packs.clone();
+        {
+            #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+            let mut dst = varmap.data().lock().unwrap();
+            for (name, v) in &vars {
+                dst.insert(name.clone(), v.clone());
+            }
+            for names in packs.iter().filter(|p| !p.is_empty()) {
+                let members = names
+                    .iter()
+                    .map(|name| {
+                        let v = vars
+                            .iter()
+                            .find(|(k, _)| k == name)
+                            .map(|(_, v)| v.clone())
+                            .ok_or_else(|| ModelError::BadInput(format!("packing: no variable `{name}`")))?;
+                        if !v.dtype().is_float() || in_buffer.contains(name) || !taken.insert(name.clone()) {
+                            return Err(ModelError::BadInput(format!(
+                                "packing: `{name}` is not a floating-point variable of its own"
+                            )));
+                        }
+                        Ok(v)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let (buffer, views) = pack(&members.iter().collect::<Vec<_>>())?;
+                let mut parts = Vec::with_capacity(names.len());
+                for (name, part) in names.iter().zip(views) {
+                    dst.insert(name.clone(), part.clone());
+                    parts.push((name.clone(), part));
+                }
+                param_packs.push(PackedVars { buffer, parts });
+            }
+        }
+        let mut model = Self::build_on(varmap, self.cfg, self.dtype, &self.device, None)?;
+        model.autocast.set(self.autocast.get())?;
+        model.stat_packs = self.stat_packs;
+        model.param_packs = param_packs;
+        model.segments = model.float_segments_now();
+        model.num_batches_tracked = self.num_batches_tracked;
+        Ok(model)
+    }
+
+    /// The parameter buffers made by [`Self::with_params_packed`], in the order they were made.
+    pub fn param_packs(&self) -> &[PackedVars] {
+        &self.param_packs
+    }
+
     /// The model over `varmap`: its variables are created where `varmap` lacks them and taken as they are where it
     /// has them.
     fn build_on(varmap: VarMap, cfg: YoloConfig, dtype: DType, device: &Device, seed: Option<u64>) -> Result<Self> {
@@ -179,6 +247,7 @@ impl Yolo {
             autocast,
             stats,
             stat_packs: Vec::new(),
+            param_packs: Vec::new(),
             segments: Vec::new(),
             num_batches_tracked,
         };
@@ -359,6 +428,11 @@ impl Yolo {
 
     fn float_segments_now(&self) -> Vec<Segment> {
         let mut out: Vec<Segment> = self.stat_packs.iter().flat_map(|p| p.segments()).collect();
+        out.extend(
+            self.param_packs
+                .iter()
+                .map(|p| Segment { names: p.parts.iter().map(|(n, _)| n.clone()).collect(), var: p.buffer.clone() }),
+        );
         let packed: std::collections::HashSet<&String> = out.iter().flat_map(|s| s.names.iter()).collect();
         let singles: Vec<Segment> = self
             .sorted_vars()
@@ -507,6 +581,7 @@ impl Yolo {
             autocast: Autocast::default(),
             stats: StatsSink::default(),
             stat_packs: Vec::new(),
+            param_packs: Vec::new(),
             segments: Vec::new(),
             num_batches_tracked: BTreeMap::new(),
         })

@@ -101,3 +101,59 @@ fn the_running_statistics_update_over_one_buffer_equals_the_update_of_each_layer
         assert_eq!(moved, a.len(), "{family:?}: every running statistic moved");
     }
 }
+
+/// [`Yolo::with_params_packed`]: the model's own parameters as parts of one buffer per list. The forward and
+/// the gradients are the unpacked model's bit for bit, a training forward still updates the running statistics,
+/// the buffer is one segment, and a list that names a variable twice or a running statistic is refused.
+#[test]
+fn packed_parameters_compute_and_train_as_the_model() {
+    let cfg = YoloConfig::new(Scale::N, 3);
+    let seeded = || Yolo::new_seeded(cfg, DType::F32, &Device::Cpu, 4).unwrap();
+    let model = seeded();
+    let weights: Vec<String> =
+        model.trainable_vars().into_iter().map(|(n, _)| n).filter(|n| n.ends_with(".conv.weight")).collect();
+    let biases: Vec<String> =
+        model.trainable_vars().into_iter().map(|(n, _)| n).filter(|n| n.ends_with(".bias")).rev().collect();
+    let packed = seeded().with_params_packed(&[weights.clone(), biases.clone()]).unwrap();
+    assert_eq!(packed.param_packs().len(), 2);
+    assert_eq!(eval(&packed), eval(&model));
+    let segments = packed.float_segments();
+    assert!(
+        segments
+            .iter()
+            .any(|s| s.names == weights && s.var.elem_count() == packed.param_packs()[0].buffer.elem_count())
+    );
+    let n_float = model.varmap().all_vars().into_iter().filter(|v| v.dtype().is_float()).count();
+    assert_eq!(segments.iter().map(|s| s.names.len()).sum::<usize>(), n_float, "every variable once");
+    // The running statistics keep their buffers; the packed variables leave their own segments for two.
+    let expected = model.float_segments().len() - weights.len() - biases.len() + 2;
+    assert_eq!(segments.len(), expected);
+    // One training step's gradients, by name, and the running statistics it leaves.
+    let grads = |m: &Yolo| -> Vec<Vec<f32>> {
+        let (raw, _) = m.forward_raw(&batch(), Mode::Train).unwrap();
+        let loss = (raw.boxes.sqr().unwrap().mean_all().unwrap() + raw.scores.mean_all().unwrap()).unwrap();
+        let g = loss.backward().unwrap();
+        m.trainable_vars()
+            .iter()
+            .map(|(n, v)| {
+                let t = g.get(v.as_tensor()).unwrap_or_else(|| panic!("no gradient for {n}"));
+                t.flatten_all().unwrap().to_vec1().unwrap()
+            })
+            .collect()
+    };
+    assert!(grads(&packed) == grads(&model), "the gradients are the unpacked model's");
+    assert!(running_stats(&packed) == running_stats(&model), "the running statistics follow");
+    // The buffer takes new values in one op, and every part reads them.
+    let pack = &packed.param_packs()[1];
+    pack.buffer.set_owned(pack.buffer.as_tensor().affine(0.0, 0.25).unwrap()).unwrap();
+    assert!(values(&packed, &biases[0]).iter().all(|&x| x == 0.25));
+    assert_ne!(eval(&packed), eval(&model));
+    for bad in [
+        vec![weights[0].clone(), weights[0].clone()],
+        vec!["model.0.bn.running_mean".to_string()],
+        vec!["model.0.nothing".to_string()],
+    ] {
+        let err = seeded().with_params_packed(std::slice::from_ref(&bad)).unwrap_err().to_string();
+        assert!(err.contains(&bad[0]), "{bad:?}: {err}");
+    }
+}

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
+use sluice_model::PackedVars;
 
 use super::error::{OptimError, Result};
 use super::groups::{Group, ParamGroups};
@@ -58,13 +59,73 @@ pub struct Optimizer {
     rule: Rule,
     groups: ParamGroups,
     state: Vec<ParamState>,
+    /// Per parameter group whose update is element-wise (all but MuSGD's Muon groups): its parameters updated as
+    /// one flat tensor.
+    flat: Vec<FlatGroup>,
+}
+
+/// A parameter group updated as one flat tensor: its gradients concatenated once, then each op of the update once
+/// over the group instead of once per parameter. The arithmetic is per element, so the values are those of the
+/// per-parameter update bit for bit.
+#[derive(Debug, Clone)]
+struct FlatGroup {
+    /// The group's parameters (indices into [`ParamGroups::params`]), in order.
+    members: Vec<usize>,
+    /// The buffer whose consecutive parts the members are ([`sluice_model::Yolo::with_params_packed`]): the update
+    /// reads it whole and hands it the new values without a copy. Without one, the group takes the per-parameter
+    /// update.
+    buffer: Option<Var>,
+    /// The group's optimizer state as flat tensors, when the members' states are views of it; `None` after
+    /// anything else changed them (the next flat step concatenates them again).
+    state: Option<ParamState>,
 }
 
 impl Optimizer {
     /// A fresh optimizer (empty state) for these groups.
     pub fn new(rule: Rule, groups: ParamGroups) -> Self {
         let state = vec![ParamState::default(); groups.params().len()];
-        Self { rule, groups, state }
+        let flat = (0..groups.len())
+            .filter(|&g| !(rule == Rule::MuSgd && groups.group_at(g).0 == Group::Muon))
+            .map(|g| FlatGroup {
+                members: (0..groups.params().len()).filter(|&i| groups.index_of(&groups.params()[i]) == g).collect(),
+                buffer: None,
+                state: None,
+            })
+            .filter(|f| !f.members.is_empty())
+            .collect();
+        Self { rule, groups, state, flat }
+    }
+
+    /// Uses the model's parameter buffers: a group whose parameters are, in order, the parts of one of `packs`
+    /// reads and writes that buffer whole. Returns how many groups found theirs.
+    pub fn use_buffers(&mut self, packs: &[PackedVars]) -> usize {
+        let params = self.groups.params();
+        let mut found = 0;
+        for f in &mut self.flat {
+            f.buffer = packs
+                .iter()
+                .find(|p| {
+                    p.parts.len() == f.members.len()
+                        && p.parts
+                            .iter()
+                            .zip(&f.members)
+                            .all(|((_, part), &i)| part.as_tensor().id() == params[i].var.as_tensor().id())
+                })
+                .map(|p| p.buffer.clone());
+            found += usize::from(f.buffer.is_some());
+        }
+        found
+    }
+
+    /// How many flat groups read and write a buffer of the model's ([`Optimizer::use_buffers`]).
+    pub fn buffers_in_use(&self) -> usize {
+        self.flat.iter().filter(|f| f.buffer.is_some()).count()
+    }
+
+    /// The names of each group's parameters whose update is element-wise, in order: the lists to pack the model's
+    /// parameters by ([`sluice_model::Yolo::with_params_packed`]), so that [`Optimizer::use_buffers`] finds them.
+    pub fn flat_groups(&self) -> Vec<Vec<String>> {
+        self.flat.iter().map(|f| f.members.iter().map(|&i| self.groups.params()[i].name.clone()).collect()).collect()
     }
 
     /// The update rule.
@@ -84,6 +145,7 @@ impl Optimizer {
 
     /// Mutable state (for restoring a checkpoint).
     pub fn state_mut(&mut self) -> &mut [ParamState] {
+        self.flat.iter_mut().for_each(|f| f.state = None);
         &mut self.state
     }
 
@@ -91,7 +153,7 @@ impl Optimizer {
     /// without one is skipped, state included, as torch skips `p.grad is None`). `hyper` is per group, in
     /// `param_groups` order ([`ParamGroups::len`] of them).
     pub fn step(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper]) -> Result<()> {
-        self.step_inner(grads, hyper, None)
+        self.step_inner(grads, hyper, None, None, None)
     }
 
     /// [`Optimizer::step`] applied only where `ok` (a scalar `u8` tensor on the parameters' device) is 1: every
@@ -99,10 +161,75 @@ impl Optimizer {
     /// no value (its NaNs never reach the kept branch) and the host never has to look. The per-parameter step
     /// counters advance either way. With `ok` = 1 the result equals [`Optimizer::step`] bit for bit.
     pub fn step_masked(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper], ok: &Tensor) -> Result<()> {
-        self.step_inner(grads, hyper, Some(ok))
+        self.step_inner(grads, hyper, Some(ok), None, None)
     }
 
-    fn step_inner(&mut self, grads: &[Option<Tensor>], hyper: &[GroupHyper], ok: Option<&Tensor>) -> Result<()> {
+    /// [`Optimizer::step_masked`] with every gradient first multiplied by `coef`, a scalar tensor (the clip factor
+    /// on the device): once per flat group rather than once per gradient, the same products. `flat` is
+    /// [`Optimizer::flat_grads`] of `grads`.
+    pub fn step_masked_scaled(
+        &mut self,
+        grads: &[Option<Tensor>],
+        flat: Vec<Option<Tensor>>,
+        hyper: &[GroupHyper],
+        ok: &Tensor,
+        coef: &Tensor,
+    ) -> Result<()> {
+        if flat.len() != self.flat.len() {
+            return Err(OptimError::BadInput(format!("{} flat gradients for {} groups", flat.len(), self.flat.len())));
+        }
+        self.step_inner(grads, hyper, Some(ok), Some(coef), Some(flat))
+    }
+
+    /// Per group updated as one flat tensor, its gradients concatenated (one op), where every member has one;
+    /// `None` for the others.
+    pub fn flat_grads(&self, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        self.flat
+            .iter()
+            .map(|f| {
+                let gs: Option<Vec<Tensor>> = f
+                    .members
+                    .iter()
+                    .map(|&i| grads.get(i).and_then(Option::as_ref).map(|g| g.detach().flatten_all()))
+                    .map(|g| g.transpose())
+                    .collect::<candle_core::Result<_>>()?;
+                Ok(gs.map(|gs| Tensor::cat(&gs, 0)).transpose()?)
+            })
+            .collect()
+    }
+
+    /// The total L2 norm of `grads` as a scalar float32 tensor (no read), from the flat groups' gradients (`flat`,
+    /// [`Optimizer::flat_grads`]) and each other gradient: the square root of the sum of every group's and every
+    /// other gradient's sum of squares. Equal to the norm of the per-tensor norms (torch's) up to the order of the
+    /// sums; a few ops per group instead of a few per gradient.
+    pub fn grad_norm_tensor(&self, grads: &[Option<Tensor>], flat: &[Option<Tensor>]) -> Result<Option<Tensor>> {
+        let mut covered = vec![false; grads.len()];
+        let mut sums = Vec::new();
+        for (f, g) in self.flat.iter().zip(flat) {
+            if let Some(g) = g {
+                f.members.iter().for_each(|&i| covered[i] = true);
+                sums.push(g.to_dtype(DType::F32)?.sqr()?.sum_all()?);
+            }
+        }
+        for (g, covered) in grads.iter().zip(covered) {
+            if let (Some(g), false) = (g, covered) {
+                sums.push(g.to_dtype(DType::F32)?.sqr()?.sum_all()?);
+            }
+        }
+        if sums.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Tensor::stack(&sums, 0)?.sum_all()?.sqrt()?))
+    }
+
+    fn step_inner(
+        &mut self,
+        grads: &[Option<Tensor>],
+        hyper: &[GroupHyper],
+        ok: Option<&Tensor>,
+        coef: Option<&Tensor>,
+        flat: Option<Vec<Option<Tensor>>>,
+    ) -> Result<()> {
         if grads.len() != self.state.len() {
             return Err(OptimError::BadInput(format!("{} gradients for {} parameters", grads.len(), self.state.len())));
         }
@@ -140,23 +267,32 @@ impl Optimizer {
                 None => Ok(new.clone()),
             }
         };
-        let keep_opt = |new: &Option<Tensor>, old: &Option<Tensor>| -> Result<Option<Tensor>> {
-            Ok(match (new, old) {
-                (Some(n), Some(o)) => Some(keep(n, o)?),
-                (Some(n), None) => Some(keep(n, &n.zeros_like()?)?),
-                (None, _) => None,
-            })
-        };
-        for (((param, state), grad), transpose) in
-            self.groups.params().iter().zip(self.state.iter_mut()).zip(grads).zip(transposed)
+        let mut done = vec![false; grads.len()];
+        let mut flat = flat.unwrap_or_default().into_iter();
+        for f in 0..self.flat.len() {
+            if self.flat_step(f, grads, flat.next().flatten(), hyper, ok, coef)? {
+                self.flat[f].members.iter().for_each(|&i| done[i] = true);
+            } else {
+                // The members' states are about to change one by one.
+                self.flat[f].state = None;
+            }
+        }
+        for ((((param, state), grad), transpose), done) in
+            self.groups.params().iter().zip(self.state.iter_mut()).zip(grads).zip(transposed).zip(done)
         {
             let Some(grad) = grad else { continue };
+            if done {
+                continue;
+            }
             let h = hyper[self.groups.index_of(param)];
             // Detached: the parameter is a variable, so ops on it would be tracked, and a momentum buffer built
             // from tracked tensors would keep every earlier step's buffers alive through its graph (a leak of a
             // few parameter copies per step).
             let p = param.var.as_tensor().detach();
-            let grad = &grad.detach();
+            let grad = &match coef {
+                Some(c) => grad.detach().broadcast_mul(&c.to_dtype(grad.dtype())?)?,
+                None => grad.detach(),
+            };
             let old = ok.map(|_| state.clone());
             let new = match self.rule {
                 Rule::Sgd => sgd_nesterov(&p, grad, state, h)?,
@@ -165,11 +301,8 @@ impl Optimizer {
                 Rule::MuSgd if param.group == Group::Muon => musgd_muon(&p, grad, state, h, transpose)?,
                 Rule::MuSgd => sgd_nesterov(&p, grad, state, h)?,
             };
-            if let Some(old) = old {
-                state.momentum_buffer = keep_opt(&state.momentum_buffer, &old.momentum_buffer)?;
-                state.momentum_buffer_sgd = keep_opt(&state.momentum_buffer_sgd, &old.momentum_buffer_sgd)?;
-                state.exp_avg = keep_opt(&state.exp_avg, &old.exp_avg)?;
-                state.exp_avg_sq = keep_opt(&state.exp_avg_sq, &old.exp_avg_sq)?;
+            if let (Some(old), Some(ok)) = (old, ok) {
+                keep_state(state, &old, ok)?;
             }
             // The variable takes the new tensor's buffer when nothing else holds it (no copy).
             let next = keep(&new, &p)?;
@@ -178,6 +311,143 @@ impl Optimizer {
         }
         Ok(())
     }
+}
+
+impl Optimizer {
+    /// Group `f`'s update as one flat tensor. Returns `false`, changing nothing, where it does not apply: no buffer, some
+    /// members have a gradient and some not, or their states differ in kind or step count (a checkpoint of
+    /// another run); the per-parameter update then takes the group. A group without any gradient is skipped, as
+    /// torch skips each `p.grad is None`.
+    fn flat_step(
+        &mut self,
+        f: usize,
+        grads: &[Option<Tensor>],
+        flat_grad: Option<Tensor>,
+        hyper: &[GroupHyper],
+        ok: Option<&Tensor>,
+        coef: Option<&Tensor>,
+    ) -> Result<bool> {
+        let group = &self.flat[f];
+        // Without the model's buffer, concatenating the parameters and copying the new values back into each would
+        // cost more than it saves.
+        let Some(buffer) = group.buffer.clone() else { return Ok(false) };
+        let members = &group.members;
+        let present = members.iter().filter(|&&i| grads[i].is_some()).count();
+        if present == 0 {
+            return Ok(true);
+        }
+        if present != members.len() {
+            return Ok(false);
+        }
+        let mut st = match &group.state {
+            Some(st) => st.clone(),
+            None => match gather_states(members.iter().map(|&i| &self.state[i]))? {
+                Some(st) => st,
+                None => return Ok(false),
+            },
+        };
+        let params = self.groups.params();
+        let flat = |t: &Tensor| t.detach().flatten_all();
+        let g = match flat_grad {
+            Some(g) => g,
+            None => Tensor::cat(
+                &members
+                    .iter()
+                    .filter_map(|&i| grads[i].as_ref().map(flat))
+                    .collect::<candle_core::Result<Vec<_>>>()?,
+                0,
+            )?,
+        };
+        let g = match coef {
+            Some(c) => g.broadcast_mul(&c.to_dtype(g.dtype())?)?,
+            None => g,
+        };
+        let p = buffer.as_tensor().detach();
+        let h = hyper[self.groups.index_of(&params[members[0]])];
+        let old = ok.map(|_| st.clone());
+        let new = match self.rule {
+            Rule::Sgd | Rule::MuSgd => sgd_nesterov(&p, &g, &mut st, h)?,
+            Rule::Adam => adam(&p, &g, &mut st, h, false)?,
+            Rule::AdamW => adam(&p, &g, &mut st, h, true)?,
+        };
+        drop(g);
+        let next = match ok {
+            Some(ok) => {
+                if let Some(old) = old {
+                    keep_state(&mut st, &old, ok)?;
+                }
+                ok.broadcast_as(new.shape())?.where_cond(&new, &p)?
+            }
+            None => new,
+        };
+        drop(p);
+        let group = &mut self.flat[f];
+        // A fresh tensor that nothing else holds: the buffer takes it without a copy.
+        buffer.set_owned(next)?;
+        // Each member's state is its range of the group's.
+        let mut at = 0;
+        for &i in &group.members {
+            let v = &params[i].var;
+            let n = v.elem_count();
+            let part = |t: &Option<Tensor>| -> Result<Option<Tensor>> {
+                Ok(t.as_ref().map(|t| t.narrow(0, at, n)?.reshape(v.shape())).transpose()?)
+            };
+            self.state[i] = ParamState {
+                momentum_buffer: part(&st.momentum_buffer)?,
+                momentum_buffer_sgd: None,
+                exp_avg: part(&st.exp_avg)?,
+                exp_avg_sq: part(&st.exp_avg_sq)?,
+                step: st.step,
+            };
+            at += n;
+        }
+        group.state = Some(st);
+        Ok(true)
+    }
+}
+
+/// The flat state of a group from its members' states: each tensor present in all (concatenated) or in none; the
+/// same step count. `None` when they differ.
+fn gather_states<'a>(states: impl Iterator<Item = &'a ParamState> + Clone) -> Result<Option<ParamState>> {
+    let mut steps = states.clone().map(|s| s.step);
+    let Some(step) = steps.next() else { return Ok(None) };
+    if steps.any(|s| s != step) || states.clone().any(|s| s.momentum_buffer_sgd.is_some()) {
+        return Ok(None);
+    }
+    let field = |get: fn(&ParamState) -> &Option<Tensor>| -> Result<Option<Option<Tensor>>> {
+        let all: Vec<&Option<Tensor>> = states.clone().map(get).collect();
+        if all.iter().all(|t| t.is_none()) {
+            return Ok(Some(None));
+        }
+        if all.iter().any(|t| t.is_none()) {
+            return Ok(None);
+        }
+        let flat =
+            all.iter().flat_map(|t| t.as_ref()).map(|t| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Some(Some(Tensor::cat(&flat, 0)?)))
+    };
+    let (Some(momentum_buffer), Some(exp_avg), Some(exp_avg_sq)) =
+        (field(|s| &s.momentum_buffer)?, field(|s| &s.exp_avg)?, field(|s| &s.exp_avg_sq)?)
+    else {
+        return Ok(None);
+    };
+    Ok(Some(ParamState { momentum_buffer, momentum_buffer_sgd: None, exp_avg, exp_avg_sq, step }))
+}
+
+/// `where(ok, new, old)` for every state tensor (a first step's missing `old` reads as zeros).
+fn keep_state(st: &mut ParamState, old: &ParamState, ok: &Tensor) -> Result<()> {
+    let keep = |new: &Option<Tensor>, old: &Option<Tensor>| -> Result<Option<Tensor>> {
+        Ok(match (new, old) {
+            (Some(n), Some(o)) => Some(ok.broadcast_as(n.shape())?.where_cond(n, o)?),
+            (Some(n), None) => Some(ok.broadcast_as(n.shape())?.where_cond(n, &n.zeros_like()?)?),
+            (None, _) => None,
+        })
+    };
+    st.momentum_buffer = keep(&st.momentum_buffer, &old.momentum_buffer)?;
+    st.momentum_buffer_sgd = keep(&st.momentum_buffer_sgd, &old.momentum_buffer_sgd)?;
+    st.exp_avg = keep(&st.exp_avg, &old.exp_avg)?;
+    st.exp_avg_sq = keep(&st.exp_avg_sq, &old.exp_avg_sq)?;
+    Ok(())
 }
 
 /// The total gradient norm as a scalar float32 tensor on the gradients' device (no read).

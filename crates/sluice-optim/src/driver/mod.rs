@@ -12,7 +12,6 @@ use super::error::{OptimError, Result};
 use super::groups::{BOOST, Group, ParamGroups};
 use super::optimizer::{
     GroupHyper, MAX_GRAD_NORM, Optimizer, clip_coefficient, clip_coefficient_tensor, scale_grads, total_grad_norm,
-    total_grad_norm_tensor,
 };
 use super::scaler::{LossScaler, ScalerSettings, ScalerState};
 use super::schedule::{Schedule, warmup_accumulate};
@@ -172,7 +171,8 @@ impl Optimization {
             if resolved.rule == Rule::MuSgd { ParamGroups::new_muon(model)? } else { ParamGroups::new(model)? };
         let n = groups.params().len();
         let n_groups = groups.len();
-        let optimizer = Optimizer::new(resolved.rule, groups);
+        let mut optimizer = Optimizer::new(resolved.rule, groups);
+        optimizer.use_buffers(model.param_packs());
         let ema = ModelEma::new(model)?;
         let mut s = Self {
             settings: *settings,
@@ -199,6 +199,19 @@ impl Optimization {
         // LambdaLR's construction sets every group to initial_lr · lf(0).
         s.lr = (0..n_groups).map(|i| s.initial_lr(i) * s.schedule.lf(0)).collect();
         Ok(s)
+    }
+
+    /// `model` with the parameters of each group that the optimizer updates element-wise as parts of one buffer
+    /// ([`Yolo::with_params_packed`]), for the optimizer of these settings and this run shape: built over the
+    /// packed model, it updates each such group with one op per step of the update over the buffer (a few dozen
+    /// ops per step in all, not a dozen per parameter), the buffer takes the new values without a copy, and the EMA
+    /// reads the model's values with one copy per buffer. The values and the update's arithmetic are unchanged.
+    pub fn pack_model(model: Yolo, settings: &OptimSettings, shape: RunShape) -> Result<Yolo> {
+        let resolved = resolve(settings, model.config().nc, &shape)?;
+        let groups =
+            if resolved.rule == Rule::MuSgd { ParamGroups::new_muon(&model)? } else { ParamGroups::new(&model)? };
+        let lists = Optimizer::new(resolved.rule, groups).flat_groups();
+        Ok(model.with_params_packed(&lists)?)
     }
 
     /// `param_groups[i]["initial_lr"]`: lr0, or three times it for MuSGD's boosted groups.
@@ -464,8 +477,10 @@ impl Optimization {
     }
 
     fn device_step(&mut self, model: &Yolo, ni: usize, accumulate: usize) -> Result<BatchOutcome> {
-        let mut grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
-        if let Some(norm) = total_grad_norm_tensor(&grads)? {
+        let grads = std::mem::replace(&mut self.pending, vec![None; self.optimizer.groups().params().len()]);
+        // Each flat group's gradients concatenated once, for the norm and the update.
+        let flat = self.optimizer.flat_grads(&grads)?;
+        if let Some(norm) = self.optimizer.grad_norm_tensor(&grads, &flat)? {
             // Under loss scaling the gradients are still scaled: their norm is unscaled here and `1/scale` joins
             // the clip's factor, so each gradient takes one multiply instead of two. The scale is a power of two
             // (as `GradScaler`'s growth and back-off keep it), so both products are exact and the values are those
@@ -482,11 +497,8 @@ impl Optimization {
                 Some(inv) => coef.broadcast_mul(inv)?,
                 None => coef,
             };
-            for g in grads.iter_mut().flatten() {
-                *g = g.broadcast_mul(&coef.to_dtype(g.dtype())?)?;
-            }
             let hyper = self.hyper();
-            self.optimizer.step_masked(&grads, &hyper, &ok)?;
+            self.optimizer.step_masked_scaled(&grads, flat, &hyper, &ok, &coef)?;
             if let Some(s) = self.scaler.as_mut() {
                 // Under loss scaling a non-finite gradient is an overflow: the scaler counts it and backs off, and
                 // the EMA is updated all the same, as Ultralytics' `optimizer_step` does.

@@ -334,3 +334,114 @@ fn caller_mistakes_are_errors() {
     let constant = Tensor::new(1f32, &Device::Cpu).unwrap();
     assert!(opt.batch(&m, &constant, 6, 0).unwrap_err().to_string().contains("does not depend"));
 }
+
+/// `Σ_v sum(c_v · v²)` over every trainable parameter: each has a gradient (`2 c_v v`) that changes with it.
+fn quadratic_loss(model: &Yolo, scale: f32, seed: u64) -> Tensor {
+    let mut total: Option<Tensor> = None;
+    for (i, (_, v)) in model.trainable_vars().into_iter().enumerate() {
+        let n = v.elem_count();
+        let c: Vec<f32> = (0..n)
+            .map(|j| {
+                let h = (seed ^ ((i as u64) << 32) ^ j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+                scale * (h as f32 / (1u64 << 24) as f32 - 0.5)
+            })
+            .collect();
+        let c = Tensor::from_vec(c, v.shape(), &Device::Cpu).unwrap();
+        let term = (v.as_tensor().sqr().unwrap() * c).unwrap().sum_all().unwrap();
+        total = Some(match total {
+            None => term,
+            Some(t) => (t + term).unwrap(),
+        });
+    }
+    total.unwrap()
+}
+
+/// The trainer's packed model: each element-wise group updated as one flat tensor over its buffer, against the
+/// per-parameter update of an unpacked model on the host path. Bit for bit on the host path and on unclipped
+/// device steps; a clipped device step differs only by the norm's summation order. Every parameter, optimizer
+/// state and EMA variable, for every rule, and a checkpoint of the packed run resumed into an unpacked one.
+#[test]
+fn packed_groups_update_as_the_per_parameter_step() {
+    let shape = RunShape { batch: 64, epochs: 5, batches_per_epoch: 10, train_images: 640 };
+    let all = |m: &Yolo| -> Vec<Vec<f64>> {
+        let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
+        names.sort();
+        names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
+    };
+    let states = |o: &Optimization| -> Vec<Vec<f64>> {
+        o.optimizer
+            .state()
+            .iter()
+            .flat_map(|s| [&s.momentum_buffer, &s.momentum_buffer_sgd, &s.exp_avg, &s.exp_avg_sq])
+            .map(|t| t.as_ref().map(read).unwrap_or_default())
+            .collect()
+    };
+    // Relative to each tensor's largest value: a momentum where `β·buf` and the gradient nearly cancel keeps the
+    // clip factor's rounding as an absolute, not a relative, difference.
+    let differ = |a: &[Vec<f64>], b: &[Vec<f64>]| -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| {
+                let scale = x.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+                x.iter().zip(y).map(|(p, q)| (p - q).abs() / scale).fold(0.0, f64::max)
+            })
+            .fold(0.0, f64::max)
+    };
+    for kind in [OptimizerKind::Sgd, OptimizerKind::AdamW, OptimizerKind::Adam, OptimizerKind::MuSgd] {
+        let settings = OptimSettings { optimizer: kind, warmup_epochs: 0.0, ..Default::default() };
+        let seeded = || Yolo::new_seeded(YoloConfig::new(Scale::N, 2), DType::F32, &Device::Cpu, 5).unwrap();
+        // MuSGD: its two Muon groups update per matrix, and every decayed weight is a Muon matrix.
+        let groups = if kind == OptimizerKind::MuSgd { 4 } else { 3 };
+        let plain_m = seeded();
+        let mut plain = Optimization::new(&plain_m, &settings, shape).unwrap();
+        assert_eq!(plain.optimizer.buffers_in_use(), 0);
+        let runs: Vec<(Yolo, Optimization)> = [StepPath::Host, StepPath::Device]
+            .into_iter()
+            .map(|path| {
+                let m = Optimization::pack_model(seeded(), &settings, shape).unwrap();
+                assert_eq!(m.param_packs().len(), groups, "{kind:?}");
+                let o =
+                    Optimization::with_step(&m, &settings, shape, StepOptions { path, loss_scaling: None }).unwrap();
+                assert_eq!(o.optimizer.buffers_in_use(), groups, "{kind:?}");
+                (m, o)
+            })
+            .collect();
+        let mut runs = runs;
+        assert!(all(&runs[0].0) == all(&plain_m), "packing changes no value");
+        // Unclipped steps (the norm stays under 10), then a clipped one.
+        for (ni, scale) in [0.02f32, 0.01, 0.03, 20.0].into_iter().enumerate() {
+            plain.batch_known_finite(&plain_m, &quadratic_loss(&plain_m, scale, ni as u64), true, ni, 0).unwrap();
+            for (m, o) in runs.iter_mut() {
+                o.batch_known_finite(m, &quadratic_loss(m, scale, ni as u64), true, ni, 0).unwrap();
+            }
+            let (host, dev) = (&runs[0], &runs[1]);
+            assert!(all(&host.0) == all(&plain_m), "{kind:?} step {ni}: packed host parameters");
+            assert!(states(&host.1) == states(&plain), "{kind:?} step {ni}: packed host optimizer state");
+            assert!(all(host.1.ema_model()) == all(plain.ema_model()), "{kind:?} step {ni}: packed host EMA");
+            // On the CPU a flat group's sum of squares is one sequential float32 sum over about a million values,
+            // whose rounding reaches about 1e-5 of the clip factor (the per-tensor sums are a tenth as long).
+            let tol = if scale > 1.0 { 1e-4 } else { 0.0 };
+            for (what, d) in [
+                ("parameters", differ(&all(&dev.0), &all(&plain_m))),
+                ("optimizer state", differ(&states(&dev.1), &states(&plain))),
+                ("EMA", differ(&all(dev.1.ema_model()), &all(plain.ema_model()))),
+            ] {
+                assert!(d <= tol, "{kind:?} step {ni}: packed device {what} differ by up to {d:e}");
+            }
+        }
+        assert!(all(&plain_m) != all(&seeded()), "the steps changed the model");
+        // The packed run's checkpoint resumes an unpacked run exactly, and the packed run goes on from it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("last.safetensors");
+        let (host_m, host) = &mut runs[0];
+        host.save_state(host_m, &path, &serde_json::json!({})).unwrap();
+        let mut back_m = seeded();
+        let mut back = Optimization::new(&back_m, &settings, shape).unwrap();
+        back.load_state(&mut back_m, &path).unwrap();
+        let ni = 4;
+        back.batch_known_finite(&back_m, &quadratic_loss(&back_m, 0.02, 9), true, ni, 0).unwrap();
+        host.batch_known_finite(host_m, &quadratic_loss(host_m, 0.02, 9), true, ni, 0).unwrap();
+        assert!(all(host_m) == all(&back_m), "{kind:?}: resumed parameters");
+        assert!(states(host) == states(&back), "{kind:?}: resumed optimizer state");
+    }
+}

@@ -191,6 +191,7 @@ impl Trainer {
             (true, true) => StepPath::DeviceFused,
         };
         let loss_scaling = (half == Some(DType::F16)).then(ScalerSettings::default);
+        let model = Optimization::pack_model(model, &cfg.optim, shape)?;
         let mut opt = Optimization::with_step(&model, &cfg.optim, shape, StepOptions { path, loss_scaling })?;
         if dist.is_distributed() {
             opt.set_grad_reduce(dist.grad_reduce());
