@@ -33,15 +33,26 @@ impl Tensor {
     /// argument.
     /// This assumes that the op graph is a DAG.
     pub fn sorted_nodes(&self) -> Vec<&Tensor> {
+        self.sorted_nodes_with_edges().0
+    }
+
+    /// [`Self::sorted_nodes`] with, per node, how many op inputs of the graph it is and how many of those are
+    /// `narrow`s (Sluice patch: the backward assembles the gradient of a tensor read only through `narrow`s from
+    /// its pieces).
+    fn sorted_nodes_with_edges(&self) -> (Vec<&Tensor>, HashMap<TensorId, Edges>) {
         // The vec of sorted nodes is passed as an owned value rather than a mutable reference
         // to get around some lifetime limitations.
         fn walk<'a>(
             node: &'a Tensor,
             nodes: Vec<&'a Tensor>,
-            already_seen: &mut HashMap<TensorId, bool>,
+            already_seen: &mut Seen,
         ) -> (bool, Vec<&'a Tensor>) {
+            already_seen.edges.entry(node.id()).or_default().inputs += 1;
             if let Some(&tg) = already_seen.get(&node.id()) {
                 return (tg, nodes);
+            }
+            if let Some(Op::Narrow(arg, _, _, _)) = node.op() {
+                already_seen.edges.entry(arg.id()).or_default().narrows += 1;
             }
             let mut track_grad = false;
             let mut nodes = if node.is_variable() {
@@ -157,16 +168,23 @@ impl Tensor {
             }
             (track_grad, nodes)
         }
-        let (_tg, mut nodes) = walk(self, vec![], &mut HashMap::new());
+        let mut seen = Seen::default();
+        let (_tg, mut nodes) = walk(self, vec![], &mut seen);
         nodes.reverse();
-        nodes
+        (nodes, seen.edges)
     }
 
     pub fn backward(&self) -> Result<GradStore> {
-        let sorted_nodes = self.sorted_nodes();
+        let (sorted_nodes, edges) = self.sorted_nodes_with_edges();
         let mut grads = GradStore::new();
         grads.insert(self, self.ones_like()?.contiguous()?);
+        // The gradient pieces of tensors read only through `narrow`s, kept until the tensor's own turn, when they
+        // are assembled in one concatenation (Sluice patch; see `Pieces`).
+        let mut pieces: HashMap<TensorId, Pieces> = HashMap::new();
         for node in sorted_nodes.iter() {
+            if let Some(p) = pieces.remove(&node.id()) {
+                grads.accumulate(node, &p.assemble(node)?)?;
+            }
             if node.is_variable() {
                 continue;
             }
@@ -560,29 +578,13 @@ impl Tensor {
                         let grad = (grad / arg.sqr()?)?;
                         *sum_grad = sum_grad.sub(&grad)?
                     }
+                    &Op::Narrow(ref arg, dim, start_idx, len)
+                        if edges.get(&arg.id()).is_some_and(|e| e.inputs == e.narrows) =>
+                    {
+                        pieces.entry(arg.id()).or_default().0.push((dim, start_idx, len, grad));
+                    }
                     &Op::Narrow(ref arg, dim, start_idx, len) => {
-                        let arg_dims = arg.dims();
-                        let left_pad = if start_idx == 0 {
-                            None
-                        } else {
-                            let mut dims = arg_dims.to_vec();
-                            dims[dim] = start_idx;
-                            Some(Tensor::zeros(dims, grad.dtype(), grad.device())?)
-                        };
-                        let right_pad = arg_dims[dim] - start_idx - len;
-                        let right_pad = if right_pad == 0 {
-                            None
-                        } else {
-                            let mut dims = arg_dims.to_vec();
-                            dims[dim] = right_pad;
-                            Some(Tensor::zeros(dims, grad.dtype(), grad.device())?)
-                        };
-                        let arg_grad = match (left_pad, right_pad) {
-                            (None, None) => grad,
-                            (Some(l), None) => Tensor::cat(&[&l, &grad], dim)?,
-                            (None, Some(r)) => Tensor::cat(&[&grad, &r], dim)?,
-                            (Some(l), Some(r)) => Tensor::cat(&[&l, &grad, &r], dim)?,
-                        };
+                        let arg_grad = narrow_grad_padded(arg.dims(), dim, start_idx, len, grad)?;
                         grads.accumulate(arg, &arg_grad)?
                     }
                     Op::Unary(_, UnaryOp::Floor)
@@ -820,4 +822,102 @@ impl GradStore {
     pub fn get_ids(&self) -> impl Iterator<Item = &TensorId> {
         self.0.keys()
     }
+}
+
+/// Per node of the graph being differentiated: how many op inputs it is, and how many of those are `narrow`s.
+#[derive(Debug, Default, Clone, Copy)]
+struct Edges {
+    inputs: usize,
+    narrows: usize,
+}
+
+/// The walk's state: whether each node tracks a gradient, and the nodes' [`Edges`].
+#[derive(Default)]
+struct Seen {
+    tracks: HashMap<TensorId, bool>,
+    edges: HashMap<TensorId, Edges>,
+}
+
+impl Seen {
+    fn get(&self, id: &TensorId) -> Option<&bool> {
+        self.tracks.get(id)
+    }
+
+    fn insert(&mut self, id: TensorId, track_grad: bool) {
+        self.tracks.insert(id, track_grad);
+    }
+}
+
+/// The gradients of the `narrow`s of one tensor that nothing else reads, as `(dim, start, len, grad)`.
+///
+/// Upstream, each `narrow` pads its gradient with zeros to the full shape and adds it to the others: for the
+/// two halves of a split, two zero fills, two concatenations and one addition over the whole tensor. When the pieces
+/// lie along one dimension without overlapping, one concatenation of the pieces (and zeros for any gap) gives the
+/// same gradient: every element is one piece's value, as the sum of it and exact zeros was (up to the sign of a
+/// zero). Otherwise the pieces are padded and summed as upstream, in the same order.
+#[derive(Default)]
+struct Pieces(Vec<(usize, usize, usize, Tensor)>);
+
+impl Pieces {
+    fn assemble(mut self, arg: &Tensor) -> Result<Tensor> {
+        let dims = arg.dims();
+        let dim = self.0.first().map(|p| p.0).unwrap_or(0);
+        let one_dim = self.0.iter().all(|p| p.0 == dim);
+        let mut sorted: Vec<(usize, usize)> = self.0.iter().map(|p| (p.1, p.2)).collect();
+        sorted.sort_unstable();
+        let disjoint = sorted.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0);
+        if !(one_dim && disjoint) {
+            let mut sum: Option<Tensor> = None;
+            for (dim, start, len, grad) in self.0 {
+                let g = narrow_grad_padded(dims, dim, start, len, grad)?;
+                sum = Some(match sum {
+                    None => g.contiguous()?,
+                    Some(s) => s.add(&g)?,
+                });
+            }
+            return sum.ok_or_else(|| Error::Msg("no gradient pieces".into()).bt());
+        }
+        let zeros = |len: usize, like: &Tensor| -> Result<Tensor> {
+            let mut d = dims.to_vec();
+            d[dim] = len;
+            Tensor::zeros(d, like.dtype(), like.device())
+        };
+        self.0.sort_by_key(|p| p.1);
+        let mut parts = Vec::with_capacity(2 * self.0.len() + 1);
+        let mut at = 0;
+        for (_, start, len, grad) in self.0 {
+            if start > at {
+                parts.push(zeros(start - at, &grad)?);
+            }
+            parts.push(grad);
+            at = start + len;
+        }
+        if at < dims[dim] {
+            let like = parts[0].clone();
+            parts.push(zeros(dims[dim] - at, &like)?);
+        }
+        if parts.len() == 1 {
+            return parts.remove(0).contiguous();
+        }
+        Tensor::cat(&parts, dim)
+    }
+}
+
+/// The gradient of `narrow(dim, start, len)` for its whole input: `grad` between zeros (candle's own rule).
+fn narrow_grad_padded(dims: &[usize], dim: usize, start: usize, len: usize, grad: Tensor) -> Result<Tensor> {
+    let pad = |n: usize| -> Result<Option<Tensor>> {
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut d = dims.to_vec();
+        d[dim] = n;
+        Ok(Some(Tensor::zeros(d, grad.dtype(), grad.device())?))
+    };
+    let (left, right) = (pad(start)?, pad(dims[dim] - start - len)?);
+    Ok(match (left, right) {
+        (None, None) => grad,
+        (Some(l), None) => Tensor::cat(&[&l, &grad], dim)?,
+        (None, Some(r)) => Tensor::cat(&[&grad, &r], dim)?,
+        (Some(l), Some(r)) => Tensor::cat(&[&l, &grad, &r], dim)?,
+    })
 }

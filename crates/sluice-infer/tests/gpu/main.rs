@@ -371,6 +371,15 @@ mod imp {
             let y = pool::upsample_nearest2x(xv.as_tensor())?;
             with_grads(&[y], std::slice::from_ref(&r3), &[&xv])
         }));
+        // The backward's assembly of a split's gradient (the patched candle's narrow pieces: one concatenation, zeros
+        // where no piece lies): C2f's halves of a product, and two pieces with a gap.
+        checks.push(compare("split gradients assembled (narrow pieces) fwd+bwd", 1e-6, gpu, |d| {
+            let xv = var_on(x, d)?;
+            let (y, z) = ((xv.as_tensor() * 2.0)?, (xv.as_tensor() * 3.0)?);
+            let ys = [y.narrow(1, 0, 16)?, y.narrow(1, 16, 16)?, z.narrow(1, 20, 12)?, z.narrow(1, 0, 16)?];
+            let rs = [r2.narrow(1, 0, 16)?, r2.narrow(1, 16, 16)?, r2.narrow(1, 20, 12)?, r2.narrow(1, 3, 16)?];
+            with_grads(&ys, &rs, &[&xv])
+        }));
         let bins = rand_tensor(rng, &[2, 64, 8400], -4.0, 4.0)?;
         let r4 = rand_tensor(rng, &[2, 4, 8400], -1.0, 1.0)?;
         checks.push(compare("dfl decode fwd+bwd", 1e-4, gpu, |d| {
@@ -542,7 +551,8 @@ mod imp {
     }
 
     /// The fused optimizer step (`sluice_kernels::multi_tensor`: norm, clip, update and EMA as one pass each over
-    /// every tensor) on the GPU against the composed ops on the CPU: yolov8n's parameters, SGD, Adam, AdamW and
+    /// every tensor), and the composed step over the trainer's packed parameter groups (the default), on the GPU
+    /// against the composed ops per parameter on the CPU: yolov8n's parameters, SGD, Adam, AdamW and
     /// MuSGD (its Muon parameters composed on both), with float16 loss scaling, over three steps whose gradients
     /// are fixed random tensors (so the model's own numerics play no part), one of them clipped, then a step with a
     /// non-finite gradient, which must change nothing but the scale.
@@ -572,13 +582,19 @@ mod imp {
                     .collect::<Result<_>>()?,
             );
         }
-        for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW, OptimizerKind::MuSgd] {
-            checks.push(compare(&format!("fused optimizer step, {kind:?}, fp16 loss scale"), 1e-5, gpu, |d| {
+        // The GPU runs the fused passes, or the composed ops over the trainer's packed parameter groups; the CPU the
+        // composed ops per parameter (the reference). Both sum the norm in another order than the reference.
+        let variants =
+            [("fused optimizer step", true, 1e-5), ("composed optimizer step over packed groups", false, 1e-4)];
+        for ((what, fused, tolerance), kind) in variants.into_iter().flat_map(|v| {
+            [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW, OptimizerKind::MuSgd].map(|k| (v, k))
+        }) {
+            checks.push(compare(&format!("{what}, {kind:?}, fp16 loss scale"), tolerance, gpu, |d| {
                 let m = sluice_model::Yolo::new_seeded(cfg, DType::F32, d, 0)?;
                 let shape = RunShape { batch: 64, epochs: 3, batches_per_epoch: 4, train_images: 256 };
                 let settings = OptimSettings { optimizer: kind, warmup_epochs: 0.0, ..OptimSettings::default() };
-                // The GPU runs the fused passes, the CPU the composed ops (the reference).
-                let path = if d.is_cuda() { StepPath::DeviceFused } else { StepPath::Device };
+                let m = if d.is_cuda() && !fused { Optimization::pack_model(m, &settings, shape)? } else { m };
+                let path = if d.is_cuda() && fused { StepPath::DeviceFused } else { StepPath::Device };
                 let step = StepOptions { path, loss_scaling: Some(ScalerSettings::default()) };
                 let mut opt = Optimization::with_step(&m, &settings, shape, step)?;
                 let loss_of = |step: usize, factor: f64| -> Result<Tensor> {
