@@ -612,6 +612,24 @@ fn musgd_muon(p: &Tensor, grad: &Tensor, state: &mut ParamState, h: GroupHyper, 
 /// gradient; `m = m + (1 − β1)(g − m)`; `v = β2·v + (1 − β2)·g²`; `p −= lr/(1 − β1ᵗ) · m / (√v/√(1 − β2ᵗ) + ε)`.
 fn adam(p: &Tensor, grad: &Tensor, state: &mut ParamState, h: GroupHyper, decoupled: bool) -> Result<Tensor> {
     let beta1 = h.momentum;
+    // On the CPU, the same float operations as one parallel pass (`sluice_kernels::optim`, equal bit for bit).
+    let step = sluice_kernels::optim::AdamStep {
+        lr: h.lr,
+        beta1,
+        beta2: ADAM_BETA2,
+        eps: ADAM_EPS,
+        weight_decay: h.weight_decay,
+        decoupled,
+        step: state.step + 1,
+    };
+    if let Some((new_p, m, v)) =
+        sluice_kernels::optim::adam(p, grad, state.exp_avg.as_ref(), state.exp_avg_sq.as_ref(), step)?
+    {
+        state.step += 1;
+        state.exp_avg = Some(m);
+        state.exp_avg_sq = Some(v);
+        return Ok(new_p);
+    }
     let mut p = p.clone();
     let mut g = grad.clone();
     if h.weight_decay != 0.0 {
