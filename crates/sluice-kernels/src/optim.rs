@@ -55,22 +55,19 @@ pub fn sgd_nesterov(
         // Every element of both outputs is written by its chunk's loop.
         let new_p = filled_vec(n, |out_p| {
             let out_b = &mut new_b.spare_capacity_mut()[..if keep_buf { n } else { 0 }];
+            let c = SgdConsts { wd, m, neg_lr };
+            let decay = h.weight_decay != 0.0;
+            // One branch-free loop per case, so that the compiler vectorises it.
             let update = |i0: usize, op_: &mut [MaybeUninit<f32>], ob: &mut [MaybeUninit<f32>]| {
-                for (k, o) in op_.iter_mut().enumerate() {
-                    let i = i0 + k;
-                    let mut d = gv[i];
-                    if h.weight_decay != 0.0 {
-                        d += pv[i] * wd + 0.0;
-                    }
-                    if keep_buf {
-                        let b = match bv {
-                            Some(bv) => (bv[i] * m + 0.0) + d,
-                            None => d,
-                        };
-                        ob[k].write(b);
-                        d += b * m + 0.0;
-                    }
-                    o.write(pv[i] + (d * neg_lr + 0.0));
+                let r = i0..i0 + op_.len();
+                let (pv, gv, bv) = (&pv[r.clone()], &gv[r.clone()], bv.map(|b| &b[r.clone()]));
+                match (decay, keep_buf, bv) {
+                    (false, false, _) => sgd_chunk::<false, false, false>(pv, gv, None, op_, ob, &c),
+                    (true, false, _) => sgd_chunk::<true, false, false>(pv, gv, None, op_, ob, &c),
+                    (false, true, None) => sgd_chunk::<false, true, false>(pv, gv, None, op_, ob, &c),
+                    (true, true, None) => sgd_chunk::<true, true, false>(pv, gv, None, op_, ob, &c),
+                    (false, true, Some(bv)) => sgd_chunk::<false, true, true>(pv, gv, Some(bv), op_, ob, &c),
+                    (true, true, Some(bv)) => sgd_chunk::<true, true, true>(pv, gv, Some(bv), op_, ob, &c),
                 }
             };
             if keep_buf {
@@ -103,6 +100,42 @@ pub fn sgd_nesterov(
     let new_p = Tensor::from_vec(new_p, p.shape(), &dev)?;
     let new_b = if keep_buf { Some(Tensor::from_vec(new_b, p.shape(), &dev)?) } else { None };
     Ok(Some((new_p, new_b)))
+}
+
+/// [`sgd_nesterov`]'s factors, rounded to f32 as `affine` rounds them.
+struct SgdConsts {
+    wd: f32,
+    m: f32,
+    neg_lr: f32,
+}
+
+/// [`sgd_nesterov`] over one chunk: `DECAY` with weight decay, `MOMENTUM` with a buffer to write (`ob`), `BUF`
+/// when the previous buffer exists (not the first step).
+#[inline(always)]
+fn sgd_chunk<const DECAY: bool, const MOMENTUM: bool, const BUF: bool>(
+    pv: &[f32],
+    gv: &[f32],
+    bv: Option<&[f32]>,
+    op: &mut [MaybeUninit<f32>],
+    ob: &mut [MaybeUninit<f32>],
+    c: &SgdConsts,
+) {
+    let n = op.len();
+    let (pv, gv) = (&pv[..n], &gv[..n]);
+    let bv = &bv.unwrap_or(gv)[..n];
+    let ob = &mut ob[..if MOMENTUM { n } else { 0 }];
+    for i in 0..n {
+        let mut d = gv[i];
+        if DECAY {
+            d += pv[i] * c.wd + 0.0;
+        }
+        if MOMENTUM {
+            let b = if BUF { (bv[i] * c.m + 0.0) + d } else { d };
+            ob[i].write(b);
+            d += b * c.m + 0.0;
+        }
+        op[i].write(pv[i] + (d * c.neg_lr + 0.0));
+    }
 }
 
 /// Hyper-parameters of one `torch.optim.Adam` / `AdamW` update (no AMSGrad), at step `step` (counted from 1).

@@ -19,10 +19,6 @@ fn step(c: &mut Criterion) {
     let dev = Device::Cpu;
     let arch = sluice_model::parse_model("yolov8n").expect("model name");
     let model = Yolo::new_seeded(arch.config(80), DType::F32, &dev, 0).expect("model");
-    let settings = OptimSettings { optimizer: OptimizerKind::Sgd, nbs: BATCH, ..OptimSettings::default() };
-    let shape = RunShape { batch: BATCH, epochs: 100, batches_per_epoch: 1000, train_images: 1000 * BATCH };
-    // Packed as the trainer packs it.
-    let model = Optimization::pack_model(model, &settings, shape).expect("packed model");
     let loss = DetectionLoss::new(80);
     let batch = synthetic_batch(BATCH, IMGSZ, 8, 80).expect("batch");
     let x = DeviceTransfer::new(&dev, DType::F32).expect("transfer").transfer(&batch).expect("transferred");
@@ -30,6 +26,8 @@ fn step(c: &mut Criterion) {
     g.throughput(Throughput::Elements(BATCH as u64));
     g.sample_size(10);
     for dense in [false, true] {
+        let settings = OptimSettings { optimizer: OptimizerKind::Sgd, nbs: BATCH, ..OptimSettings::default() };
+        let shape = RunShape { batch: BATCH, epochs: 100, batches_per_epoch: 1000, train_images: 1000 * BATCH };
         let path = if dense { StepPath::Device } else { StepPath::Host };
         let step = StepOptions { path, loss_scaling: None };
         let mut opt = Optimization::with_step(&model, &settings, shape, step).expect("optimization");

@@ -191,7 +191,10 @@ impl Trainer {
             (true, true) => StepPath::DeviceFused,
         };
         let loss_scaling = (half == Some(DType::F16)).then(ScalerSettings::default);
-        let model = Optimization::pack_model(model, &cfg.optim, shape)?;
+        // On a GPU each parameter group's update is then a few kernels over one buffer instead of a dozen per
+        // parameter; the CPU gains nothing from it (its update is one parallel pass per tensor either way) and would
+        // pay the gradients' concatenation.
+        let model = if device.is_cuda() { Optimization::pack_model(model, &cfg.optim, shape)? } else { model };
         let mut opt = Optimization::with_step(&model, &cfg.optim, shape, StepOptions { path, loss_scaling })?;
         if dist.is_distributed() {
             opt.set_grad_reduce(dist.grad_reduce());
