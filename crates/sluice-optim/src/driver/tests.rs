@@ -18,6 +18,13 @@ fn read(t: &Tensor) -> Vec<f64> {
     t.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap()
 }
 
+/// Every variable's values, by name.
+fn all(m: &Yolo) -> Vec<Vec<f64>> {
+    let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
+    names.sort();
+    names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
+}
+
 /// `sum(b · c)` for the head bias `b`: its gradient is `c`, whatever `b`.
 fn linear_loss(model: &Yolo, c: &[f32]) -> Tensor {
     let b = model.var(BIAS).unwrap();
@@ -76,11 +83,6 @@ fn warmup_and_schedule_follow_ultralytics() {
 #[test]
 fn device_checks_equal_the_host_path_and_mask_a_non_finite_step() {
     let shape = RunShape { batch: 32, epochs: 5, batches_per_epoch: 10, train_images: 320 };
-    let all = |m: &Yolo| -> Vec<Vec<f64>> {
-        let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
-        names.sort();
-        names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
-    };
     for (settings, fused) in [
         (sgd(0.0), false),
         (OptimSettings { optimizer: OptimizerKind::AdamW, ..Default::default() }, false),
@@ -142,11 +144,6 @@ fn device_checks_equal_the_host_path_and_mask_a_non_finite_step() {
 fn musgd_takes_the_fused_step_for_its_sgd_parameters() {
     let shape = RunShape { batch: 64, epochs: 5, batches_per_epoch: 10, train_images: 640 };
     let settings = OptimSettings { optimizer: OptimizerKind::MuSgd, warmup_epochs: 0.0, ..Default::default() };
-    let all = |m: &Yolo| -> Vec<Vec<f64>> {
-        let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
-        names.sort();
-        names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
-    };
     // A head bias (an SGD parameter) and a conv weight (a Muon one), both with gradients.
     const WEIGHT: &str = "model.22.cv2.0.0.conv.weight";
     let loss = |m: &Yolo, scale: f32| -> Tensor {
@@ -363,11 +360,6 @@ fn quadratic_loss(model: &Yolo, scale: f32, seed: u64) -> Tensor {
 #[test]
 fn packed_groups_update_as_the_per_parameter_step() {
     let shape = RunShape { batch: 64, epochs: 5, batches_per_epoch: 10, train_images: 640 };
-    let all = |m: &Yolo| -> Vec<Vec<f64>> {
-        let mut names: Vec<String> = m.varmap().data().lock().unwrap().keys().cloned().collect();
-        names.sort();
-        names.iter().map(|n| read(m.var(n).unwrap().as_tensor())).collect()
-    };
     let states = |o: &Optimization| -> Vec<Vec<f64>> {
         o.optimizer
             .state()
