@@ -15,7 +15,8 @@
 //! 5. `fuzz/`: clippy, and `cargo test` there, which replays the seed corpus and the regressions through the fuzz
 //!    targets on stable (no libFuzzer), with its own `Cargo.lock`.
 //! 6. The vendored candle-core's own tests (`vendor/candle-core`, a `[patch.crates-io]` of the workspace and
-//!    excluded from it): its unit tests, `tests/grad_tests.rs` and its doctests, with its own `Cargo.lock`.
+//!    excluded from it): its unit tests, `tests/grad_tests.rs`, the patches' tests and its doctests, with its own
+//!    `Cargo.lock`; then the patches' tests whose op-ledger checks need the `ledger` feature, with it.
 //! 7. clippy `-D warnings` of the whole workspace with `--features cuda,cudnn,nvjpeg,nccl` (every crate that has
 //!    one of these features gets it): NVIDIA's CUDA 13.0 compiler wheels are installed from PyPI into
 //!    `<target>/cuda-sdk` (once per target directory), no GPU is needed ([`crate::gpu::cuda_check_cargo`]).
@@ -114,6 +115,8 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     let vendor_target = target.join("vendor").to_string_lossy().into_owned();
     let candle = ["--manifest-path", "vendor/candle-core/Cargo.toml", "--target-dir", &vendor_target];
     s.cargo("test vendor/candle-core", root, &[&["test", "--locked"][..], &candle].concat())?;
+    let ledger = ["--features", "ledger", "--test", "scalar_ops", "--test", "narrow_grads"];
+    s.cargo("test vendor/candle-core, ledger", root, &[&["test", "--locked"][..], &candle, &ledger].concat())?;
 
     if checks {
         let sdk = crate::gpu::ci_sdk_root(root);
