@@ -135,8 +135,12 @@ fn bce(c: &mut Criterion) {
     g.bench_function("fused_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits(t, &z))));
     g.bench_function("composed_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits_composed(t, &z))));
     let p = Tensor::ones_like(&x).expect("p").affine(0.5, 0.0).expect("p");
-    g.bench_function("given_probs_fwd_bwd", |b| {
-        b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits_given_probs(t, &z, &p)))
+    let one = Tensor::new(1f32, &dev).expect("one");
+    g.bench_function("composed_sum_fwd_bwd", |b| {
+        b.iter(|| fwd_bwd(&xv, &one, &|t| loss::bce_with_logits_composed(t, &z)?.sum_all()))
+    });
+    g.bench_function("sum_given_probs_fwd_bwd", |b| {
+        b.iter(|| fwd_bwd(&xv, &one, &|t| loss::bce_with_logits_sum_given_probs(t, &z, &p)))
     });
     g.finish();
 }

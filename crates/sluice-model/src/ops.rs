@@ -55,10 +55,11 @@ pub fn bce_with_logits(x: &Tensor, z: &Tensor) -> Result<Tensor> {
     sluice_kernels::loss::bce_with_logits(x, z)
 }
 
-/// [`bce_with_logits`] where the caller holds `p = σ(x)`: on a device the gradient comes from `p` in one op
-/// (`sluice_kernels::loss::bce_with_logits_given_probs`) instead of the composed form's backward.
-pub fn bce_with_logits_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<Tensor> {
-    sluice_kernels::loss::bce_with_logits_probs(x, z, p)
+/// The sum of [`bce_with_logits`] where the caller holds `p = σ(x)`: on a device it reads the probabilities
+/// instead of recomputing `ln(1 + e^{−|x|})`, and its gradient is one op
+/// (`sluice_kernels::loss::bce_with_logits_sum_given_probs`).
+pub fn bce_with_logits_sum_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<Tensor> {
+    sluice_kernels::loss::bce_with_logits_sum_probs(x, z, p)
 }
 
 /// Element-wise arctangent (Cephes `atanf`: range reduction to |t| ≤ tan(π/8) and a degree-9 odd polynomial,

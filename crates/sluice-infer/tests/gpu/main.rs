@@ -394,12 +394,14 @@ mod imp {
             let y = loss::bce_with_logits(xv.as_tensor(), &z.to_device(d)?)?;
             with_grads(&[y], std::slice::from_ref(&z), &[&xv])
         }));
-        // The dense loss's form: on the device the value from candle's ops and the gradient from `σ(x)` in one op.
-        checks.push(compare("bce with logits from the probabilities fwd+bwd", 1e-4, gpu, |d| {
+        // The dense loss's form: on the device the sum from candle's ops over the probabilities and the gradient
+        // from `σ(x)` in one op.
+        let half = Tensor::new(0.5f32, &Device::Cpu)?;
+        checks.push(compare("bce with logits summed from the probabilities fwd+bwd", 1e-4, gpu, |d| {
             let xv = var_on(&logits, d)?;
             let p = sluice_model::ops::sigmoid(&xv.as_tensor().detach())?;
-            let y = loss::bce_with_logits_probs(xv.as_tensor(), &z.to_device(d)?, &p)?;
-            with_grads(&[y], std::slice::from_ref(&z), &[&xv])
+            let y = loss::bce_with_logits_sum_probs(xv.as_tensor(), &z.to_device(d)?, &p)?;
+            with_grads(&[y], std::slice::from_ref(&half), &[&xv])
         }));
         Ok(logits)
     }

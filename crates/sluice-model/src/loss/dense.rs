@@ -182,7 +182,7 @@ pub(crate) fn dense_loss(
     let classes = Tensor::arange(0u32, nc as u32, &dev)?.reshape((1, nc, 1))?;
     let onehot = classes.broadcast_eq(&asg.label.unsqueeze(1)?)?.to_dtype(dt)?; // (B, nc, A)
     let ts = onehot.broadcast_mul(&weight.unsqueeze(1)?)?;
-    let cls = ops::bce_with_logits_probs(raw_scores, &ts, &probs)?.sum_all()?.broadcast_div(&tss)?;
+    let cls = ops::bce_with_logits_sum_probs(raw_scores, &ts, &probs)?.broadcast_div(&tss)?;
 
     // Box loss over every anchor, weighted (0 off the foreground).
     let w = weight.flatten_all()?; // (B·A)

@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used)] // Test helpers panic on broken fixtures.
 #![allow(dead_code)]
 
+pub(crate) mod loss_fixture;
+
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
