@@ -136,11 +136,15 @@ fn bce(c: &mut Criterion) {
     g.bench_function("composed_fwd_bwd", |b| b.iter(|| fwd_bwd(&xv, &wt, &|t| loss::bce_with_logits_composed(t, &z))));
     let p = Tensor::ones_like(&x).expect("p").affine(0.5, 0.0).expect("p");
     let one = Tensor::new(1f32, &dev).expect("one");
-    g.bench_function("composed_sum_fwd_bwd", |b| {
-        b.iter(|| fwd_bwd(&xv, &one, &|t| loss::bce_with_logits_composed(t, &z)?.sum_all()))
+    let label: Vec<u32> = (0..8 * 2100u32).map(|i| i * 37 % 80).collect();
+    let label = Tensor::from_vec(label, (8, 2100), &dev).expect("label");
+    let weight = Tensor::rand(0f32, 1.0, (8, 2100), &dev).expect("weight");
+    let zh = loss::one_hot_targets(&label, &weight, 80).expect("one-hot");
+    g.bench_function("composed_sum_one_hot_fwd_bwd", |b| {
+        b.iter(|| fwd_bwd(&xv, &one, &|t| loss::bce_with_logits_composed(t, &zh)?.sum_all()))
     });
-    g.bench_function("sum_given_probs_fwd_bwd", |b| {
-        b.iter(|| fwd_bwd(&xv, &one, &|t| loss::bce_with_logits_sum_given_probs(t, &z, &p)))
+    g.bench_function("sum_one_hot_given_probs_fwd_bwd", |b| {
+        b.iter(|| fwd_bwd(&xv, &one, &|t| loss::bce_with_logits_sum_one_hot_given_probs(t, &label, &weight, &p)))
     });
     g.finish();
 }

@@ -106,14 +106,38 @@ pub fn bce_with_logits(x: &Tensor, z: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op2(&z.detach().contiguous()?, Bce)
 }
 
-/// The sum of [`bce_with_logits`] over every element, for a caller that holds `p = σ(x)` already (the loss's
-/// assigner needs the probabilities): the fused op's sum on f32/f64 CPU storage, elsewhere
-/// [`bce_with_logits_sum_given_probs`]. A scalar of `x`'s dtype.
-pub fn bce_with_logits_sum_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<Tensor> {
-    if fused_supported(x) && x.dtype() == z.dtype() && x.shape() == z.shape() {
-        return bce_with_logits(x, z)?.sum_all();
+/// One-hot weighted targets `(B, C, A)` of a class loss: `z[b, c, a] = weight[b, a]` for `c = label[b, a]`, else 0.
+/// `label` `(B, A)` u32 below `C` (the dataset's classes are checked against `C` when loaded), `weight` `(B, A)` of
+/// the targets' dtype; the same values as `onehot(label) · weight`, in one zero fill and one scatter.
+pub fn one_hot_targets(label: &Tensor, weight: &Tensor, classes: usize) -> Result<Tensor> {
+    let (b, a) = label.dims2()?;
+    let z = Tensor::zeros((b, classes, a), weight.dtype(), weight.device())?;
+    z.scatter_add_set(&label.unsqueeze(1)?, &weight.detach().unsqueeze(1)?, 1)?;
+    Ok(z)
+}
+
+/// The sum of [`bce_with_logits`] of `x` `(B, C, A)` against [`one_hot_targets`] of `label` and `weight`, for a
+/// caller that holds `p = σ(x)` already (the loss's assigner needs the probabilities): the fused op's sum on
+/// f32/f64 CPU storage, elsewhere [`bce_with_logits_sum_one_hot_given_probs`]. A scalar of `x`'s dtype.
+pub fn bce_with_logits_sum_one_hot(x: &Tensor, label: &Tensor, weight: &Tensor, p: &Tensor) -> Result<Tensor> {
+    if fused_supported(x) && x.dtype() == weight.dtype() {
+        let z = one_hot_targets(label, weight, x.dim(1)?)?;
+        return bce_with_logits(x, &z)?.sum_all();
     }
-    bce_with_logits_sum_given_probs(x, z, p)
+    bce_with_logits_sum_one_hot_given_probs(x, label, weight, p)
+}
+
+/// [`bce_with_logits_sum_given_probs`] against one-hot weighted targets: `Σ x·z` is read as
+/// `Σ weight · x[label]`, one gather, instead of a product over `x`'s size.
+pub fn bce_with_logits_sum_one_hot_given_probs(
+    x: &Tensor,
+    label: &Tensor,
+    weight: &Tensor,
+    p: &Tensor,
+) -> Result<Tensor> {
+    let z = one_hot_targets(label, weight, x.dim(1)?)?;
+    let x_dot_z = (x.detach().gather(&label.unsqueeze(1)?, 1)?.squeeze(1)? * weight.detach())?.sum_all()?;
+    sum_given_probs(x, &z, p, &x_dot_z)
 }
 
 /// The sum of BCE with logits from candle's ops, in fewer passes over `x`'s size than the composed form, with a
@@ -129,13 +153,20 @@ pub fn bce_with_logits_sum_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<T
 /// runs about twenty passes over `x`'s size (the derivatives of `abs`, `exp`, `log` and `relu`, and their sums);
 /// this is one.
 pub fn bce_with_logits_sum_given_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<Tensor> {
-    let (xd, zd, pd) = (x.detach(), z.detach(), p.detach());
+    let z = z.detach();
+    let x_dot_z = (x.detach() * &z)?.sum_all()?;
+    sum_given_probs(x, &z, p, &x_dot_z)
+}
+
+/// [`bce_with_logits_sum_given_probs`] with `Σ x·z` (detached) computed by the caller.
+fn sum_given_probs(x: &Tensor, z: &Tensor, p: &Tensor, x_dot_z: &Tensor) -> Result<Tensor> {
+    let (xd, pd) = (x.detach(), p.detach());
     let log_sigmoid_abs = pd.affine(-1.0, 1.0)?.maximum(&pd)?.log()?.sum_all()?;
-    let value = ((xd.relu()?.sum_all()? - (&xd * &zd)?.sum_all()?)? - log_sigmoid_abs)?;
+    let value = ((xd.relu()?.sum_all()? - x_dot_z)? - log_sigmoid_abs)?;
     if !x.track_op() {
         return Ok(value);
     }
-    let s = (x * (&pd - &zd)?)?.sum_all()?;
+    let s = (x * (&pd - z)?)?.sum_all()?;
     let zero = (&s - s.detach())?;
     value + zero
 }

@@ -9,7 +9,8 @@ mod poison;
 use candle_core::{DType, Device, Tensor, Var};
 use common::{Rng, grads, numeric_grad, rel_err, rel_err_vec, values};
 use sluice_kernels::loss::{
-    bce_with_logits, bce_with_logits_composed, bce_with_logits_sum_given_probs, bce_with_logits_sum_probs,
+    bce_with_logits, bce_with_logits_composed, bce_with_logits_sum_given_probs, bce_with_logits_sum_one_hot,
+    bce_with_logits_sum_one_hot_given_probs, one_hot_targets,
 };
 
 #[test]
@@ -92,9 +93,6 @@ fn the_device_path_has_pytorchs_sum_and_gradient() {
             let reference: Vec<f64> = reference.iter().map(|r| 0.37 * r).collect();
             let e = rel_err_vec(&values(&g[0]), &reference);
             assert!(e < tol, "{shape:?} {dtype:?}: grad rel err {e:e}");
-            // The CPU's fused op gives the same sum.
-            let fused = values(&bce_with_logits_sum_probs(x.as_tensor(), &z, &p).unwrap())[0];
-            assert!((fused - want).abs() <= tol * want, "{shape:?} {dtype:?}: fused sum {fused} against {want}");
         }
     }
 }
@@ -119,4 +117,54 @@ fn the_device_path_gives_the_targets_and_probabilities_no_gradient() {
     let g = loss.backward().unwrap();
     assert!(g.get(z.as_tensor()).is_none() && g.get(p.as_tensor()).is_none(), "only the logits get a gradient");
     assert!(g.get(x.as_tensor()).is_some());
+}
+
+#[test]
+fn one_hot_targets_place_each_anchors_weight_at_its_label() {
+    let mut rng = Rng::new(13);
+    let (b, c, a) = (2usize, 5usize, 9usize);
+    let label: Vec<u32> = (0..b * a).map(|i| ((i * 7 + 3) % c) as u32).collect();
+    let weight = rng.tensor(&[b, a], 0.0, 1.0, DType::F32).abs().unwrap();
+    let label_t = Tensor::from_vec(label.clone(), (b, a), &Device::Cpu).unwrap();
+    let z = values(&one_hot_targets(&label_t, &weight, c).unwrap());
+    let w = values(&weight);
+    for bi in 0..b {
+        for ci in 0..c {
+            for ai in 0..a {
+                let want = if label[bi * a + ai] as usize == ci { w[bi * a + ai] } else { 0.0 };
+                assert_eq!(z[(bi * c + ci) * a + ai], want, "z[{bi}, {ci}, {ai}]");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_one_hot_sum_has_pytorchs_sum_and_gradient_on_both_paths() {
+    let mut rng = Rng::new(14);
+    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let (b, c, a) = (3usize, 80usize, 210usize);
+        let x = Var::from_tensor(&rng.tensor(&[b, c, a], 0.0, 8.0, dtype)).unwrap();
+        let label: Vec<u32> = (0..b * a).map(|i| ((i * 31 + 5) % c) as u32).collect();
+        let label = Tensor::from_vec(label, (b, a), &Device::Cpu).unwrap();
+        // Target scores in [0, 1), zero off a third of the anchors (the background).
+        let keep: Vec<f64> = (0..b * a).map(|i| f64::from(i % 3 != 0)).collect();
+        let keep = Tensor::from_vec(keep, (b, a), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+        let weight = ((rng.tensor(&[b, a], 0.0, 1.0, dtype).abs().unwrap() / 3.0).unwrap().clamp(0.0, 0.99).unwrap()
+            * keep)
+            .unwrap();
+        let z = one_hot_targets(&label, &weight, c).unwrap();
+        let p = sigmoid_of(x.as_tensor());
+        let (want, reference) = reference_sum_and_grad(x.as_tensor(), &z);
+        let reference: Vec<f64> = reference.iter().map(|r| 0.37 * r).collect();
+        type Sum = fn(&Tensor, &Tensor, &Tensor, &Tensor) -> candle_core::Result<Tensor>;
+        let paths: [(&str, Sum); 2] =
+            [("fused", bce_with_logits_sum_one_hot), ("device", bce_with_logits_sum_one_hot_given_probs)];
+        for (path, f) in paths {
+            let got = values(&f(x.as_tensor(), &label, &weight, &p).unwrap())[0];
+            assert!((got - want).abs() <= tol * want, "{path} {dtype:?}: sum {got} against {want}");
+            let g = grads(&[&x], |t| f(t[0], &label, &weight, &p)?.affine(0.37, 0.0));
+            let e = rel_err_vec(&values(&g[0]), &reference);
+            assert!(e < tol, "{path} {dtype:?}: grad rel err {e:e}");
+        }
+    }
 }

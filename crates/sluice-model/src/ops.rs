@@ -55,11 +55,12 @@ pub fn bce_with_logits(x: &Tensor, z: &Tensor) -> Result<Tensor> {
     sluice_kernels::loss::bce_with_logits(x, z)
 }
 
-/// The sum of [`bce_with_logits`] where the caller holds `p = σ(x)`: on a device it reads the probabilities
-/// instead of recomputing `ln(1 + e^{−|x|})`, and its gradient is one op
-/// (`sluice_kernels::loss::bce_with_logits_sum_given_probs`).
-pub fn bce_with_logits_sum_probs(x: &Tensor, z: &Tensor, p: &Tensor) -> Result<Tensor> {
-    sluice_kernels::loss::bce_with_logits_sum_probs(x, z, p)
+/// The sum of [`bce_with_logits`] of `x` `(B, C, A)` against one-hot targets (`weight[b, a]` at class
+/// `label[b, a]`, 0 elsewhere) where the caller holds `p = σ(x)`: on a device it reads the probabilities instead of
+/// recomputing `ln(1 + e^{−|x|})`, the targets' product by one gather, and its gradient is one op
+/// (`sluice_kernels::loss::bce_with_logits_sum_one_hot_given_probs`).
+pub fn bce_with_logits_sum_one_hot(x: &Tensor, label: &Tensor, weight: &Tensor, p: &Tensor) -> Result<Tensor> {
+    sluice_kernels::loss::bce_with_logits_sum_one_hot(x, label, weight, p)
 }
 
 /// Element-wise arctangent (Cephes `atanf`: range reduction to |t| ≤ tan(π/8) and a degree-9 odd polynomial,

@@ -394,15 +394,23 @@ mod imp {
             let y = loss::bce_with_logits(xv.as_tensor(), &z.to_device(d)?)?;
             with_grads(&[y], std::slice::from_ref(&z), &[&xv])
         }));
-        // The dense loss's form: on the device the sum from candle's ops over the probabilities and the gradient
-        // from `σ(x)` in one op.
+        // The dense loss's form: on the device the sum against one-hot targets from candle's ops over the
+        // probabilities and the gradient from `σ(x)` in one op.
         let half = Tensor::new(0.5f32, &Device::Cpu)?;
-        checks.push(compare("bce with logits summed from the probabilities fwd+bwd", 1e-4, gpu, |d| {
-            let xv = var_on(&logits, d)?;
-            let p = sluice_model::ops::sigmoid(&xv.as_tensor().detach())?;
-            let y = loss::bce_with_logits_sum_probs(xv.as_tensor(), &z.to_device(d)?, &p)?;
-            with_grads(&[y], std::slice::from_ref(&half), &[&xv])
-        }));
+        let label = rand_tensor(rng, &[2, 8400], 0.0, 79.99)?.floor()?.to_dtype(DType::U32)?;
+        let weight = rand_tensor(rng, &[2, 8400], 0.0, 1.0)?;
+        checks.push(compare(
+            "bce with logits against one-hot targets, summed from the probabilities fwd+bwd",
+            1e-4,
+            gpu,
+            |d| {
+                let xv = var_on(&logits, d)?;
+                let p = sluice_model::ops::sigmoid(&xv.as_tensor().detach())?;
+                let y =
+                    loss::bce_with_logits_sum_one_hot(xv.as_tensor(), &label.to_device(d)?, &weight.to_device(d)?, &p)?;
+                with_grads(&[y], std::slice::from_ref(&half), &[&xv])
+            },
+        ));
         Ok(logits)
     }
 

@@ -167,9 +167,7 @@ pub(crate) fn dense_loss(
     levels: &[usize],
     gt: DenseTargets<'_>,
 ) -> Result<DenseLoss> {
-    let (b, nc, a) = raw_scores.dims3()?;
-    let dt = raw_scores.dtype();
-    let dev = raw_scores.device().clone();
+    let (b, _, a) = raw_scores.dims3()?;
     let stride_row = strides.t()?.unsqueeze(0)?; // (1, 1, A)
     let pred_px = pred_xyxy.detach().broadcast_mul(&stride_row)?;
     let anchors_px = anchors.broadcast_mul(strides)?;
@@ -178,11 +176,8 @@ pub(crate) fn dense_loss(
     let weight = (&asg.score * &asg.fg)?; // (B, A)
     let tss = weight.sum_all()?.maximum(1.0)?;
 
-    // Class loss: one-hot of the label times the target score.
-    let classes = Tensor::arange(0u32, nc as u32, &dev)?.reshape((1, nc, 1))?;
-    let onehot = classes.broadcast_eq(&asg.label.unsqueeze(1)?)?.to_dtype(dt)?; // (B, nc, A)
-    let ts = onehot.broadcast_mul(&weight.unsqueeze(1)?)?;
-    let cls = ops::bce_with_logits_sum_probs(raw_scores, &ts, &probs)?.broadcast_div(&tss)?;
+    // Class loss: against the one-hot of the label times the target score.
+    let cls = ops::bce_with_logits_sum_one_hot(raw_scores, &asg.label, &weight, &probs)?.broadcast_div(&tss)?;
 
     // Box loss over every anchor, weighted (0 off the foreground).
     let w = weight.flatten_all()?; // (B·A)
