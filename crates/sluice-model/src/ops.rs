@@ -49,6 +49,17 @@ pub fn log_softmax(x: &Tensor, dim: usize) -> Result<Tensor> {
     shifted.broadcast_sub(&lse)
 }
 
+/// The negative log-softmax of `x` along `dim` read at each of `idx` (gather's indices, size 1 along `dim`):
+/// `ln Σ e^x − x[i]`, the same values to the bit as `log_softmax(x, dim).gather(i, dim).neg()` and the same
+/// gradients, without writing the log-softmax over `x`'s size or reducing its gradient (the DFL's cross entropy
+/// at its two bins).
+pub fn nll_at(x: &Tensor, dim: usize, idx: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let max = x.max_keepdim(dim)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(dim)?.log()?;
+    idx.iter().map(|i| lse.broadcast_sub(&shifted.gather(i, dim)?)).collect()
+}
+
 /// Element-wise binary cross-entropy with logits, `max(x,0) − x·z + log(1 + e^{−|x|})` (PyTorch's
 /// `BCEWithLogitsLoss(reduction="none")`), finite for any logit; the targets `z` get no gradient.
 pub fn bce_with_logits(x: &Tensor, z: &Tensor) -> Result<Tensor> {
@@ -165,5 +176,36 @@ mod tests {
         let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
         assert_eq!(d, 0.0);
         assert_eq!(x.dtype(), DType::F64);
+    }
+
+    #[test]
+    fn nll_at_is_the_gathered_log_softmax_to_the_bit_with_its_gradients() {
+        let d = &Device::Cpu;
+        // The dense loss's layout (B, 4, 16, A) along dim 2 and the host loss's (F, 4, 16) along the last dim.
+        for (shape, dim) in [(vec![2usize, 4, 16, 37], 2usize), (vec![5, 4, 16], 2)] {
+            let x = candle_core::Var::from_tensor(&(Tensor::randn(0f32, 3.0, shape.as_slice(), d).unwrap())).unwrap();
+            let mut ishape = shape.clone();
+            ishape[dim] = 1;
+            let n: usize = ishape.iter().product();
+            let left: Vec<u32> = (0..n as u32).map(|i| i * 7 % 15).collect();
+            let tl = Tensor::from_vec(left.clone(), ishape.as_slice(), d).unwrap();
+            let tr = Tensor::from_vec(left.iter().map(|v| v + 1).collect::<Vec<_>>(), ishape.as_slice(), d).unwrap();
+            let w = Tensor::randn(0f32, 1.0, ishape.as_slice(), d).unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+            };
+            let got = nll_at(x.as_tensor(), dim, &[&tl, &tr]).unwrap();
+            let logp = log_softmax(x.as_tensor(), dim).unwrap();
+            let want = [&tl, &tr].map(|i| logp.gather(i, dim).unwrap().neg().unwrap());
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(bits(g), bits(w), "{shape:?}: values");
+            }
+            let loss =
+                |ce: &[Tensor]| (ce[0].mul(&w).unwrap() + ce[1].affine(0.3, 0.0).unwrap()).unwrap().sum_all().unwrap();
+            let g1 = loss(&got).backward().unwrap();
+            let g2 = loss(&want).backward().unwrap();
+            let (g1, g2) = (g1.get(x.as_tensor()).unwrap(), g2.get(x.as_tensor()).unwrap());
+            assert_eq!(bits(g1), bits(g2), "{shape:?}: gradients");
+        }
     }
 }

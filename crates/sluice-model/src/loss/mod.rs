@@ -262,15 +262,13 @@ fn dfl_term(raw: &RawHead, idx: &Tensor, (tl, wl): (Vec<u32>, Vec<f32>), weight:
     let (dev, dtype) = (raw.boxes.device(), raw.boxes.dtype());
     let (b, a, f) = (raw.boxes.dim(0)?, raw.boxes.dim(2)?, idx.dim(0)?);
     let pdist = raw.boxes.permute((0, 2, 1))?.reshape((b * a, 4, REG_MAX))?;
-    let logp = ops::log_softmax(&pdist.index_select(idx, 0)?, 2)?; // (F, 4, 16)
     let tr: Vec<u32> = tl.iter().map(|v| v + 1).collect();
     let tl_t = Tensor::from_vec(tl, (f, 4, 1), dev)?;
     let tr_t = Tensor::from_vec(tr, (f, 4, 1), dev)?;
     let wl_t = Tensor::from_vec(wl, (f, 4), dev)?.to_dtype(dtype)?;
     let wr_t = wl_t.affine(-1.0, 1.0)?;
-    let ce_l = logp.gather(&tl_t, 2)?.squeeze(2)?.neg()?;
-    let ce_r = logp.gather(&tr_t, 2)?.squeeze(2)?.neg()?;
-    let per_anchor = ((ce_l * wl_t)? + (ce_r * wr_t)?)?.mean(1)?; // (F)
+    let ce = ops::nll_at(&pdist.index_select(idx, 0)?, 2, &[&tl_t, &tr_t])?; // (F, 4, 1) each
+    let per_anchor = ((ce[0].squeeze(2)? * wl_t)? + (ce[1].squeeze(2)? * wr_t)?)?.mean(1)?; // (F)
     Ok(((per_anchor * weight)?.sum_all()? / tss)?)
 }
 
