@@ -217,22 +217,41 @@ impl Tensor {
         let shape = Shape::from(cat_dims);
         let op = crate::op::BackpropOp::new(args, |args| crate::op::Op::Cat(args, dim));
         let mut storage = unsafe { device.alloc_uninit(&shape, dtype)? };
+        // Sluice patch: consecutive arguments that are adjacent blocks of one storage (the parts of a split, or
+        // the statistics a kernel wrote side by side) are copied by one `copy2d` instead of one each.
+        let dst_s = block_size * cat_target_dim_len;
+        let d1: usize = first_dims.iter().take(dim).product();
+        // (source tensor, src_s, src_o, d2, dst_o) of the copy being extended.
+        let mut run: Option<(&Tensor, usize, usize, usize, usize)> = None;
         let mut dst_o = 0;
         for arg in args.iter() {
             let arg = arg.as_ref();
-            let arg_dims = arg.shape().dims();
-            let d1: usize = arg_dims.iter().take(dim).product();
-            let d2 = block_size * arg_dims[dim];
-            let dst_s = block_size * cat_target_dim_len;
+            let d2 = block_size * arg.shape().dims()[dim];
             let src_o = arg.layout().start_offset();
             let src_s = if arg.is_contiguous() {
                 d2
             } else {
                 arg.layout().outer_stride_for_dim(dim).unwrap_or(d2)
             };
-            arg.storage()
-                .copy2d(&mut storage, d1, d2, src_s, dst_s, src_o, dst_o)?;
+            if let Some((t, run_s, run_o, run_d2, run_dst)) = run {
+                let adjacent = t.same_storage(arg)
+                    && src_o == run_o + run_d2
+                    && (d1 == 1 || (src_s == run_s && run_d2 + d2 <= src_s));
+                if adjacent {
+                    let merged_s = if d1 == 1 { run_d2 + d2 } else { run_s };
+                    run = Some((t, merged_s, run_o, run_d2 + d2, run_dst));
+                    dst_o += d2;
+                    continue;
+                }
+                t.storage()
+                    .copy2d(&mut storage, d1, run_d2, run_s, dst_s, run_o, run_dst)?;
+            }
+            run = Some((arg, src_s, src_o, d2, dst_o));
             dst_o += d2;
+        }
+        if let Some((t, run_s, run_o, run_d2, run_dst)) = run {
+            t.storage()
+                .copy2d(&mut storage, d1, run_d2, run_s, dst_s, run_o, run_dst)?;
         }
         Ok(crate::tensor::from_storage(storage, shape, op, false))
     }
