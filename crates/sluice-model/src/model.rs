@@ -163,8 +163,7 @@ impl Yolo {
         let in_buffer: std::collections::HashSet<String> = self
             .stat_packs
             .iter()
-            .flat_map(|p| p.segments())
-            .flat_map(|s| s.names)
+            .flat_map(|p| p.segment().names)
             .chain(self.param_packs.iter().flat_map(|p| p.parts.iter().map(|(n, _)| n.clone())))
             .collect();
         let mut taken = std::collections::HashSet::new();
@@ -427,7 +426,7 @@ impl Yolo {
     }
 
     fn float_segments_now(&self) -> Vec<Segment> {
-        let mut out: Vec<Segment> = self.stat_packs.iter().flat_map(|p| p.segments()).collect();
+        let mut out: Vec<Segment> = self.stat_packs.iter().map(StatsPack::segment).collect();
         out.extend(
             self.param_packs
                 .iter()

@@ -2,10 +2,12 @@
 //!
 //! Each BatchNorm layer of a training forward reports its batch mean and unbiased variance to the model's
 //! [`StatsSink`] instead of updating its running statistics itself; when the forward ends the model commits them.
-//! A model keeps the running means (and the running variances) of the layers that run together in one forward as
-//! consecutive parts of one buffer ([`StatsPack`]), so the commit is two gathers and the momentum update over each
-//! buffer: a few kernels per forward instead of seven per layer. The values are those of the per-layer update, bit
-//! for bit (the same element-wise ops on the same values). A forward that reports another set of layers (a part of
+//! A model keeps the running statistics of the layers that run together in one forward as consecutive parts of
+//! one buffer, each layer's running mean then its running variance ([`StatsPack`]), so the commit is one gather and
+//! the momentum update over the buffer: a few kernels per forward instead of seven per layer. The order is that of
+//! the CUDA kernel's statistics (each layer's mean and variance side by side in one tensor), so the gather copies
+//! each layer's pair at once. The values are those of the per-layer update, bit for bit (the same element-wise ops
+//! on the same values; the means are multiplied by an exact 1). A forward that reports another set of layers (a part of
 //! the model, a layer twice) is committed layer by layer, as before.
 
 use std::collections::HashMap;
@@ -75,18 +77,16 @@ type Factors = (Vec<u64>, Tensor);
 /// A layer's name prefix with its running mean and running variance.
 pub(crate) type LayerStats = (String, Var, Var);
 
-/// The running statistics of a set of layers that run together, as parts of two buffers (means, variances) in
-/// the order of `keys` (the layers' name prefixes).
+/// The running statistics of a set of layers that run together, as parts of one buffer in the order of `keys`
+/// (the layers' name prefixes): each layer's running mean, then its running variance.
 #[derive(Debug, Clone)]
 pub(crate) struct StatsPack {
     keys: HashMap<String, usize>,
-    mean: Var,
-    var: Var,
-    /// The variable names of the two buffers' parts, in order.
-    mean_names: Vec<String>,
-    var_names: Vec<String>,
-    /// Each element's unbiasing factor for the last input geometry (the layers' factors, each repeated over its
-    /// channels), with the factors' bits: made again only when the geometry changes.
+    buffer: Var,
+    /// The variable names of the buffer's parts, in order.
+    names: Vec<String>,
+    /// Each element's factor for the last input geometry (1 over a layer's means, its unbiasing factor over its
+    /// variances), with the factors' bits: made again only when the geometry changes.
     factors: Arc<Mutex<Option<Factors>>>,
 }
 
@@ -94,26 +94,27 @@ impl StatsPack {
     /// The pack of `layers` (`(prefix, running_mean, running_var)`), with their current values; returns it with
     /// each layer's two parts, which take the place of its variables.
     pub(crate) fn new(layers: &[LayerStats]) -> Result<(Self, Vec<LayerStats>)> {
-        let (mean, means) = pack(&layers.iter().map(|(_, m, _)| m).collect::<Vec<_>>())?;
-        let (var, vars) = pack(&layers.iter().map(|(_, _, v)| v).collect::<Vec<_>>())?;
-        let parts = layers.iter().zip(means).zip(vars).map(|(((key, _, _), m), v)| (key.clone(), m, v)).collect();
+        let (buffer, parts) = pack(&layers.iter().flat_map(|(_, m, v)| [m, v]).collect::<Vec<_>>())?;
+        let parts = layers
+            .iter()
+            .zip(parts.chunks_exact(2))
+            .map(|((key, _, _), mv)| (key.clone(), mv[0].clone(), mv[1].clone()))
+            .collect();
         let keys = layers.iter().enumerate().map(|(i, (k, _, _))| (k.clone(), i)).collect();
-        let mean_names = layers.iter().map(|(k, _, _)| format!("{k}.running_mean")).collect();
-        let var_names = layers.iter().map(|(k, _, _)| format!("{k}.running_var")).collect();
+        let names =
+            layers.iter().flat_map(|(k, _, _)| [format!("{k}.running_mean"), format!("{k}.running_var")]).collect();
         let factors = Arc::new(Mutex::new(None));
-        Ok((Self { keys, mean, var, mean_names, var_names, factors }, parts))
+        Ok((Self { keys, buffer, names, factors }, parts))
     }
 
-    /// The two buffers as segments: the running means, then the running variances.
-    pub(crate) fn segments(&self) -> [Segment; 2] {
-        [
-            Segment { names: self.mean_names.clone(), var: self.mean.clone() },
-            Segment { names: self.var_names.clone(), var: self.var.clone() },
-        ]
+    /// The buffer as a segment.
+    pub(crate) fn segment(&self) -> Segment {
+        Segment { names: self.names.clone(), var: self.buffer.clone() }
     }
 
-    /// The per-element unbiasing factors of `ordered` (this pack's layers in order), as `var · factor` would
-    /// round them (the factor converted from f64 to the variance's dtype).
+    /// The per-element factors of `ordered` (this pack's layers in order): 1 over each layer's means, its
+    /// unbiasing factor over its variances, as `var · factor` would round it (converted from f64 to the buffer's
+    /// dtype).
     fn unbiasing(&self, ordered: &[Report]) -> Result<Tensor> {
         let bits: Vec<u64> = ordered.iter().map(|r| r.unbiased_factor.to_bits()).collect();
         #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
@@ -123,13 +124,14 @@ impl StatsPack {
         {
             return Ok(t.clone());
         }
-        let mut values = Vec::with_capacity(self.var.elem_count());
+        let mut values = Vec::with_capacity(self.buffer.elem_count());
         for r in ordered {
+            values.extend(std::iter::repeat_n(1.0, r.mean.elem_count()));
             values.extend(std::iter::repeat_n(r.unbiased_factor, r.var.elem_count()));
         }
-        let t = Tensor::from_vec(values, self.var.elem_count(), &candle_core::Device::Cpu)?
-            .to_dtype(self.var.dtype())?
-            .to_device(self.var.device())?;
+        let t = Tensor::from_vec(values, self.buffer.elem_count(), &candle_core::Device::Cpu)?
+            .to_dtype(self.buffer.dtype())?
+            .to_device(self.buffer.device())?;
         *cached = Some((bits, t.clone()));
         Ok(t)
     }
@@ -166,15 +168,12 @@ pub(crate) fn commit(packs: &[StatsPack], mut reports: Vec<Report>) -> Result<()
     for pack in packs {
         match pack.order(reports) {
             Ok(ordered) => {
-                let gather = |f: fn(&Report) -> &Tensor| -> Result<Tensor> {
-                    let parts = ordered.iter().map(f).map(|t| t.flatten_all()).collect::<Result<Vec<_>>>()?;
-                    Tensor::cat(&parts, 0)
-                };
-                let rm = momentum_update(pack.mean.as_tensor(), &gather(|r| &r.mean)?)?;
-                let unbiased = gather(|r| &r.var)?.mul(&pack.unbiasing(&ordered)?)?;
-                let rv = momentum_update(pack.var.as_tensor(), &unbiased)?;
-                pack.mean.set_owned(rm)?;
-                return pack.var.set_owned(rv);
+                let parts = ordered
+                    .iter()
+                    .flat_map(|r| [r.mean.flatten_all(), r.var.flatten_all()])
+                    .collect::<Result<Vec<_>>>()?;
+                let batch = Tensor::cat(&parts, 0)?.mul(&pack.unbiasing(&ordered)?)?;
+                return pack.buffer.set_owned(momentum_update(pack.buffer.as_tensor(), &batch)?);
             }
             Err(back) => reports = back,
         }

@@ -323,20 +323,20 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
     let Some(st) = stats.get() else {
         candle_core::bail!("{BN_OP}: the forward pass left no statistics");
     };
-    let stats = || -> Result<(Tensor, Tensor)> {
-        let mean = Tensor::new(st.mean.as_slice(), &Device::Cpu)?.to_dtype(param_dtype)?;
-        let var = Tensor::new(st.var.as_slice(), &Device::Cpu)?.to_dtype(param_dtype)?;
-        Ok((mean, var))
+    // The mean and the variance side by side in one tensor, as `cuda::mean_var` leaves them on CUDA.
+    let stats = || -> Result<Tensor> {
+        let mv: Vec<f64> = st.mean.iter().chain(&st.var).copied().collect();
+        Tensor::new(mv.as_slice(), &Device::Cpu)?.to_dtype(param_dtype)
     };
-    let (mean, var) = if crate::ledger::model_cuda() {
+    let mv = if crate::ledger::model_cuda() {
         // On CUDA the statistics are one device copy (`cuda::mean_var`).
-        let (mean, var) = candle_core::ledger::paused(stats)?;
-        crate::ledger::record_kernel(BN_STATS_LEDGER, 1, &[], &[&mean, &var]);
-        (mean, var)
+        let mv = candle_core::ledger::paused(stats)?;
+        crate::ledger::record_kernel(BN_STATS_LEDGER, 1, &[], &[&mv]);
+        mv
     } else {
         stats()?
     };
-    Ok((y, mean, var))
+    Ok((y, mv.narrow(0, 0, c)?, mv.narrow(0, c, c)?))
 }
 
 /// The composed candle version of [`batch_norm_silu_train`] (the reference, and the fallback off the CPU).
