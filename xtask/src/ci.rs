@@ -115,7 +115,18 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     let vendor_target = target.join("vendor").to_string_lossy().into_owned();
     let candle = ["--manifest-path", "vendor/candle-core/Cargo.toml", "--target-dir", &vendor_target];
     s.cargo("test vendor/candle-core", root, &[&["test", "--locked"][..], &candle].concat())?;
-    let ledger = ["--features", "ledger", "--test", "scalar_ops", "--test", "narrow_grads", "--test", "cat_runs"];
+    let ledger = [
+        "--features",
+        "ledger",
+        "--test",
+        "scalar_ops",
+        "--test",
+        "narrow_grads",
+        "--test",
+        "cat_runs",
+        "--test",
+        "max_min_grads",
+    ];
     s.cargo("test vendor/candle-core, ledger", root, &[&["test", "--locked"][..], &candle, &ledger].concat())?;
 
     if checks {

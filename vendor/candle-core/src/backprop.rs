@@ -241,17 +241,21 @@ impl Tensor {
                     }
                     Op::Binary(lhs, rhs, BinaryOp::Minimum)
                     | Op::Binary(lhs, rhs, BinaryOp::Maximum) => {
-                        let mask_lhs = node.eq(lhs)?.to_dtype(grad.dtype())?;
-                        let mask_rhs = node.eq(rhs)?.to_dtype(grad.dtype())?;
-
-                        // If both masks are 1 one the same point, we want to scale the
-                        // gradient by 0.5 rather than 1.
+                        // Sluice patch: the gradient goes to the operand the result equals, halved
+                        // where both do, as `where` selections on the two u8 masks (PyTorch's rule);
+                        // upstream multiplied and divided by the masks converted to floats, five
+                        // passes per operand where this takes two or three.
+                        let on_lhs = node.eq(lhs)?;
+                        let on_rhs = node.eq(rhs)?;
+                        let zero = crate::scalar::cached_scalar((grad.dtype(), 0.0), grad.dtype(), grad.device())?
+                            .broadcast_as(grad.shape())?;
+                        let half = grad.affine(0.5, 0.0)?;
                         if lhs.track_op() {
-                            let lhs_grad = mask_lhs.mul(&grad)?.div(&(&mask_rhs + 1.)?)?;
+                            let lhs_grad = on_lhs.where_cond(&on_rhs.where_cond(&half, &grad)?, &zero)?;
                             grads.accumulate(lhs, &lhs_grad)?;
                         }
                         if rhs.track_op() {
-                            let rhs_grad = mask_rhs.mul(&grad)?.div(&(&mask_lhs + 1.)?)?;
+                            let rhs_grad = on_rhs.where_cond(&on_lhs.where_cond(&half, &grad)?, &zero)?;
                             grads.accumulate(rhs, &rhs_grad)?;
                         }
                     }
