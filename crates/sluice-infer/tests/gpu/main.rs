@@ -380,6 +380,26 @@ mod imp {
             let rs = [r2.narrow(1, 0, 16)?, r2.narrow(1, 16, 16)?, r2.narrow(1, 20, 12)?, r2.narrow(1, 3, 16)?];
             with_grads(&ys, &rs, &[&xv])
         }));
+        // The patched candle's concatenation of adjacent blocks of one storage as one copy (C2f's halves beside
+        // another tensor; a tensor's statistics side by side), and its `where` backward of maximum and minimum, with
+        // ties (the rounded values meet often).
+        checks.push(compare("concatenation of adjacent blocks fwd+bwd", 0.0, gpu, |d| {
+            let xv = var_on(x, d)?;
+            let y = (xv.as_tensor() * 2.0)?;
+            let cat = Tensor::cat(&[y.narrow(1, 0, 16)?, y.narrow(1, 16, 16)?, xv.as_tensor().narrow(1, 4, 8)?], 1)?;
+            let flat = y.flatten_all()?;
+            let n = flat.elem_count() / 2;
+            let runs = Tensor::cat(&[flat.narrow(0, 0, n)?, flat.narrow(0, n, n)?, flat.narrow(0, 0, 7)?], 0)?;
+            let r = Tensor::cat(&[r2.narrow(1, 0, 32)?, r2.narrow(1, 0, 8)?], 1)?;
+            let mut out = with_grads(&[cat], std::slice::from_ref(&r), &[&xv])?;
+            out.push(runs);
+            Ok(out)
+        }));
+        checks.push(compare("maximum and minimum with ties fwd+bwd", 1e-6, gpu, |d| {
+            let (av, bv) = (var_on(&(x * 4.0)?.round()?, d)?, var_on(&(x * -4.0)?.round()?, d)?);
+            let ys = [av.as_tensor().maximum(bv.as_tensor())?, av.as_tensor().minimum(&bv.as_tensor().detach())?];
+            with_grads(&ys, &[r2.clone(), r2.clone()], &[&av, &bv])
+        }));
         let bins = rand_tensor(rng, &[2, 64, 8400], -4.0, 4.0)?;
         let r4 = rand_tensor(rng, &[2, 4, 8400], -1.0, 1.0)?;
         checks.push(compare("dfl decode fwd+bwd", 1e-4, gpu, |d| {
