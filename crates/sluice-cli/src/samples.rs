@@ -2,7 +2,9 @@
 //! distribution with another loader's (`scripts/augment_distribution.py` compares it with Ultralytics'). Each
 //! line holds the sample's epoch, its boxes (class, centre, width and height as fractions of the canvas side) and its
 //! pixels' per-channel mean and mean square (in [0, 1]); the statistics are computed by the comparing script, for
-//! both loaders with the same code.
+//! both loaders with the same code. `sluice data draws` writes the loader's draws instead, without reading an
+//! image: which images meet in each mosaic over the epochs (`benches/mosaic_diversity.py` compares them with
+//! Ultralytics').
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use sluice_augment::Hyp;
+use sluice_augment::recipe::Layout;
 use sluice_core::Batch;
 use sluice_dataset::{IndexOptions, Split};
 use sluice_loader::split::load_split_with;
@@ -106,16 +109,7 @@ struct SampleLine {
 
 /// Writes `opts.samples` lines to `out`; returns how many were written and how many the loader skipped.
 pub(crate) fn dump(opts: &SampleOptions, out: &mut dyn Write) -> Result<(usize, u64)> {
-    let split = load_split_with(
-        &opts.data,
-        Split::Train,
-        &IndexOptions { cache: true, find_orphans: false },
-        true,
-        &crate::cmd::remote_from_env()?,
-    )?;
-    let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, RAM_CACHE_BYTES)?);
-    let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
-    let loader = TrainLoader::new(source, cfg, opts.hyp)?;
+    let loader = train_loader(opts)?;
     let mut index = match &opts.batches {
         Some(dir) => {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -173,4 +167,55 @@ pub(crate) fn dump(opts: &SampleOptions, out: &mut dyn Write) -> Result<(usize, 
         index.flush().with_context(|| format!("writing {}", dir.join("batches.jsonl").display()))?;
     }
     Ok((written, loader.skips().skipped))
+}
+
+/// One sample's draws in one epoch.
+#[derive(Debug, Serialize)]
+struct DrawLine {
+    epoch: u32,
+    /// Its position in the epoch's order.
+    pos: usize,
+    /// The sample.
+    id: u64,
+    /// The images of its mosaic, its own first (none when mosaic is off or not drawn).
+    mosaic: Option<[u64; 4]>,
+    /// The mosaic's centre on the `2 imgsz` canvas.
+    centre: Option<(i32, i32)>,
+    /// The images of the mixup partner's layout, if mixup was drawn.
+    mixup: Option<Vec<u64>>,
+    flip_lr: bool,
+}
+
+/// Writes the draws of every sample of epochs `opts.epoch .. opts.epochs`; returns the lines written.
+pub(crate) fn dump_draws(opts: &SampleOptions, out: &mut dyn Write) -> Result<usize> {
+    let loader = train_loader(opts)?;
+    let mut written = 0;
+    for epoch in opts.epoch..opts.epochs {
+        for (pos, (id, r)) in loader.recipes(epoch, opts.epochs).into_iter().enumerate() {
+            let (mosaic, centre) = match r.geometry.layout {
+                Layout::Mosaic4 { ids, centre } => (Some(ids), Some(centre)),
+                Layout::Single { .. } => (None, None),
+            };
+            let mixup = r.mixup.map(|m| m.geometry.layout.ids().to_vec());
+            let line = DrawLine { epoch, pos, id, mosaic, centre, mixup, flip_lr: r.flip_lr };
+            serde_json::to_writer(&mut *out, &line)?;
+            out.write_all(b"\n")?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+/// The training loader of `opts` over the dataset's train split.
+fn train_loader(opts: &SampleOptions) -> Result<TrainLoader> {
+    let split = load_split_with(
+        &opts.data,
+        Split::Train,
+        &IndexOptions { cache: true, find_orphans: false },
+        true,
+        &crate::cmd::remote_from_env()?,
+    )?;
+    let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, RAM_CACHE_BYTES)?);
+    let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
+    Ok(TrainLoader::new(source, cfg, opts.hyp)?)
 }

@@ -377,13 +377,35 @@ impl TrainLoader {
             let start = k as usize * cfg.batch;
             let end = (start + cfg.batch).min(order.len());
             for pos in start..end {
-                let id = order[pos] as SampleId;
-                let mut rng = sample_rng(cfg.seed, u64::from(epoch), pos as u64);
-                job.recipes.push((id, recipes.draw(id, cfg.imgsz, mosaic, &mut rng).with_size(side)));
+                let (id, recipe) = draw_at(&recipes, &cfg, epoch, mosaic, &order, pos);
+                job.recipes.push((id, recipe.with_size(side)));
             }
             BatchShape::rgb(cfg.batch, side as usize, side as usize)
         })
     }
+
+    /// The samples of `epoch` (0-based, out of `epochs`) in batch order with their recipes, as
+    /// [`epoch`](Self::epoch) draws them, without reading an image: which images meet in each mosaic, its centre,
+    /// the perspective, mixup and flips (at `imgsz`; a multi-scale batch side is drawn apart).
+    pub fn recipes(&self, epoch: u32, epochs: u32) -> Vec<(SampleId, TrainRecipe)> {
+        let order = self.sampler.epoch(u64::from(epoch));
+        let mosaic = self.hyp.mosaic_active(epoch, epochs);
+        (0..order.len()).map(|pos| draw_at(&self.recipes, &self.core.cfg, epoch, mosaic, &order, pos)).collect()
+    }
+}
+
+/// The sample at position `pos` of an epoch's `order` and its recipe, drawn from the position's own stream.
+fn draw_at(
+    recipes: &RecipeSampler,
+    cfg: &LoaderConfig,
+    epoch: u32,
+    mosaic: bool,
+    order: &[usize],
+    pos: usize,
+) -> (SampleId, TrainRecipe) {
+    let id = order[pos] as SampleId;
+    let mut rng = sample_rng(cfg.seed, u64::from(epoch), pos as u64);
+    (id, recipes.draw(id, cfg.imgsz, mosaic, &mut rng))
 }
 
 /// The validation loader: every image once, in rect batches (sorted by aspect ratio, one padded canvas per batch,

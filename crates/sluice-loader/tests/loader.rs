@@ -1,15 +1,16 @@
 //! The loaders on a small generated dataset: byte-identical batches for 1 and 3 workers, every validation image
 //! exactly once in rect batches, a corrupt image skipped and counted (or fatal with `strict`), and the telemetry
 //! naming an artificially slow decode stage as the bottleneck; with multi-scale, batches of varying stride-multiple
-//! sides, byte-identical for 1 and 3 workers and on resume, with every box inside its image.
+//! sides, byte-identical for 1 and 3 workers and on resume, with every box inside its image; the recipes drawn
+//! without reading an image render to the batches delivered.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_augment::Hyp;
+use sluice_augment::{Hyp, TrainAugment};
 use sluice_core::telemetry::bottleneck_of;
-use sluice_core::{DecodeHint, DecodeInfo, Decoder, ImageRgb8, Reader};
+use sluice_core::{Augment, Batch, BatchShape, DecodeHint, DecodeInfo, Decoder, ImageRgb8, Reader};
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};
 use sluice_decode::{ImageDecoder, TargetDecoder, TargetOptions};
@@ -92,6 +93,38 @@ fn train_batches_are_identical_for_any_worker_count_and_differ_across_epochs() {
     assert_eq!(stats.cached_images, 24);
     assert!(stats.hits > 0);
     assert_eq!(three.skips().skipped, 0);
+}
+
+#[test]
+fn the_recipes_without_images_are_the_epochs_draws() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (train, _) = dataset(dir.path());
+    // A 10-epoch run (`epoch_bytes`) with mosaic in the first 8.
+    let hyp = Hyp { close_mosaic: 2, ..Hyp::default() };
+    let loader = TrainLoader::new(source(&train, target_decoder(true), 0), config(2), hyp).expect("loader");
+    let n = train.len() as u64;
+    for (epoch, mosaic) in [(0u32, true), (1, true), (9, false)] {
+        let recipes = loader.recipes(epoch, 10);
+        let delivered: Vec<u64> = epoch_bytes(&loader, epoch).into_iter().flat_map(|(_, _, _, ids)| ids).collect();
+        let drawn: Vec<u64> = recipes.iter().map(|(id, _)| *id).collect();
+        assert_eq!(drawn, delivered, "epoch {epoch}: the samples in the loader's order");
+        for (id, r) in &recipes {
+            let ids = r.geometry.layout.ids();
+            assert_eq!(ids[0], *id, "a layout starts with its own sample");
+            assert_eq!(ids.len(), if mosaic { 4 } else { 1 }, "epoch {epoch}: mosaic until close_mosaic");
+            assert!(ids.iter().all(|&i| i < n));
+        }
+        assert_eq!(loader.recipes(epoch, 10), recipes, "the same draws again");
+        // Rendered by the augmenter, the recipes give the delivered batches' pixels and boxes.
+        for (k, batch) in epoch_bytes(&loader, epoch).into_iter().enumerate() {
+            let mut b = Batch::new(BatchShape::rgb(4, IMGSZ as usize, IMGSZ as usize), 64);
+            for (_, r) in &recipes[4 * k..4 * k + 4] {
+                TrainAugment.apply(r, loader.source(), &mut b).expect("render");
+            }
+            assert_eq!((b.pixels(), target_bits(&b.targets)), (&batch.1[..], batch.2), "epoch {epoch}, batch {k}");
+        }
+    }
+    assert_ne!(loader.recipes(0, 10), loader.recipes(1, 10), "epochs draw apart");
 }
 
 /// One epoch from batch `first` on, checking each batch's side and boxes; returns (side, flattened batch).

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use crate::preview::{PreviewOptions, preview};
-use crate::samples::{SampleOptions, dump};
+use crate::samples::{SampleOptions, dump, dump_draws};
 use anyhow::{Context, Result};
 use sluice_augment::Hyp;
 use sluice_dataset::synth::{SynthConfig, generate, is_generated_with};
@@ -118,6 +118,32 @@ enum DataCmd {
         #[arg(long)]
         batches: Option<PathBuf>,
     },
+    /// Write the training loader's draws without reading an image, one JSON line per sample and epoch (epoch,
+    /// position, sample, the images of its mosaic and the mosaic's centre, mixup's images, the horizontal flip),
+    /// for comparing which images meet over a run with another loader's (`benches/mosaic_diversity.py`).
+    Draws {
+        /// The dataset YAML (its train split is read).
+        #[arg(long)]
+        data: PathBuf,
+        /// The JSON-lines file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Training size.
+        #[arg(long, default_value_t = 640)]
+        imgsz: u32,
+        /// Images per batch.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Run seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The run's epochs (all are written).
+        #[arg(long, default_value_t = 100)]
+        epochs: u32,
+        /// The final epochs without mosaic (Ultralytics' `close_mosaic`).
+        #[arg(long, default_value_t = 10)]
+        close_mosaic: u32,
+    },
 }
 
 /// Arguments of `sluice data gen`.
@@ -225,6 +251,26 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 dump(&opts, &mut w).with_context(|| format!("reading the train split of {}", opts.data.display()))?;
             std::io::Write::flush(&mut w).with_context(|| format!("writing {}", out.display()))?;
             eprintln!("wrote {n} samples to {} ({skipped} skipped for bad input)", out.display());
+        }
+        DataCmd::Draws { data, out, imgsz, batch, seed, epochs, close_mosaic } => {
+            let hyp = Hyp { close_mosaic, ..Hyp::default() };
+            let opts = SampleOptions {
+                data,
+                imgsz,
+                batch,
+                seed,
+                epoch: 0,
+                epochs,
+                samples: 0,
+                hyp,
+                workers: 1,
+                batches: None,
+            };
+            let file = std::fs::File::create(&out).with_context(|| format!("creating {}", out.display()))?;
+            let mut w = std::io::BufWriter::new(file);
+            let n = dump_draws(&opts, &mut w).with_context(|| format!("drawing from {}", opts.data.display()))?;
+            std::io::Write::flush(&mut w).with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("wrote the draws of {n} samples to {}", out.display());
         }
     }
     Ok(())
