@@ -5,7 +5,8 @@
 //! 320 px, batch 8). Composed from candle ops that is nine passes forward with a buffer each, and their backward;
 //! here it is one pass forward and one backward, `∂/∂x = σ(x) − z`. The targets get no gradient (they are
 //! assigner outputs, detached). Other devices and dtypes use [`bce_with_logits_composed`], also the tests'
-//! reference.
+//! reference; the loss itself, which needs only the sum against one-hot targets and holds `σ(x)` already, takes
+//! [`bce_with_logits_sum_one_hot`]: on a device a few passes from the probabilities and a one-op gradient.
 
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
