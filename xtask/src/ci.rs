@@ -6,7 +6,8 @@
 //!    its absence an error, as `.ci/run` does): the object-storage tests run against a local moto server where
 //!    python3 has `moto[server]` (`SLUICE_REQUIRE_MOTO=1` makes its absence an error, as `.ci/run` does), and the
 //!    MPI engine's tests (`sluice-dist`) and the two-rank tests of `sluice-train` and `sluice-cli` under `mpirun`
-//!    run with the rest, from the same build.
+//!    run with the rest, from the same build. Between clippy and the tests, the workspace's docs are built
+//!    (`cargo doc --no-deps`, default features) with rustdoc's warnings denied: a broken intra-doc link fails.
 //! 3. `sluice-decode`'s other backends, in one build: `nvjpeg` (it loads its libraries at run time, so it builds
 //!    and its no-GPU paths are tested everywhere) and `turbojpeg` where CMake and NASM are installed
 //!    (`SLUICE_REQUIRE_TURBOJPEG=1` makes their absence an error, as `.ci/run` does): clippy and tests.
@@ -87,6 +88,9 @@ pub(crate) fn ci(root: &Path, tests_only: bool) -> Result<()> {
     let features = if mpi_found()? { format!("{OBJECT_STORE},{MPI}") } else { OBJECT_STORE.to_string() };
     if checks {
         s.cargo("clippy", root, &[&["clippy", "--workspace", "--features", &features][..], CLIPPY_TAIL].concat())?;
+        let args = ["doc", "--workspace", "--no-deps", "--locked"];
+        eprintln!("xtask: RUSTDOCFLAGS='-D warnings' cargo {}", args.join(" "));
+        s.run("doc", Command::new("cargo").args(args).env("RUSTDOCFLAGS", "-D warnings").current_dir(root))?;
     }
     s.cargo("test", root, &["test", "--workspace", "--locked", "--features", &features])?;
 

@@ -169,12 +169,12 @@ impl HsvLut {
     /// [`Self::apply`] to every pixel of three channel rows (`r[i], g[i], b[i]` is pixel `i`, for `i` below the
     /// shortest row's length), in place.
     ///
-    /// In runs of [`RUN`] pixels, stage by stage, so that all but the table reads are plain loops over arrays,
+    /// In runs of `RUN` pixels, stage by stage, so that all but the table reads are plain loops over arrays,
     /// which the compiler vectorises: the largest channel, the spread and the hue numerator (`rgb_to_hsv`'s first
     /// half, on bytes); OpenCV's two fixed-point divisions, with the table entries computed as rounded
-    /// single-precision quotients ([`div_round`]), giving H and S; three table reads per pixel (`hue`, `sat_f`,
+    /// single-precision quotients (`div_round`), giving H and S; three table reads per pixel (`hue`, `sat_f`,
     /// `val`, the only ones: the compiler emits them as scalar loads); the sector and its factor from the
-    /// augmented hue ([`hue_factor`]); the two roundings of `p` and the third value (floats); the sector's choice
+    /// augmented hue (`hue_factor`); the two roundings of `p` and the third value (floats); the sector's choice
     /// of `(v, p, third)` per channel (byte selects). The same bytes as `apply` (tested on every 24-bit colour,
     /// in the baseline and the AVX2 build). Every run is a whole fixed-size array (a shorter last run is padded
     /// into one): loops of a constant trip count vectorise without a scalar remainder. Always inlined, so that a

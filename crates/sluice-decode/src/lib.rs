@@ -3,7 +3,7 @@
 //!
 //! - Backends behind features: [`ImageDecoder`] (`image`, default, pure Rust: JPEG, PNG, BMP, WebP; JPEGs at
 //!   least 4× the requested size decoded at 1/4 or 1/8 scale through jpeg-decoder),
-//!   [`TurboJpegDecoder`] (`turbojpeg`, libjpeg-turbo with DCT-domain scaling) and `NvJpegDecoder` (`nvjpeg`,
+//!   `TurboJpegDecoder` (`turbojpeg`, libjpeg-turbo with DCT-domain scaling) and `NvJpegDecoder` (`nvjpeg`,
 //!   NVIDIA nvJPEG on the GPU, full-size decodes only; libnvjpeg and libcudart are loaded at run time, so the
 //!   feature builds without CUDA). [`Backend`] lists them at run time; one that is not compiled in answers with a
 //!   "built without feature X" error, one that is compiled in but cannot run here (nvjpeg without its libraries or

@@ -15,8 +15,8 @@
 //! 4. [`overlap_masks`]: bit `j` of row `i` is set when `j > i`, both are in one group and their float32 IoU,
 //!    compared in float64, is `> iou_thres`: torchvision's CUDA `nms` layout, 64 candidates per word.
 //! 5. [`greedy_keep`]: walk the candidates in order, keep one unless a kept one's row has marked it, OR the kept
-//!    row into the removed set, stop at `max_det`. This is the sequential greedy suppression of [`Nms`] with the
-//!    IoUs precomputed, so it keeps the same candidates, and only the kept rows leave the device.
+//!    row into the removed set, stop at `max_det`. This is the sequential greedy suppression of [`Nms`](crate::Nms)
+//!    with the IoUs precomputed, so it keeps the same candidates, and only the kept rows leave the device.
 //!
 //! Every float operation is the one [`Nms`](crate::Nms) performs, in the same order (the device code uses the
 //! `__f*_rn` intrinsics so that no multiply-add is contracted), so the twin and the device keep bit-identical boxes
@@ -331,7 +331,7 @@ pub fn unpack_kept(v: &[f32], d: KeptDims, dst: &mut crate::ValBatch) -> Result<
 pub enum ValPost {
     /// NMS of the (shrunk) predictions on the worker.
     Nms(crate::Nms),
-    /// The device ran NMS ([`nms_tensor`]): each image holds `max_det` rows `x1, y1, x2, y2, score, class`
+    /// The device ran NMS (`nms_tensor`): each image holds `max_det` rows `x1, y1, x2, y2, score, class`
     /// (anchors first, `num_classes` 2), the kept ones first in score order, then zeros. A kept row's score is
     /// above the NMS `conf` it ran with, so the rows past the last are those at or below `conf` here.
     Kept {

@@ -16,7 +16,8 @@ use crate::shrink::{PackedDims, Shrunk, with_host_slice};
 /// A validation batch's output on its device.
 #[derive(Debug)]
 pub enum ValOutput {
-    /// The predictions above the validation conf, for NMS on the post-process workers ([`crate::shrink`]).
+    /// The predictions above the validation conf, for NMS on the post-process workers
+    /// ([`crate::shrink`](fn@crate::shrink)).
     Shrunk(Shrunk),
     /// The rows NMS on the device kept ([`crate::masknms::nms_tensor`]); the workers need
     /// [`crate::ValPost::Kept`].

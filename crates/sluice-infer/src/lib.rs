@@ -2,8 +2,8 @@
 //! Ultralytics `.pt`, plain safetensors), the device a name asks for ([`device`]) and the opt-in device paths ([`device_paths`]), prediction on image files
 //! as Ultralytics' `yolo predict` does it ([`predict`]: sources, decode ahead of the model, letterbox, the fused
 //! forward, NMS or the end-to-end head, boxes in original pixels, COCO results), the validation pass that the
-//! trainer runs every epoch ([`validate`], with the loss path of a step, [`loss_path`]) and `sluice val`'s
-//! validation of a weights file ([`val`]), and the pass's figures ([`val_telemetry`]). `sluice predict`, `sluice val` and `sluice export` start here.
+//! trainer runs every epoch ([`validate`](mod@validate), with the loss path of a step, [`loss_path`]) and
+//! `sluice val`'s validation of a weights file ([`val`]), and the pass's figures ([`val_telemetry`]). `sluice predict`, `sluice val` and `sluice export` start here.
 #![warn(missing_docs)]
 
 pub mod device;

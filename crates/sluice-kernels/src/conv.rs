@@ -29,7 +29,7 @@
 //! `broadcast_add`, candle would spend a full strided pass forward and a slow strided reduction backward.
 //!
 //! On a CUDA device with the `cudnn` feature, f32/bf16/f16 tensors take the same three ops, each through cuDNN
-//! with its algorithm chosen once per shape ([`cudnn`]): stock candle would run the input gradient through its own
+//! with its algorithm chosen once per shape (`cudnn`): stock candle would run the input gradient through its own
 //! `conv_transpose2d` kernel. Any other device or dtype falls back to candle's stock conv2d, so the function is
 //! always correct.
 //!

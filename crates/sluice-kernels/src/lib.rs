@@ -4,7 +4,7 @@
 //! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]); the SGD update as one parallel pass
 //! ([`optim`]); the whole optimizer step (norm, clip, update, EMA) over every tensor at once ([`multi_tensor`]);
 //! the chunked top-k of a tensor's rows on its own device ([`topk`]); and batched NMS by overlap bitmasks on a CUDA
-//! device ([`masknms`]). With `cuda`, [`nvrtc`] compiles every CUDA source of the workspace once per device.
+//! device ([`masknms`]). With `cuda`, `nvrtc` compiles every CUDA source of the workspace once per device.
 //!
 //! [`threads`] holds the thread policy (rayon's global pool for the kernels and matmuls; candle's own
 //! element-wise pool tamed on small machines), [`memory`] the allocator policy (mimalloc, freed memory kept).

@@ -1,7 +1,7 @@
 //! Batched NMS by overlap bitmasks on a CUDA device (feature `cuda`): the kernels of `masknms/kernels.cu`, compiled
 //! by NVRTC once per device and chained on the input's stream with no host read. `sluice_eval::masknms` holds the
 //! algorithm's steps and their host twins, which the CPU tests hold to the CPU NMS and Ultralytics' fixture; its
-//! `nms_tensor` calls [`run`] for a CUDA tensor with the parameters as plain values ([`Params`]).
+//! `nms_tensor` calls `run` for a CUDA tensor with the parameters as plain values ([`Params`]).
 
 /// Bits per mask word (the kernels' `u64` overlap rows).
 pub const WORD: usize = 64;

@@ -9,7 +9,7 @@
 //!   ([`NodeCache`], attached with [`DecodedSource::with_node_cache`]).
 //! - [`split`]: one split of a `data.yaml` indexed as the trainer does, and packing it into a shard.
 //! - [`telemetry`]: where a loader-fed loop's time went and which stage bounds it.
-//! - [`bench`]: the loader, decode and read stage benchmarks (`sluice bench loader|decode|read`).
+//! - [`bench`](mod@bench): the loader, decode and read stage benchmarks (`sluice bench loader|decode|read`).
 #![warn(missing_docs)]
 
 pub mod bench;

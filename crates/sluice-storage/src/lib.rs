@@ -8,7 +8,7 @@
 //! - [`CachedReader`]: a RAM cache with a byte budget in front of any reader, shared by all threads, reporting
 //!   its usage ([`CacheUsage`]);
 //! - [`ensure_free_space`]: a full disk named before a large write, with the bytes needed;
-//! - [`remote`] (feature `object-store`): a shard in object storage (`s3://`, `gs://`, `az://`, `https://`) staged
+//! - `remote` (feature `object-store`): a shard in object storage (`s3://`, `gs://`, `az://`, `https://`) staged
 //!   onto local disk by parallel ranged reads, reused while the object is unchanged;
 //! - [`encode_labels`] / [`decode_labels`]: the binary label encoding `sluice pack` stores next to each image.
 #![warn(missing_docs)]

@@ -29,7 +29,7 @@ const MARKER: &str = "SLUICE_TEST_HELPER";
 
 /// The running test binary and the arguments that select the helper test `name` alone, its output not captured
 /// and the harness's own lines kept apart from the helper's (`--quiet`): what to start (directly, or under a
-/// launcher such as `mpirun`) with [`env`] set.
+/// launcher such as `mpirun`) with [`env`](fn@env) set.
 pub fn program(name: &str) -> (PathBuf, Vec<OsString>) {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("the test binary's path: {e}"));
     let args = ["--ignored", "--exact", name, "--nocapture", "--test-threads", "1", "--quiet"];
@@ -41,7 +41,7 @@ pub fn env(name: &str) -> (&'static str, String) {
     (MARKER, name.to_string())
 }
 
-/// The helper `name` started directly: [`program`] with [`env`] set.
+/// The helper `name` started directly: [`program`] with [`env`](fn@env) set.
 pub fn command(name: &str) -> Command {
     let (exe, args) = program(name);
     let (k, v) = env(name);
@@ -50,7 +50,7 @@ pub fn command(name: &str) -> Command {
     cmd
 }
 
-/// Whether this process is the helper `name` (started by [`command`] or with [`env`] set).
+/// Whether this process is the helper `name` (started by [`command`] or with [`env`](fn@env) set).
 pub fn is(name: &str) -> bool {
     std::env::var_os(MARKER).is_some_and(|v| v == name)
 }

@@ -4,7 +4,7 @@
 //! model and the loss read: images as `f32`/`bf16` in `[0, 1]`, and the targets as a padded per-image table
 //! (`(B, M)` classes, `(B, M, 4)` pixel `xyxy` boxes, `(B, M)` mask), built on the host once per batch so the loss
 //! never needs a per-image device→host round trip. The u8 → float conversion and the /255 happen in one pass.
-//! The CUDA path ([`CudaTransfer`], feature `cuda`) stages batches through a [`ring::Ring`] of pinned host and
+//! The CUDA path (`CudaTransfer`, feature `cuda`) stages batches through a [`ring::Ring`] of pinned host and
 //! device buffers, copies them on a dedicated copy stream, and converts on the device; [`DeviceTransfer`] picks
 //! the path for a device. [`pool`] keeps the device's stream-ordered memory pool from handing memory back to the
 //! driver at every synchronisation, and counts the steps in which it still had to grow. [`GpuTimer`] measures the
@@ -159,7 +159,7 @@ impl Transfer for CpuTransfer {
 }
 
 /// The transfer for a device: [`CpuTransfer`] on the CPU (and on a CUDA device in a build without `cuda`, where
-/// candle cannot make one anyway), [`CudaTransfer`] on a CUDA device.
+/// candle cannot make one anyway), `CudaTransfer` on a CUDA device.
 #[derive(Debug)]
 pub enum DeviceTransfer {
     /// The host path.

@@ -81,7 +81,7 @@ pub(crate) struct Args {
     project: Option<PathBuf>,
     #[arg(long)]
     name: Option<String>,
-    /// Reuse runs/<name> if it exists.
+    /// Reuse `runs/<name>` if it exists.
     #[arg(long)]
     exist_ok: bool,
     /// Validate every N epochs (and after the last).

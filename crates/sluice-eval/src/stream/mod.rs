@@ -8,7 +8,7 @@
 //! takes any other pair, e.g. exact per-class NMS and [`crate::CocoMetric`].
 //!
 //! What runs where:
-//! - **Device (inference thread).** The eval forward, then [`crate::shrink`] (feature `candle`): per image only
+//! - **Device (inference thread).** The eval forward, then `crate::shrink` (feature `candle`): per image only
 //!   the anchors whose best class score is `> conf` (at most `top_k`), gathered in anchor order, plus per-image
 //!   counts and a finiteness flag. Only this small buffer crosses to the host; nothing else is read back inside
 //!   the inference loop and no device tensor is kept across batches.
@@ -97,7 +97,7 @@ impl StreamConfig {
 #[derive(Debug, Clone, Default)]
 pub struct ValBatch {
     /// The decoded eval output `(B, 4 + nc, A)` (or anchors-first): boxes `cx, cy, w, h` in canvas pixels, then
-    /// class probabilities. After [`crate::shrink`], `A` is the number of kept anchors.
+    /// class probabilities. After `crate::shrink`, `A` is the number of kept anchors.
     pub preds: PredBatch,
     /// Sample id of each image (`B` of them).
     pub ids: Vec<SampleId>,
@@ -114,7 +114,7 @@ pub struct ValBatch {
     /// Optional (empty = unknown): for each image, whether every value of its full head output was finite.
     pub all_finite: Vec<bool>,
     /// `preds` holds the rows an NMS on the device kept (`max_det` anchors-first rows `x1, y1, x2, y2, score,
-    /// class` per image, [`crate::masknms::unpack_kept`]), not head outputs: its `num_classes` is 2 whatever the
+    /// class` per image, `crate::masknms::unpack_kept`), not head outputs: its `num_classes` is 2 whatever the
     /// model's, and the post-process must be [`crate::ValPost::Kept`].
     pub kept_rows: bool,
     /// Position of the batch in submission order (set by [`StreamingValidator::submit`]).

@@ -17,7 +17,7 @@
 //!   makes the reuse safe: every pass runs on the device's one compute stream). It is never zero-filled.
 //! - **Outputs are not zero-filled**: cuDNN writes every element with `beta = 0`.
 //!
-//! Grouped convolutions ([`run_groups`]: the depthwise convolutions of YOLO11 and YOLO26) set cuDNN's group count
+//! Grouped convolutions (`run_groups`: the depthwise convolutions of YOLO11 and YOLO26) set cuDNN's group count
 //! on the same descriptors, where candle would run one convolution per group.
 //!
 //! [`plans_cached`] reports the table's size (the shapes tuned so far, all threads).

@@ -142,7 +142,7 @@ pub fn assign_dense(
     Ok(DenseAssignment { fg, gt_idx, label, score, bbox })
 }
 
-/// What [`dense_loss`] returns.
+/// What `dense_loss` returns.
 #[derive(Debug, Clone)]
 pub struct DenseLoss {
     /// What to call `backward` on: `(box + cls + dfl) · batch size`, a scalar.

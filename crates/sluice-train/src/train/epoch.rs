@@ -1,5 +1,5 @@
-//! The phases of an epoch: [`Trainer::train_epoch`] runs the batches (data → transfer → train-mode forward → loss
-//! → backward/accumulate/step/EMA, one [`Trainer::step`] each), and [`Trainer::end_epoch`] validates with the EMA
+//! The phases of an epoch: `Trainer::train_epoch` runs the batches (data → transfer → train-mode forward → loss
+//! → backward/accumulate/step/EMA, one `Trainer::step` each), and `Trainer::end_epoch` validates with the EMA
 //! weights, appends to `results.csv` and `telemetry.jsonl`, and writes the checkpoints atomically (`best`, then
 //! `last`).
 

@@ -98,7 +98,7 @@ impl Trainer {
         Ok(t)
     }
 
-    /// Continues the run whose checkpoint is `path` (see [`find_resume`]).
+    /// Continues the run whose checkpoint is `path` (see [`find_resume`](super::find_resume)).
     pub fn resume(path: &Path) -> Result<Self> {
         Self::resume_with(path, Dist::single(), &[], &mut Quiet)
     }
@@ -308,7 +308,7 @@ impl Trainer {
         Ok(())
     }
 
-    /// Runs the remaining epochs: each is trained ([`Trainer::train_epoch`]) then ended ([`Trainer::end_epoch`]);
+    /// Runs the remaining epochs: each is trained (`Trainer::train_epoch`) then ended (`Trainer::end_epoch`);
     /// a stop request (Ctrl-C) saves `last` and returns, and a finished run ends with the final validation.
     pub fn run(&mut self, observer: &mut dyn Observer) -> Result<TrainSummary> {
         for note in std::mem::take(&mut self.notes) {
