@@ -54,10 +54,48 @@ pub fn log_softmax(x: &Tensor, dim: usize) -> Result<Tensor> {
 /// gradients, without writing the log-softmax over `x`'s size or reducing its gradient (the DFL's cross entropy
 /// at its two bins).
 pub fn nll_at(x: &Tensor, dim: usize, idx: &[&Tensor]) -> Result<Vec<Tensor>> {
-    let max = x.max_keepdim(dim)?.detach();
-    let shifted = x.broadcast_sub(&max)?;
-    let lse = shifted.exp()?.sum_keepdim(dim)?.log()?;
-    idx.iter().map(|i| lse.broadcast_sub(&shifted.gather(i, dim)?)).collect()
+    SoftmaxParts::new(x, dim)?.nll_at(idx)
+}
+
+/// The softmax of `x` along `dim` kept in parts, for a caller that reads it twice: the DFL head's bins give both the
+/// decoded distances ([`SoftmaxParts::expectation`]) and the cross entropy at the target bins
+/// ([`SoftmaxParts::nll_at`]), from one max, one shift, one exponential and one sum over the logits.
+#[derive(Debug, Clone)]
+pub struct SoftmaxParts {
+    dim: usize,
+    /// `x` minus its (detached) maximum along `dim`.
+    shifted: Tensor,
+    /// `e^shifted`.
+    exp: Tensor,
+    /// `Σ e^shifted` along `dim`, kept.
+    sum: Tensor,
+}
+
+impl SoftmaxParts {
+    /// The parts of `x`'s softmax along `dim`.
+    pub fn new(x: &Tensor, dim: usize) -> Result<Self> {
+        let max = x.max_keepdim(dim)?.detach();
+        let shifted = x.broadcast_sub(&max)?;
+        let exp = shifted.exp()?;
+        let sum = exp.sum_keepdim(dim)?;
+        Ok(Self { dim, shifted, exp, sum })
+    }
+
+    /// [`nll_at`]: `ln Σ e^x − x[i]` for each of `idx`.
+    pub fn nll_at(&self, idx: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let lse = self.sum.log()?;
+        idx.iter().map(|i| lse.broadcast_sub(&self.shifted.gather(i, self.dim)?)).collect()
+    }
+
+    /// The softmax's expectation of the index along `dim` (`Σ k·e_k / Σ e_k`, `dim` removed): the DFL decode, with
+    /// one division after the sum where the decode from the probabilities divides every bin (equal up to rounding).
+    pub fn expectation(&self) -> Result<Tensor> {
+        let n = self.exp.dim(self.dim)?;
+        let mut shape = vec![1; self.exp.rank()];
+        shape[self.dim] = n;
+        let k = Tensor::arange(0u32, n as u32, self.exp.device())?.to_dtype(self.exp.dtype())?.reshape(shape)?;
+        self.exp.broadcast_mul(&k)?.sum(self.dim)?.div(&self.sum.squeeze(self.dim)?)
+    }
 }
 
 /// Element-wise binary cross-entropy with logits, `max(x,0) − x·z + log(1 + e^{−|x|})` (PyTorch's
@@ -206,6 +244,20 @@ mod tests {
             let g2 = loss(&want).backward().unwrap();
             let (g1, g2) = (g1.get(x.as_tensor()).unwrap(), g2.get(x.as_tensor()).unwrap());
             assert_eq!(bits(g1), bits(g2), "{shape:?}: gradients");
+        }
+    }
+
+    #[test]
+    fn the_softmax_expectation_is_the_dfl_decode() {
+        let d = &Device::Cpu;
+        let x = (Tensor::randn(0f32, 3.0, (2, 64, 50), d).unwrap() * 1.0).unwrap();
+        let parts = SoftmaxParts::new(&x.reshape((2, 4, 16, 50)).unwrap(), 2).unwrap();
+        let got: Vec<f32> = parts.expectation().unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let want: Vec<f32> =
+            sluice_kernels::dfl::dfl_decode_composed(&x, 16).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(got.len(), 2 * 4 * 50);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 2e-6 * w.abs().max(1.0), "{g} against {w}");
         }
     }
 }

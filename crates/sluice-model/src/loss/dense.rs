@@ -153,13 +153,14 @@ pub struct DenseLoss {
     pub assignment: DenseAssignment,
 }
 
-/// The loss terms from the head's tensors: `raw_boxes` `(B, 64, A)` DFL logits, `raw_scores` `(B, nc, A)` class
+/// The loss terms from the head's tensors: `bins` the softmax parts of the `(B, 4, 16, A)` DFL logits (the same
+/// parts decoded `pred_xyxy`), `raw_scores` `(B, nc, A)` class
 /// logits, `pred_xyxy` `(B, 4, A)` decoded boxes in grid units, `anchors` `(A, 2)` grid units, `strides` `(A, 1)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dense_loss(
     cfg: &AssignerConfig,
     gains: &super::LossGains,
-    raw_boxes: &Tensor,
+    bins: &ops::SoftmaxParts,
     raw_scores: &Tensor,
     pred_xyxy: &Tensor,
     anchors: &Tensor,
@@ -193,15 +194,14 @@ pub(crate) fn dense_loss(
     let (ax, ay) = (anc.narrow(1, 0, 1)?, anc.narrow(1, 1, 1)?);
     let dist = Tensor::cat(&[(&ax - &t[0])?, (&ay - &t[1])?, (&t[2] - &ax)?, (&t[3] - &ay)?], 1)?
         .clamp(0.0, REG_MAX as f64 - 1.0 - 0.01)?; // (B·A, 4)
-    // The bins in the head's own layout, (B, 4, 16, A): a view, where (B·A, 4, 16) would copy the logits.
+    // The bins in the head's own layout, (B, 4, 16, A), where (B·A, 4, 16) would copy the logits.
     let dist = dist.reshape((b, a, 4))?.permute((0, 2, 1))?.contiguous()?; // (B, 4, A)
     let left = dist.floor()?;
     let wl = (left.affine(1.0, 1.0)? - &dist)?;
     let wr = wl.affine(-1.0, 1.0)?;
     let tl = left.to_dtype(DType::U32)?.unsqueeze(2)?;
     let tr = left.affine(1.0, 1.0)?.to_dtype(DType::U32)?.unsqueeze(2)?;
-    let pdist = raw_boxes.reshape((b, 4, REG_MAX, a))?;
-    let ce = ops::nll_at(&pdist, 2, &[&tl, &tr])?; // (B, 4, 1, A) each
+    let ce = bins.nll_at(&[&tl, &tr])?; // (B, 4, 1, A) each
     let per_anchor = ((ce[0].squeeze(2)? * wl)? + (ce[1].squeeze(2)? * wr)?)?.mean(1)?.flatten_all()?; // (B·A)
     let dfl_loss = (per_anchor * &w)?.sum_all()?.broadcast_div(&tss)?;
 

@@ -110,20 +110,12 @@ impl DetectionLoss {
             ));
         }
         let (anchors, strides) = make_anchors(&raw.grids, raw.boxes.dtype(), raw.boxes.device())?;
-        let dist = ops::dfl_decode(&raw.boxes, REG_MAX)?;
-        let pred_xyxy = dist2bbox_xyxy(&dist, &anchors)?;
+        // The bins' softmax once, for the decoded boxes and the DFL's cross entropy.
+        let (b, _, a) = raw.boxes.dims3()?;
+        let bins = ops::SoftmaxParts::new(&raw.boxes.reshape((b, 4, REG_MAX, a))?, 2)?;
+        let pred_xyxy = dist2bbox_xyxy(&bins.expectation()?, &anchors)?;
         let levels = raw.grids.map(|(h, w)| h * w);
-        dense::dense_loss(
-            &self.assigner,
-            &self.gains,
-            &raw.boxes,
-            &raw.scores,
-            &pred_xyxy,
-            &anchors,
-            &strides,
-            &levels,
-            gt,
-        )
+        dense::dense_loss(&self.assigner, &self.gains, &bins, &raw.scores, &pred_xyxy, &anchors, &strides, &levels, gt)
     }
 
     /// Computes the loss of the train-mode head outputs against the batch's targets (boxes in input pixels).
