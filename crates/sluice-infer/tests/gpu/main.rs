@@ -407,6 +407,17 @@ mod imp {
             let y = dfl::dfl_decode(xv.as_tensor(), 16)?;
             with_grads(&[y], std::slice::from_ref(&r4), &[&xv])
         }));
+        // The dense loss's DFL: the bins' softmax once, for the decoded distances and the cross entropy at two bins.
+        let left = rand_tensor(rng, &[2, 4, 1, 8400], 0.0, 14.99)?.floor()?.to_dtype(DType::U32)?;
+        checks.push(compare("dfl softmax parts: decode and cross entropy fwd+bwd", 1e-4, gpu, |d| {
+            let xv = var_on(&bins, d)?;
+            let parts = sluice_model::ops::SoftmaxParts::new(&xv.as_tensor().reshape((2, 4, 16, 8400))?, 2)?;
+            let tl = left.to_device(d)?;
+            let tr = (&tl + 1.0)?;
+            let ce = parts.nll_at(&[&tl, &tr])?;
+            let ys = [parts.expectation()?, ce[0].squeeze(2)?, ce[1].squeeze(2)?];
+            with_grads(&ys, &[r4.clone(), r4.clone(), r4.clone()], &[&xv])
+        }));
         let logits = rand_tensor(rng, &[2, 80, 8400], -6.0, 6.0)?;
         let z = rand_tensor(rng, &[2, 80, 8400], 0.0, 1.0)?;
         checks.push(compare("bce with logits fwd+bwd", 1e-4, gpu, |d| {
