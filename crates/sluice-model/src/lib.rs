@@ -37,7 +37,7 @@ pub use error::{ModelError, Result};
 pub use graph::{Activation, AttentionOp, ConvOp, DetectDecode, Graph, Node, Op, ValueId};
 pub use head::RawHead;
 pub use layers::Mode;
-pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput};
+pub use loss::{DenseLoss, DenseTargets, DetectionLoss, LossGains, LossOutput, padded_targets};
 pub use model::{Detections, PackedVars, Yolo, dfl_key};
 pub use pt::{PtCheckpoint, is_pt, read_pt, read_pt_bytes};
 pub use run::{RunOptions, RunSummary, run_npy};

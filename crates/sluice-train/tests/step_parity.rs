@@ -185,26 +185,6 @@ const TOL: &[(&str, f64, f64)] = &[
 /// change which removes the difference also removes the entry.
 const TIE_ORDER_BATCHES: &[(&str, usize)] = &[("mosaic", 23)];
 
-/// The targets as the padded per-image table the dense loss reads: `(B, M)` classes, `(B, M, 4)` boxes, mask.
-fn padded(targets: &[Target], b: usize) -> (Tensor, Tensor, Tensor) {
-    let per: Vec<Vec<&Target>> = (0..b).map(|i| targets.iter().filter(|t| t.image as usize == i).collect()).collect();
-    let m = per.iter().map(Vec::len).max().unwrap().max(1);
-    let (mut c, mut bx, mut k) = (vec![0f32; b * m], vec![0f32; b * m * 4], vec![0f32; b * m]);
-    for (i, rows) in per.iter().enumerate() {
-        for (j, t) in rows.iter().enumerate() {
-            c[i * m + j] = t.class as f32;
-            bx[(i * m + j) * 4..(i * m + j) * 4 + 4].copy_from_slice(&[t.bbox.x1, t.bbox.y1, t.bbox.x2, t.bbox.y2]);
-            k[i * m + j] = 1.0;
-        }
-    }
-    let d = &Device::Cpu;
-    (
-        Tensor::from_vec(c, (b, m), d).unwrap(),
-        Tensor::from_vec(bx, (b, m, 4), d).unwrap(),
-        Tensor::from_vec(k, (b, m), d).unwrap(),
-    )
-}
-
 /// One replayed run: its fixture's run name, model and optimizer.
 struct Spec {
     run: &'static str,
@@ -436,7 +416,7 @@ fn run(fx: &Fixture, spec: &Spec, report: &mut Report) {
         // The dense loss (the device path, here on the CPU) on the same head outputs; end-to-end models train on
         // the host loss only.
         if !family.end2end() {
-            let (classes, boxes, mask) = padded(&targets, BATCH);
+            let (classes, boxes, mask) = sluice_model::padded_targets(&targets, BATCH, &Device::Cpu).unwrap();
             let dense =
                 loss_fn.compute_dense(&raw, DenseTargets { classes: &classes, boxes: &boxes, mask: &mask }).unwrap();
             let dense_items: Vec<f32> = dense.items.to_vec1().unwrap();

@@ -14,12 +14,13 @@
 //!
 //! The tests run it on the CPU against the host assigner and loss.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
+use sluice_core::Target;
 
 use super::assigner::AssignerConfig;
 use super::bbox::{ciou, ciou_parts};
 use crate::config::REG_MAX;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::ops;
 
 /// The assigner's result as tensors on the predictions' device.
@@ -153,6 +154,31 @@ pub struct DenseLoss {
     pub assignment: DenseAssignment,
 }
 
+/// The padded per-image table of `targets` (boxes in input pixels) that [`DenseTargets`] borrows, for a batch of
+/// `images` images, built on the host: `(B, M)` classes as floats, `(B, M, 4)` boxes, `(B, M)` mask, with `M` the
+/// most boxes of one image (at least 1) and each image's rows in the order of `targets`. A target of an image
+/// outside the batch is an error naming it.
+pub fn padded_targets(targets: &[Target], images: usize, device: &Device) -> Result<(Tensor, Tensor, Tensor)> {
+    if let Some(t) = targets.iter().find(|t| t.image as usize >= images) {
+        return Err(ModelError::BadInput(format!("a target of image {} in a batch of {images} images", t.image)));
+    }
+    let m = (0..images).map(|i| targets.iter().filter(|t| t.image as usize == i).count()).max().unwrap_or(0).max(1);
+    let (mut c, mut bx, mut k, mut fill) =
+        (vec![0f32; images * m], vec![0f32; images * m * 4], vec![0f32; images * m], vec![0; images]);
+    for t in targets {
+        let r = t.image as usize * m + fill[t.image as usize];
+        fill[t.image as usize] += 1;
+        c[r] = t.class as f32;
+        bx[r * 4..r * 4 + 4].copy_from_slice(&[t.bbox.x1, t.bbox.y1, t.bbox.x2, t.bbox.y2]);
+        k[r] = 1.0;
+    }
+    Ok((
+        Tensor::from_vec(c, (images, m), device)?,
+        Tensor::from_vec(bx, (images, m, 4), device)?,
+        Tensor::from_vec(k, (images, m), device)?,
+    ))
+}
+
 /// The loss terms from the head's tensors: `bins` the softmax parts of the `(B, 4, 16, A)` DFL logits (the same
 /// parts decoded `pred_xyxy`), `raw_scores` `(B, nc, A)` class
 /// logits, `pred_xyxy` `(B, 4, A)` decoded boxes in grid units, `anchors` `(A, 2)` grid units, `strides` `(A, 1)`.
@@ -247,23 +273,16 @@ mod tests {
         (RawHead { boxes, scores, grids, one2one: None }, targets, nc)
     }
 
-    fn padded(targets: &[Target], b: usize) -> (Tensor, Tensor, Tensor) {
-        let m = (0..b).map(|i| targets.iter().filter(|t| t.image as usize == i).count()).max().unwrap_or(0).max(1);
-        let (mut c, mut bx, mut k, mut fill) =
-            (vec![0f32; b * m], vec![0f32; b * m * 4], vec![0f32; b * m], vec![0; b]);
-        for t in targets {
-            let r = t.image as usize * m + fill[t.image as usize];
-            fill[t.image as usize] += 1;
-            c[r] = t.class as f32;
-            bx[r * 4..r * 4 + 4].copy_from_slice(&[t.bbox.x1, t.bbox.y1, t.bbox.x2, t.bbox.y2]);
-            k[r] = 1.0;
-        }
-        let d = &Device::Cpu;
-        (
-            Tensor::from_vec(c, (b, m), d).expect("c"),
-            Tensor::from_vec(bx, (b, m, 4), d).expect("b"),
-            Tensor::from_vec(k, (b, m), d).expect("k"),
-        )
+    #[test]
+    fn the_padded_table_holds_each_images_rows_in_order_and_names_a_stray_target() {
+        let t = |image: u32, class: u32, x: f32| Target { image, class, bbox: BoxXyxy::new(x, 1.0, x + 2.0, 3.0) };
+        let targets = [t(1, 4, 0.0), t(0, 2, 5.0), t(1, 7, 9.0)];
+        let (c, b, k) = super::padded_targets(&targets, 3, &Device::Cpu).expect("table");
+        assert_eq!(c.to_vec2::<f32>().expect("c"), [[2.0, 0.0], [4.0, 7.0], [0.0, 0.0]]);
+        assert_eq!(k.to_vec2::<f32>().expect("k"), [[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]);
+        assert_eq!(b.to_vec3::<f32>().expect("b")[1][1], [9.0, 1.0, 11.0, 3.0]);
+        let e = super::padded_targets(&targets, 1, &Device::Cpu).expect_err("image 1 of 1");
+        assert!(e.to_string().contains("image 1 in a batch of 1"), "{e}");
     }
 
     #[test]
@@ -273,7 +292,7 @@ mod tests {
             let (raw, targets, nc) = case(seed);
             let loss = DetectionLoss::new(nc);
             let host = loss.compute(&raw, &targets).expect("host loss");
-            let (c, b, k) = padded(&targets, 3);
+            let (c, b, k) = super::padded_targets(&targets, 3, &Device::Cpu).expect("table");
             let dense = loss.compute_dense(&raw, DenseTargets { classes: &c, boxes: &b, mask: &k }).expect("dense");
             let d = &dense.assignment;
             let fg: Vec<f32> = d.fg.flatten_all().and_then(|t| t.to_vec1()).expect("fg");

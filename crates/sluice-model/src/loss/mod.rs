@@ -16,7 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::head::{RawHead, dist2bbox_xyxy, make_anchors};
 use crate::ops;
 pub use assigner::{AssignerConfig, Assignment, GtBox};
-pub use dense::{DenseAssignment, DenseLoss, DenseTargets};
+pub use dense::{DenseAssignment, DenseLoss, DenseTargets, padded_targets};
 
 /// Loss gains (Ultralytics hyper-parameters `box`, `cls`, `dfl`).
 #[derive(Debug, Clone, Copy, PartialEq)]

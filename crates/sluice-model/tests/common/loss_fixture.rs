@@ -28,26 +28,6 @@ pub(crate) fn targets() -> Vec<Target> {
         .collect()
 }
 
-/// The targets as the padded per-image table the dense loss reads: `(B, M)` classes, `(B, M, 4)` boxes, mask.
-pub(crate) fn padded(targets: &[Target], b: usize) -> (Tensor, Tensor, Tensor) {
-    let per: Vec<Vec<&Target>> = (0..b).map(|i| targets.iter().filter(|t| t.image as usize == i).collect()).collect();
-    let m = per.iter().map(Vec::len).max().unwrap().max(1);
-    let (mut c, mut bx, mut k) = (vec![0f32; b * m], vec![0f32; b * m * 4], vec![0f32; b * m]);
-    for (i, rows) in per.iter().enumerate() {
-        for (j, t) in rows.iter().enumerate() {
-            c[i * m + j] = t.class as f32;
-            bx[(i * m + j) * 4..(i * m + j) * 4 + 4].copy_from_slice(&[t.bbox.x1, t.bbox.y1, t.bbox.x2, t.bbox.y2]);
-            k[i * m + j] = 1.0;
-        }
-    }
-    let d = &candle_core::Device::Cpu;
-    (
-        Tensor::from_vec(c, (b, m), d).unwrap(),
-        Tensor::from_vec(bx, (b, m, 4), d).unwrap(),
-        Tensor::from_vec(k, (b, m), d).unwrap(),
-    )
-}
-
 /// The tensor-op assigner and loss (the GPU path) against the Ultralytics fixture and the host path: the fg mask,
 /// assigned boxes and scores, the loss items (within 1e-4 of Ultralytics' and `host_tol` of the host path's), and
 /// four parameters' gradients.
@@ -57,7 +37,7 @@ pub(crate) fn dense_loss_matches_ultralytics_and_the_host_path(host_tol: f64) {
     let (raw, _) = model.forward_raw(&input(), Mode::Train).unwrap();
     let loss = DetectionLoss::new(80);
     let host = loss.compute(&raw, &targets()).unwrap();
-    let (classes, boxes, mask) = padded(&targets(), 2);
+    let (classes, boxes, mask) = sluice_model::padded_targets(&targets(), 2, &candle_core::Device::Cpu).unwrap();
     let out =
         loss.compute_dense(&raw, sluice_model::DenseTargets { classes: &classes, boxes: &boxes, mask: &mask }).unwrap();
     let asg = &out.assignment;
