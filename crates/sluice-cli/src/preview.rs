@@ -2,14 +2,11 @@
 //! and class names (the trainer's `train_batch0.jpg` for any seed and epoch).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Result;
 use serde::Serialize;
 use sluice_augment::Hyp;
-use sluice_dataset::{IndexOptions, Split};
-use sluice_loader::split::load_split_with;
-use sluice_loader::{DecodedSource, LoaderConfig, TrainLoader};
+use sluice_loader::LoaderConfig;
 
 /// What to preview.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,17 +54,8 @@ pub(crate) struct PreviewSummary {
 /// its target boxes and class names, as the trainer's `train_batch0.jpg` ([`crate::plots::plot_batch`]). The split is read as the trainer reads it
 /// (its files, or the shard its data YAML names).
 pub(crate) fn preview(opts: &PreviewOptions) -> Result<PreviewSummary> {
-    let split = load_split_with(
-        &opts.data,
-        Split::Train,
-        &IndexOptions { cache: true, find_orphans: false },
-        true,
-        &crate::cmd::remote_from_env()?,
-    )?;
-    let names = split.config.names.clone();
-    let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, 0)?);
     let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
-    let loader = TrainLoader::new(source, cfg, opts.hyp)?;
+    let (loader, names) = crate::samples::train_loader_of(&opts.data, cfg, opts.hyp, 0)?;
     let batch = loader
         .epoch(opts.epoch, opts.epochs)
         .next()

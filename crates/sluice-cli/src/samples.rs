@@ -208,14 +208,26 @@ pub(crate) fn dump_draws(opts: &SampleOptions, out: &mut dyn Write) -> Result<us
 
 /// The training loader of `opts` over the dataset's train split.
 fn train_loader(opts: &SampleOptions) -> Result<TrainLoader> {
+    let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
+    Ok(train_loader_of(&opts.data, cfg, opts.hyp, RAM_CACHE_BYTES)?.0)
+}
+
+/// The training loader the trainer builds for `data`'s train split (its files, or the shard its data YAML names),
+/// with up to `cache_bytes` of decoded images kept, and the split's class names.
+pub(crate) fn train_loader_of(
+    data: &Path,
+    cfg: LoaderConfig,
+    hyp: Hyp,
+    cache_bytes: usize,
+) -> Result<(TrainLoader, Vec<String>)> {
     let split = load_split_with(
-        &opts.data,
+        data,
         Split::Train,
         &IndexOptions { cache: true, find_orphans: false },
         true,
         &crate::cmd::remote_from_env()?,
     )?;
-    let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, opts.imgsz, true, RAM_CACHE_BYTES)?);
-    let cfg = LoaderConfig { workers: opts.workers.max(1), ..LoaderConfig::new(opts.imgsz, opts.batch, opts.seed) };
-    Ok(TrainLoader::new(source, cfg, opts.hyp)?)
+    let names = split.config.names.clone();
+    let source = Arc::new(DecodedSource::open(&split.source, split.indexed.index, cfg.imgsz, true, cache_bytes)?);
+    Ok((TrainLoader::new(source, cfg, hyp)?, names))
 }
