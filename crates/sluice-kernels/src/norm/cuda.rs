@@ -18,7 +18,7 @@
 //! Nothing is read back to the host: the statistics stay on the device (the caller's running-statistics update
 //! uses them as tensors), and every kernel runs on the device's compute stream.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaDType;
@@ -127,8 +127,8 @@ fn f32_view<'a>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'
 pub(super) struct DeviceStats {
     /// `[mean; C] ++ [1/σ; C]` in f64.
     saved: CudaSlice<f64>,
-    /// `[mean; C] ++ [var; C]` (biased), for the caller.
-    pub(super) mv: CudaSlice<f32>,
+    /// `[mean; C] ++ [var; C]` (biased), for the caller, who takes it ([`mean_var`]): the backward does not read it.
+    mv: Mutex<Option<CudaSlice<f32>>>,
     /// `[a; C] ++ [b; C]`: `z = x·a + b`.
     ab: CudaSlice<f32>,
 }
@@ -190,7 +190,7 @@ fn forward_t<T: CudaDType + WithDType + DeviceRepr>(
     l.arg(&xv).arg(&ab).arg(&mut y).arg(&ci).arg(&hwi).arg(&ti);
     // SAFETY: as above.
     unsafe { l.launch(elementwise(total)) }.map_err(drv("apply"))?;
-    Ok((CudaStorage::wrap_cuda_slice(y, dev), DeviceStats { saved, mv, ab }))
+    Ok((CudaStorage::wrap_cuda_slice(y, dev), DeviceStats { saved, mv: Mutex::new(Some(mv)), ab }))
 }
 
 /// The backward: `(dx, [dγ; C] ++ [dβ; C])` from the input, the upstream gradient (both in the activations'
@@ -262,8 +262,12 @@ pub(super) fn supports(x: &Tensor, gamma: &Tensor) -> bool {
     x.device().is_cuda() && type_index(x.dtype()).is_some() && gamma.dtype() == DType::F32
 }
 
-/// A copy of the statistics' `[mean; C] ++ [var; C]` as a tensor (the op keeps its own for the backward).
+/// The statistics' `[mean; C] ++ [var; C]` as a tensor, taken from the forward's own buffer (no copy: the op keeps
+/// what its backward reads apart); a second call is an error.
 pub(super) fn mean_var(st: &DeviceStats, dev: &CudaDevice, c: usize) -> Result<Tensor> {
-    let copy = dev.cuda_stream().clone_dtod(&st.mv).map_err(drv("copying the statistics"))?;
-    wrap(copy, dev, &[2 * c])
+    #[allow(clippy::unwrap_used)] // A poisoned lock means another thread panicked holding it.
+    let Some(mv) = st.mv.lock().unwrap().take() else {
+        bail!("batch_norm_silu_train (CUDA): the statistics were taken already")
+    };
+    wrap(mv, dev, &[2 * c])
 }

@@ -159,9 +159,9 @@ impl BnSiluTrain {
     }
 }
 
-/// The ledger's names of the CUDA path's backward and statistics copy.
+/// The ledger's names of the CUDA path's backward and of the statistics buffer it hands the caller.
 const BN_BWD_LEDGER: &str = "custom-bwd:batch_norm_silu_train";
-const BN_STATS_LEDGER: &str = "custom:batch_norm_stats_copy";
+const BN_STATS_LEDGER: &str = "custom:batch_norm_stats";
 
 impl CustomOp3 for BnSiluTrain {
     fn name(&self) -> &'static str {
@@ -329,9 +329,10 @@ pub fn batch_norm_silu_train(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64
         Tensor::new(mv.as_slice(), &Device::Cpu)?.to_dtype(param_dtype)
     };
     let mv = if crate::ledger::model_cuda() {
-        // On CUDA the statistics are one device copy (`cuda::mean_var`).
+        // On CUDA the op's statistics kernel writes them into a buffer of their own, which the caller takes
+        // (`cuda::mean_var`): no launch beyond the op's three, one allocation.
         let mv = candle_core::ledger::paused(stats)?;
-        crate::ledger::record_kernel(BN_STATS_LEDGER, 1, &[], &[&mv]);
+        crate::ledger::record_kernel(BN_STATS_LEDGER, 0, &[], &[&mv]);
         mv
     } else {
         stats()?
