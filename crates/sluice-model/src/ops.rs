@@ -12,11 +12,13 @@
 //! * candle has no `atan` (needed by CIoU); [`atan`] is Cephes' single-precision polynomial with range
 //!   reduction, built from differentiable ops.
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
-/// A tensor shaped like `x` filled with `v` (same dtype and device, not tracked).
+/// `v` in `x`'s dtype, on its device, broadcast to its shape (not tracked): a view of one cached scalar, so a
+/// constant operand costs no allocation and no fill on a device. The value is `v` converted as a scalar operand is
+/// (the same as a fill of `v`).
 pub(crate) fn full_like(x: &Tensor, v: f64) -> Result<Tensor> {
-    x.zeros_like()?.affine(1.0, v)
+    candle_core::scalar::cached_scalar((DType::F64, v), x.dtype(), x.device())?.broadcast_as(x.shape())
 }
 
 /// `MaxPool2d(kernel_size = k, stride = 1, padding = k / 2)` as in PyTorch (the padding is −inf, so it never

@@ -115,8 +115,9 @@ static SCALARS: std::sync::Mutex<Vec<((crate::DType, u64), crate::DType, crate::
     std::sync::Mutex::new(Vec::new());
 
 /// The scalar `value` of dtype `src` as a rank-0 tensor of `dtype` on `device`, made once (the same value as
-/// `Tensor::new(value as src, &Device::Cpu)?.to_dtype(dtype)?.to_device(device)`).
-pub(crate) fn cached_scalar(
+/// `Tensor::new(value as src, &Device::Cpu)?.to_dtype(dtype)?.to_device(device)`). Broadcast to a shape, it is a
+/// constant operand without an allocation or a fill (a `where_cond` branch, say).
+pub fn cached_scalar(
     (src, value): (crate::DType, f64),
     dtype: crate::DType,
     device: &crate::Device,

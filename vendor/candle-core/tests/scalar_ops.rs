@@ -21,6 +21,14 @@ fn scalar_operands_give_the_same_values_as_explicit_tensors() -> Result<()> {
     // Another dtype of the same value is another scalar.
     let h = x.to_dtype(DType::F16)?;
     assert_eq!(h.maximum(0.3f64)?.to_dtype(DType::F32)?.to_vec1::<f32>()?[0], half::f16::from_f64(0.3).to_f32());
+    // The cached scalar itself, broadcast as a constant branch of `where_cond`: the values of a filled tensor.
+    let pi_4 = candle_core::scalar::cached_scalar((DType::F64, std::f64::consts::FRAC_PI_4), DType::F32, &dev)?;
+    let filled = x.zeros_like()?.affine(1.0, std::f64::consts::FRAC_PI_4)?;
+    let mask = x.ge(0.5)?;
+    assert_eq!(
+        mask.where_cond(&pi_4.broadcast_as(x.shape())?, &x)?.to_vec1::<f32>()?,
+        mask.where_cond(&filled, &x)?.to_vec1::<f32>()?
+    );
     #[cfg(feature = "ledger")]
     a_scalar_operand_is_uploaded_once()?;
     Ok(())
@@ -31,13 +39,20 @@ fn scalar_operands_give_the_same_values_as_explicit_tensors() -> Result<()> {
 fn a_scalar_operand_is_uploaded_once() -> Result<()> {
     let x = Tensor::new(&[1f32, 2., 3.], &Device::Cpu)?;
     x.maximum(1.25)?.ge(2.5f32)?; // both scalars made here
+    let mask = x.ge(2.0)?;
+    let cached = || candle_core::scalar::cached_scalar((DType::F64, -1.0), DType::F32, &Device::Cpu);
+    cached()?;
     candle_core::ledger::start("test");
     for _ in 0..3 {
         x.maximum(1.25)?.ge(2.5f32)?;
+        mask.where_cond(&cached()?.broadcast_as(3)?, &x)?;
     }
     let records = candle_core::ledger::stop();
     let uploads = records.iter().filter(|r| r.op == "from_host").count();
     assert_eq!(uploads, 0, "{records:?}");
     assert_eq!(records.iter().filter(|r| r.op.contains("maximum")).count(), 3);
+    // A broadcast scalar operand is a view: nothing is filled or allocated for it.
+    assert_eq!(records.iter().filter(|r| r.op.contains("where")).count(), 3);
+    assert!(records.iter().all(|r| !r.op.contains("const_set") && !r.op.contains("zeros")), "{records:?}");
     Ok(())
 }
