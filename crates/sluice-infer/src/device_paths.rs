@@ -2,7 +2,8 @@
 //! a GPU is never what a plain `--device 0` executes: each path here is off until a device run passes it, and its
 //! field's default then changes in the same commit as the figures in `docs/gpu-results.md`. The defaults are the
 //! verified paths: the optimizer step as composed candle ops, cudarc's heuristic cuDNN algorithm pick, NMS on the
-//! post-process workers after the device-side shrink, and no CUDA-event timer. On the CPU none of them changes
+//! post-process workers after the device-side shrink, no CUDA-event timer, and the assigner's overlaps as composed
+//! candle ops. On the CPU none of them changes
 //! what runs, except that [`DevicePaths::device_nms`] runs the kernels' host twin.
 
 use serde::{Deserialize, Serialize};
@@ -46,11 +47,14 @@ pub struct DevicePaths {
     pub device_nms: bool,
     /// Validation measures the GPU's busy share with CUDA events on the compute stream.
     pub gpu_timer: bool,
+    /// The loss's tensor assigner computes the CIoU of every (GT, prediction) pair in one kernel
+    /// (`sluice_kernels::iou::ciou_pairs`) instead of composed candle ops: the same values, one launch.
+    pub fused_ciou: bool,
 }
 
 impl DevicePaths {
     /// The names [`DevicePaths::enable`] takes, in order.
-    pub const NAMES: [&'static str; 4] = ["fused_step", "cudnn_search", "device_nms", "gpu_timer"];
+    pub const NAMES: [&'static str; 5] = ["fused_step", "cudnn_search", "device_nms", "gpu_timer", "fused_ciou"];
 
     /// These paths with the one called `name` turned on (`cudnn_search`: the timed search), or an error listing
     /// the names.
@@ -60,6 +64,7 @@ impl DevicePaths {
             "cudnn_search" => self.cudnn_search = CudnnSearch::Timed,
             "device_nms" => self.device_nms = true,
             "gpu_timer" => self.gpu_timer = true,
+            "fused_ciou" => self.fused_ciou = true,
             other => return Err(format!("device path '{other}': expected one of {}", Self::NAMES.join(", "))),
         }
         Ok(self)
@@ -67,7 +72,13 @@ impl DevicePaths {
 
     /// The paths turned on, by name (empty: every default is the verified path).
     pub fn enabled(&self) -> Vec<&'static str> {
-        let on = [self.fused_step, self.cudnn_search != CudnnSearch::Cudarc, self.device_nms, self.gpu_timer];
+        let on = [
+            self.fused_step,
+            self.cudnn_search != CudnnSearch::Cudarc,
+            self.device_nms,
+            self.gpu_timer,
+            self.fused_ciou,
+        ];
         Self::NAMES.iter().zip(on).filter(|(_, on)| *on).map(|(n, _)| *n).collect()
     }
 }
@@ -88,7 +99,7 @@ mod tests {
     #[test]
     fn every_default_is_the_verified_path() {
         let d = DevicePaths::default();
-        assert!(!d.fused_step && !d.device_nms && !d.gpu_timer);
+        assert!(!d.fused_step && !d.device_nms && !d.gpu_timer && !d.fused_ciou);
         assert_eq!(d.cudnn_search, CudnnSearch::Cudarc);
         assert!(d.enabled().is_empty());
     }

@@ -104,7 +104,8 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
     let lcfg = LoaderConfig { workers, strict: req.strict, ..LoaderConfig::new(imgsz, batch, 0) };
     let source = DecodedSource::open(&loaded.source, loaded.indexed.index, imgsz, false, 0)?;
     let val = ValLoader::new(Arc::new(source), lcfg).with_left_out(left_out);
-    let loss = DetectionLoss::new(nc);
+    let mut loss = DetectionLoss::new(nc);
+    loss.assigner.fused_ciou = device.is_cuda() && req.paths.fused_ciou;
     let opts = ValOptions { end2end: req.end2end, half, ..ValOptions::default() }.with_paths(&req.paths, false);
     let v = validate(&m, &val, &loss, &DeviceTransfer::new(&device, DType::F32)?, opts)?;
     Ok((v, loaded.config.names, ValSettings { data, imgsz, batch, half }))

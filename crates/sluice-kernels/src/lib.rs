@@ -1,7 +1,8 @@
 //! Fast CPU training kernels for the YOLO model, as candle custom ops with forward *and* backward passes:
 //! convolution through im2col/col2im + `gemm` ([`conv`]), training-mode BatchNorm fused with SiLU ([`norm`]),
 //! the max-pool / nearest-upsample the model needs with correct gradients ([`pool`]), and the head's DFL box decode
-//! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]); the SGD update as one parallel pass
+//! ([`dfl`]) and the class loss's element-wise BCE with logits ([`loss`]); the assigner's CIoU of every
+//! (GT, prediction) pair in one pass ([`iou`]); the SGD update as one parallel pass
 //! ([`optim`]); the whole optimizer step (norm, clip, update, EMA) over every tensor at once ([`multi_tensor`]);
 //! the chunked top-k of a tensor's rows on its own device ([`topk`]); and batched NMS by overlap bitmasks on a CUDA
 //! device ([`masknms`]). With `cuda`, `nvrtc` compiles every CUDA source of the workspace once per device.
@@ -16,6 +17,7 @@ pub mod conv;
 pub mod convert;
 pub mod depthwise;
 pub mod dfl;
+pub mod iou;
 pub mod ledger;
 pub mod loss;
 pub mod masknms;

@@ -264,7 +264,9 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     // Packed as the trainer packs it.
     let model = Optimization::pack_model(model, &settings, shape)?;
     let mut opt = Optimization::with_step(&model, &settings, shape, StepOptions { path, loss_scaling })?;
-    let loss = DetectionLoss::new(opts.nc);
+    let mut loss = DetectionLoss::new(opts.nc);
+    // The opt-in one-kernel overlaps: their CPU twin stands for the CUDA kernel.
+    loss.assigner.fused_ciou = opts.device_paths.fused_ciou;
     let transfer = DeviceTransfer::new(&device, DType::F32)?;
     let mut readback = Readback::new(&device)?;
     let mut landed = Vec::new();

@@ -348,6 +348,17 @@ mod imp {
                 }));
             }
         }
+        // The assigner's overlaps in one kernel (opt-in `fused_ciou`) against its CPU twin: the same steps in the same
+        // order, so equal up to the device's division and arctangent steps (nothing is contracted).
+        {
+            let (gx, gy) = (rand_tensor(rng, &[4, 9, 2], 0.0, 600.0)?, rand_tensor(rng, &[4, 9, 2], 1.0, 200.0)?);
+            let gt = Tensor::cat(&[&gx, &(&gx + &gy)?], 2)?; // (B, M, 4) x1 y1 x2 y2
+            let (px, py) = (rand_tensor(rng, &[4, 2, 8400], 0.0, 600.0)?, rand_tensor(rng, &[4, 2, 8400], 0.0, 300.0)?);
+            let pred = Tensor::cat(&[&px, &(&px + &py)?], 1)?; // (B, 4, A)
+            checks.push(compare("ciou pairs, one kernel (fused_ciou)", 1e-6, gpu, |d| {
+                Ok(vec![sluice_kernels::iou::ciou_pairs(&gt.to_device(d)?, &pred.to_device(d)?)?])
+            }));
+        }
         checks.push(compare("maxpool5 fwd+bwd", 1e-5, gpu, |d| {
             let xv = var_on(x, d)?;
             let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;

@@ -20,11 +20,15 @@ pub struct AssignerConfig {
     /// After the one-GT-per-anchor rule, each GT keeps only its `topk2` best positives (`tal_topk2`: 1 in the
     /// one-to-one loss of end-to-end heads); `None` keeps them all.
     pub topk2: Option<usize>,
+    /// The tensor assigner (`dense`) computes the overlaps of every (GT, prediction) pair in one kernel
+    /// (`sluice_kernels::iou::ciou_pairs`, the same values) instead of composed ops: the opt-in device path
+    /// `fused_ciou`. The host assigner ignores it.
+    pub fused_ciou: bool,
 }
 
 impl Default for AssignerConfig {
     fn default() -> Self {
-        Self { topk: 10, alpha: 0.5, beta: 6.0, eps: 1e-9, min_side: 16.0, topk2: None }
+        Self { topk: 10, alpha: 0.5, beta: 6.0, eps: 1e-9, min_side: 16.0, topk2: None, fused_ciou: false }
     }
 }
 

@@ -59,4 +59,66 @@ mod tests {
             assert!((got[i] - ciou_host(a[i], b[i])).abs() < 1e-6, "{i}: {} vs {}", got[i], ciou_host(a[i], b[i]));
         }
     }
+
+    /// The assigner's one-kernel overlaps (`sluice_kernels::iou::ciou_pairs`, opt-in on a device) give these
+    /// composed ops' values to the bit: random pairs at pixel scale and the edge cases (identical, disjoint, nested,
+    /// zero-width and zero-height boxes, both arctangent range reductions, negative coordinates).
+    #[test]
+    fn the_one_kernel_overlaps_are_the_composed_ones_to_the_bit() {
+        let (b, m, a) = (3usize, 5usize, 97usize);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let mut boxes = |n: usize| -> Vec<[f32; 4]> {
+            (0..n)
+                .map(|_| {
+                    let (x, y) = (next() * 640.0 - 20.0, next() * 640.0 - 20.0);
+                    let (w, h) = (next() * next() * 300.0, next() * next() * 300.0);
+                    [x, y, x + w, y + h]
+                })
+                .collect()
+        };
+        let mut gt = boxes(b * m);
+        let mut pred = boxes(b * a);
+        let special = [
+            [10.0, 10.0, 60.0, 40.0],
+            [100.0, 100.0, 100.0, 130.0],
+            [5.0, 5.0, 45.0, 5.0],
+            [-30.0, -10.0, 2.0, 700.0],
+            [0.0, 0.0, 640.0, 1.0],
+        ];
+        gt[..5].copy_from_slice(&special);
+        pred[..5].copy_from_slice(&special);
+        pred[5..10].copy_from_slice(&[
+            special[1],
+            special[0],
+            [20.0, 15.0, 30.0, 25.0],
+            [300.0, 300.0, 310.0, 900.0],
+            [0.0, 0.0, 1.0, 640.0],
+        ]);
+        let dev = Device::Cpu;
+        let gt_t = Tensor::from_vec(gt.concat(), (b, m, 4), &dev).unwrap();
+        let pred_rows = Tensor::from_vec(pred.concat(), (b, a, 4), &dev).unwrap();
+        let pred_t = pred_rows.permute((0, 2, 1)).unwrap().contiguous().unwrap(); // (B, 4, A)
+        let g = [0, 1, 2, 3].map(|i| gt_t.narrow(2, i, 1).unwrap()); // (B, M, 1)
+        let p = [0, 1, 2, 3].map(|i| pred_t.narrow(1, i, 1).unwrap()); // (B, 1, A)
+        let composed: Vec<f32> = ciou_parts(&g, &p).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let fused: Vec<f32> =
+            sluice_kernels::iou::ciou_pairs(&gt_t, &pred_t).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(composed.len(), b * m * a);
+        for (i, (c, f)) in composed.iter().zip(&fused).enumerate() {
+            assert_eq!(c.to_bits(), f.to_bits(), "pair {i}: composed {c}, one kernel {f}");
+        }
+        // And against the host formula in f64 (Ultralytics'), so the pairs are not trivially equal.
+        let mut worst = 0f64;
+        for (i, &f) in fused.iter().enumerate() {
+            let (bm, ai) = (i / a, i % a);
+            let h = ciou_host(gt[bm].map(f64::from), pred[(bm / m) * a + ai].map(f64::from));
+            worst = worst.max((f64::from(f) - h).abs());
+        }
+        assert!(worst < 1e-5, "worst difference from the f64 formula {worst}");
+        assert!(fused.iter().any(|&v| v > 0.5) && fused.iter().any(|&v| v < -0.5));
+    }
 }

@@ -118,8 +118,12 @@ pub fn assign_dense(
     // Overlaps and alignment metric.
     let cls = gt.classes.to_dtype(DType::F32)?.clamp(0.0, (nc.max(1) - 1) as f64)?.to_dtype(DType::U32)?;
     let s = scores.gather(&cls.unsqueeze(2)?.broadcast_as((b, m, a))?.contiguous()?, 1)?; // (B, M, A)
-    let p = parts(pred_px, 1)?; // 4 × (B, 1, A)
-    let ov = ciou_parts(&g, &p)?.maximum(0.0)?.mul(&cand)?;
+    let ciou = if cfg.fused_ciou && dt == DType::F32 {
+        sluice_kernels::iou::ciou_pairs(&gt.boxes.to_dtype(dt)?, pred_px)?
+    } else {
+        ciou_parts(&g, &parts(pred_px, 1)?)? // 4 × (B, 1, A) against 4 × (B, M, 1)
+    };
+    let ov = ciou.maximum(0.0)?.mul(&cand)?;
     let metric = (s.powf(cfg.alpha)? * ov.powf(cfg.beta)?)?.mul(&cand)?;
     // Top-k per GT among all anchors, kept where a candidate.
     let pos = topk_mask(&metric, cfg.topk.min(a), levels)?.mul(&cand)?;
@@ -313,6 +317,17 @@ mod tests {
                 let rel = (f64::from(got) - want).abs() / want.abs().max(1e-9);
                 assert!(rel <= 1e-5, "seed {seed}: item {kk}: {got} vs {want}");
             }
+            // The opt-in one-kernel overlaps (`fused_ciou`): the same assignment and loss, to the bit.
+            let mut fused = DetectionLoss::new(nc);
+            fused.assigner.fused_ciou = true;
+            let f = fused.compute_dense(&raw, DenseTargets { classes: &c, boxes: &b, mask: &k }).expect("fused");
+            let bits = |t: &Tensor| -> Vec<u32> {
+                let v: Vec<f32> = t.to_dtype(DType::F32).and_then(|t| t.flatten_all()?.to_vec1()).expect("values");
+                v.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(bits(&f.items), bits(&dense.items), "seed {seed}: items with fused_ciou");
+            assert_eq!(bits(&f.assignment.score), bits(&d.score), "seed {seed}: scores with fused_ciou");
+            assert_eq!(bits(&f.assignment.fg), bits(&d.fg), "seed {seed}: foreground with fused_ciou");
             // The case must exercise the one-GT-per-anchor rule: count GTs whose candidate sets overlap.
             multi += targets.windows(2).filter(|w| w[0].image == w[1].image).count();
         }

@@ -201,6 +201,7 @@ impl Trainer {
         }
         let mut loss = DetectionLoss::new(nc);
         loss.gains = cfg.loss_gains();
+        loss.assigner.fused_ciou = device.is_cuda() && opt_in.fused_ciou;
         Ok(Self {
             names: data.names.clone(),
             dense_loss: dense_on(&device, cfg.dense_loss) && !model.config().family.end2end(),
