@@ -12,12 +12,12 @@
 #   convs_torch.json the same layers with PyTorch (cuDNN heuristics, then cudnn.benchmark), ratios to Sluice's
 #   train/           `sluice train` yolov8n, 640, batch 32, 3 epochs on the slice 16 times over (1024 images, built on
 #                    the device; the steps below that name no set use the 64-image slice) with every opt-in device
-#                    path on (`--device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou`): telemetry.jsonl holds
+#                    path on (`--device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou,fused_bce`): telemetry.jsonl holds
 #                    images/s, step time, data wait and blocking device reads per batch (training and validation)
 #   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports, then its `val`
 #                    (batch 32, warm) and `predict` (stream over the 1024 images) of its own best.pt, timed
 #   val_*_nms.out    `sluice val --device cuda:0 --json` of the trained weights on the 1024 images, NMS on the
-#                    device (`--device-paths device_nms,gpu_timer,fused_ciou`) and on the host (the default)
+#                    device (`--device-paths device_nms,gpu_timer,fused_ciou,fused_bce`) and on the host (the default)
 #   predict_device.* `sluice predict --device cuda:0 --batch 32 --json` over the 1024 images, its wall time
 #   val_half.out, predict_half.out   the same two with `--half` (the folded model in float16)
 #   train_composed/  one epoch of the `train` run on the verified defaults (the optimizer step as composed ops,
@@ -194,7 +194,7 @@ if [ -f "$RES/convs.json" ]; then
 fi
 step train 140 "$S" train --data "$DATA_BIG" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
   --device cuda:0 --cache ram --workers 12 --project "$RES" --name train --exist-ok --json \
-  --device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou
+  --device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou,fused_bce
 tail -n 3 "$RES/train.out" 2>/dev/null
 
 # Ultralytics, same settings, when its wheel was carried (installed without dependencies: the device's PyTorch,
@@ -210,7 +210,7 @@ fi
 # default): the same mAP, and the pass's images/s, inference and post-process shares and blocking reads for each.
 if [ -f "$RES/train/weights/best.safetensors" ]; then
   step val_device_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA_BIG" --batch 32 \
-    --device cuda:0 --json --device-paths device_nms,gpu_timer,fused_ciou
+    --device cuda:0 --json --device-paths device_nms,gpu_timer,fused_ciou,fused_bce
   step val_host_nms 30 "$S" val --weights "$RES/train/weights/best.safetensors" --data "$DATA_BIG" --batch 32 \
     --device cuda:0 --json
   step predict_device 30 /usr/bin/time -v "$S" predict --weights "$RES/train/weights/best.safetensors" \
@@ -309,6 +309,7 @@ paths = {
     "device_nms": ["train", "val_device_nms", "predict_device"],
     "gpu_timer": ["train", "val_device_nms"],
     "fused_ciou": ["train", "val_device_nms", "smoke"],
+    "fused_bce": ["train", "val_device_nms", "smoke"],
 }
 out = {}
 for path, steps in paths.items():

@@ -2,8 +2,8 @@
 //! a GPU is never what a plain `--device 0` executes: each path here is off until a device run passes it, and its
 //! field's default then changes in the same commit as the figures in `docs/gpu-results.md`. The defaults are the
 //! verified paths: the optimizer step as composed candle ops, cudarc's heuristic cuDNN algorithm pick, NMS on the
-//! post-process workers after the device-side shrink, no CUDA-event timer, and the assigner's overlaps as composed
-//! candle ops. On the CPU none of them changes
+//! post-process workers after the device-side shrink, no CUDA-event timer, and the assigner's overlaps and the class
+//! loss's sum as composed candle ops. On the CPU none of them changes
 //! what runs, except that [`DevicePaths::device_nms`] runs the kernels' host twin.
 
 use serde::{Deserialize, Serialize};
@@ -50,11 +50,15 @@ pub struct DevicePaths {
     /// The loss's tensor assigner computes the CIoU of every (GT, prediction) pair in one kernel
     /// (`sluice_kernels::iou::ciou_pairs`) instead of composed candle ops: the same values, one launch.
     pub fused_ciou: bool,
+    /// The loss sums its class term (BCE with logits against one-hot targets) in one kernel pass each way
+    /// (`sluice_kernels::loss::bce_with_logits_sum_one_hot_kernel`) instead of composed candle ops.
+    pub fused_bce: bool,
 }
 
 impl DevicePaths {
     /// The names [`DevicePaths::enable`] takes, in order.
-    pub const NAMES: [&'static str; 5] = ["fused_step", "cudnn_search", "device_nms", "gpu_timer", "fused_ciou"];
+    pub const NAMES: [&'static str; 6] =
+        ["fused_step", "cudnn_search", "device_nms", "gpu_timer", "fused_ciou", "fused_bce"];
 
     /// These paths with the one called `name` turned on (`cudnn_search`: the timed search), or an error listing
     /// the names.
@@ -65,6 +69,7 @@ impl DevicePaths {
             "device_nms" => self.device_nms = true,
             "gpu_timer" => self.gpu_timer = true,
             "fused_ciou" => self.fused_ciou = true,
+            "fused_bce" => self.fused_bce = true,
             other => return Err(format!("device path '{other}': expected one of {}", Self::NAMES.join(", "))),
         }
         Ok(self)
@@ -78,6 +83,7 @@ impl DevicePaths {
             self.device_nms,
             self.gpu_timer,
             self.fused_ciou,
+            self.fused_bce,
         ];
         Self::NAMES.iter().zip(on).filter(|(_, on)| *on).map(|(n, _)| *n).collect()
     }
@@ -99,7 +105,7 @@ mod tests {
     #[test]
     fn every_default_is_the_verified_path() {
         let d = DevicePaths::default();
-        assert!(!d.fused_step && !d.device_nms && !d.gpu_timer && !d.fused_ciou);
+        assert!(!d.fused_step && !d.device_nms && !d.gpu_timer && !d.fused_ciou && !d.fused_bce);
         assert_eq!(d.cudnn_search, CudnnSearch::Cudarc);
         assert!(d.enabled().is_empty());
     }

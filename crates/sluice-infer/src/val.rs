@@ -106,6 +106,7 @@ pub fn validate_weights(req: &ValRequest<'_>) -> Result<(ValResult, Vec<String>,
     let val = ValLoader::new(Arc::new(source), lcfg).with_left_out(left_out);
     let mut loss = DetectionLoss::new(nc);
     loss.assigner.fused_ciou = device.is_cuda() && req.paths.fused_ciou;
+    loss.fused_bce = device.is_cuda() && req.paths.fused_bce;
     let opts = ValOptions { end2end: req.end2end, half, ..ValOptions::default() }.with_paths(&req.paths, false);
     let v = validate(&m, &val, &loss, &DeviceTransfer::new(&device, DType::F32)?, opts)?;
     Ok((v, loaded.config.names, ValSettings { data, imgsz, batch, half }))

@@ -6,9 +6,10 @@
 //! here it is one pass forward and one backward, `∂/∂x = σ(x) − z`. The targets get no gradient (they are
 //! assigner outputs, detached). Other devices and dtypes use [`bce_with_logits_composed`], also the tests'
 //! reference; the loss itself, which needs only the sum against one-hot targets and holds `σ(x)` already, takes
-//! [`bce_with_logits_sum_one_hot`]: on a device a few passes from the probabilities and a one-op gradient.
+//! [`bce_with_logits_sum_one_hot`]: on a device a few passes from the probabilities and a one-op gradient, or, on the
+//! opt-in device path `fused_bce`, [`bce_with_logits_sum_one_hot_kernel`]: one pass each way (`loss/kernels.cu`).
 
-use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
@@ -176,4 +177,194 @@ fn sum_given_probs(x: &Tensor, z: &Tensor, p: &Tensor, x_dot_z: &Tensor) -> Resu
 pub fn bce_with_logits_composed(x: &Tensor, z: &Tensor) -> Result<Tensor> {
     let softplus = (x.abs()?.neg()?.exp()? + 1.0)?.log()?;
     (x.relu()? - (x * z)?)? + softplus
+}
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+/// The CUDA C source of the one-kernel one-hot sum ([`bce_with_logits_sum_one_hot_kernel`]).
+pub const CUDA_SOURCE: &str = include_str!("loss/kernels.cu");
+
+const ONE_HOT_OP: &str = "bce_with_logits_sum_one_hot";
+/// The ledger's name of the one-kernel sum's backward.
+const ONE_HOT_BWD_LEDGER: &str = "custom-bwd:bce_with_logits_sum_one_hot";
+
+/// The one-kernel sum of `(x, p, weight)`; the op holds the labels (`(B, A)` u32), which get no gradient.
+struct BceSumOneHot {
+    label: Tensor,
+}
+
+/// `(B, C, A)` of the logits, with the probabilities, labels and weights checked against it.
+fn one_hot_dims(x: &Shape, p: &Shape, label: &Shape, weight: &Shape) -> Result<(usize, usize, usize)> {
+    let (b, c, a) = x.dims3()?;
+    if p != x || label.dims() != [b, a] || weight.dims() != [b, a] {
+        candle_core::bail!(
+            "{ONE_HOT_OP}: logits {x:?} need probabilities of their shape and labels and weights (B, A), got {p:?}, \
+             {label:?} and {weight:?}"
+        );
+    }
+    Ok((b, c, a))
+}
+
+/// The sum on the host: each `(b, c)` row's terms in f64, the rows in order (the same value every run).
+fn one_hot_sum_twin(x: &[f32], p: &[f32], label: &[u32], weight: &[f32], (b, c, a): (usize, usize, usize)) -> f32 {
+    let rows: Vec<f64> = (0..b * c)
+        .into_par_iter()
+        .map(|r| {
+            let (bi, ci) = (r / c, r % c);
+            let mut s = 0f64;
+            for ai in 0..a {
+                let (xi, pi) = (x[r * a + ai], p[r * a + ai]);
+                let q = 1.0 - pi;
+                let mut t = f64::from(if xi > 0.0 { xi } else { 0.0 }) - f64::from(if pi > q { pi } else { q }.ln());
+                let anchor = bi * a + ai;
+                if label[anchor] as usize == ci {
+                    t -= f64::from(weight[anchor]) * f64::from(xi);
+                }
+                s += t;
+            }
+            s
+        })
+        .collect();
+    rows.iter().sum::<f64>() as f32
+}
+
+/// `g · (p − z)` on the host.
+fn one_hot_grad_twin(p: &[f32], label: &[u32], weight: &[f32], g: f32, (b, c, a): (usize, usize, usize)) -> Vec<f32> {
+    let mut dx = vec![0f32; b * c * a];
+    dx.par_chunks_mut(a.max(1)).enumerate().for_each(|(r, row)| {
+        let (bi, ci) = (r / c.max(1), r % c.max(1));
+        for (ai, d) in row.iter_mut().enumerate() {
+            let anchor = bi * a + ai;
+            let z = if label[anchor] as usize == ci { weight[anchor] } else { 0.0 };
+            *d = g * (p[r * a + ai] - z);
+        }
+    });
+    dx
+}
+
+impl CustomOp3 for BceSumOneHot {
+    fn name(&self) -> &'static str {
+        ONE_HOT_OP
+    }
+
+    /// The CUDA path: the blocks' partial sums, then their total.
+    fn ledger_launches(&self) -> u64 {
+        2
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let dims = one_hot_dims(l1.shape(), l2.shape(), self.label.shape(), l3.shape())?;
+        // The labels' own storage: a read of the tensor would count as a read back to the host.
+        let (ls, ll) = self.label.storage_and_layout();
+        let candle_core::Storage::Cpu(ls) = &*ls else {
+            candle_core::bail!("{ONE_HOT_OP}: the labels are not on the logits' device")
+        };
+        let sum = one_hot_sum_twin(
+            contiguous::<f32>(s1, l1, ONE_HOT_OP, "logits")?,
+            contiguous::<f32>(s2, l2, ONE_HOT_OP, "probabilities")?,
+            contiguous::<u32>(ls, ll, ONE_HOT_OP, "labels")?,
+            contiguous::<f32>(s3, l3, ONE_HOT_OP, "weights")?,
+            dims,
+        );
+        Ok((CpuStorage::F32(vec![sum]), Shape::from(())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let dims = one_hot_dims(l1.shape(), l2.shape(), self.label.shape(), l3.shape())?;
+        let (ls, ll) = self.label.storage_and_layout();
+        let candle_core::Storage::Cuda(ls) = &*ls else {
+            candle_core::bail!("{ONE_HOT_OP}: the labels are not on the logits' device")
+        };
+        let out = cuda::forward((s1, l1), (s2, l2), (ls, ll), (s3, l3), dims)?;
+        Ok((out, Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        p: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dims = one_hot_dims(x.shape(), p.shape(), self.label.shape(), weight.shape())?;
+        let grad = grad.contiguous()?;
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let dx = {
+                let (ps, pl) = p.storage_and_layout();
+                let (ls, ll) = self.label.storage_and_layout();
+                let (ws, wl) = weight.storage_and_layout();
+                let (gs, gl) = grad.storage_and_layout();
+                let (
+                    candle_core::Storage::Cuda(ps),
+                    candle_core::Storage::Cuda(ls),
+                    candle_core::Storage::Cuda(ws),
+                    candle_core::Storage::Cuda(gs),
+                ) = (&*ps, &*ls, &*ws, &*gs)
+                else {
+                    candle_core::bail!("{ONE_HOT_OP}: backward on tensors off the device")
+                };
+                cuda::backward((ps, pl), (ls, ll), (ws, wl), (gs, gl), dims)?
+            };
+            let dx = Tensor::from_storage(
+                candle_core::Storage::Cuda(dx),
+                x.shape().clone(),
+                candle_core::op::BackpropOp::none(),
+                false,
+            );
+            return Ok((Some(dx), None, None));
+        }
+        let twin = || -> Result<Tensor> {
+            let g: f32 = grad.to_vec0()?;
+            let label: Vec<u32> = self.label.flatten_all()?.to_vec1()?;
+            let dx =
+                one_hot_grad_twin(&p.flatten_all()?.to_vec1()?, &label, &weight.flatten_all()?.to_vec1()?, g, dims);
+            Tensor::from_vec(dx, x.shape(), x.device())
+        };
+        // The CUDA path's one kernel, whose twin runs unrecorded.
+        let dx = candle_core::ledger::paused(twin)?;
+        crate::ledger::record_kernel(ONE_HOT_BWD_LEDGER, 1, &[p, &self.label, weight, &grad], &[&dx]);
+        Ok((Some(dx), None, None))
+    }
+}
+
+/// [`bce_with_logits_sum_one_hot_given_probs`] in one kernel pass forward (two launches: block sums in f64, then
+/// their total in a fixed order) and one backward (`g·(p − z)`), for f32 logits `x` `(B, C, A)`, probabilities `p`
+/// (its shape), labels `(B, A)` u32 below `C` and weights `(B, A)`: the opt-in device path `fused_bce`. The
+/// composed form reads and writes `x`'s size about twenty times; this reads `x` and `p` once each way. Its
+/// value is the same sum in another order (f64 accumulation, then one rounding), its gradient the same values.
+/// Elsewhere than CUDA its host twin runs (also the kernels' stand-in while the op ledger models a device).
+pub fn bce_with_logits_sum_one_hot_kernel(x: &Tensor, label: &Tensor, weight: &Tensor, p: &Tensor) -> Result<Tensor> {
+    if x.dtype() != DType::F32 || p.dtype() != DType::F32 || weight.dtype() != DType::F32 || label.dtype() != DType::U32
+    {
+        candle_core::bail!(
+            "{ONE_HOT_OP}: f32 logits, probabilities and weights and u32 labels, got {:?}, {:?}, {:?} and {:?}",
+            x.dtype(),
+            p.dtype(),
+            weight.dtype(),
+            label.dtype()
+        );
+    }
+    one_hot_dims(x.shape(), p.shape(), label.shape(), weight.shape())?;
+    let op = BceSumOneHot { label: label.detach().contiguous()? };
+    x.contiguous()?.apply_op3(&p.detach().contiguous()?, &weight.detach().contiguous()?, op)
 }

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use common::{Rng, grads, numeric_grad, rel_err, rel_err_vec, values};
 use sluice_kernels::loss::{
     bce_with_logits, bce_with_logits_composed, bce_with_logits_sum_given_probs, bce_with_logits_sum_one_hot,
-    bce_with_logits_sum_one_hot_given_probs, one_hot_targets,
+    bce_with_logits_sum_one_hot_given_probs, bce_with_logits_sum_one_hot_kernel, one_hot_targets,
 };
 
 #[test]
@@ -139,7 +139,7 @@ fn one_hot_targets_place_each_anchors_weight_at_its_label() {
 }
 
 #[test]
-fn the_one_hot_sum_has_pytorchs_sum_and_gradient_on_both_paths() {
+fn the_one_hot_sum_has_pytorchs_sum_and_gradient_on_every_path() {
     let mut rng = Rng::new(14);
     for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
         let (b, c, a) = (3usize, 80usize, 210usize);
@@ -157,8 +157,12 @@ fn the_one_hot_sum_has_pytorchs_sum_and_gradient_on_both_paths() {
         let (want, reference) = reference_sum_and_grad(x.as_tensor(), &z);
         let reference: Vec<f64> = reference.iter().map(|r| 0.37 * r).collect();
         type Sum = fn(&Tensor, &Tensor, &Tensor, &Tensor) -> candle_core::Result<Tensor>;
-        let paths: [(&str, Sum); 2] =
-            [("fused", bce_with_logits_sum_one_hot), ("device", bce_with_logits_sum_one_hot_given_probs)];
+        let mut paths: Vec<(&str, Sum)> =
+            vec![("fused", bce_with_logits_sum_one_hot), ("device", bce_with_logits_sum_one_hot_given_probs)];
+        // The one-kernel sum (opt-in `fused_bce` on a device; here its host twin) takes f32.
+        if dtype == DType::F32 {
+            paths.push(("one kernel", bce_with_logits_sum_one_hot_kernel));
+        }
         for (path, f) in paths {
             let got = values(&f(x.as_tensor(), &label, &weight, &p).unwrap())[0];
             assert!((got - want).abs() <= tol * want, "{path} {dtype:?}: sum {got} against {want}");

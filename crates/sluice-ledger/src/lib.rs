@@ -265,8 +265,9 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     let model = Optimization::pack_model(model, &settings, shape)?;
     let mut opt = Optimization::with_step(&model, &settings, shape, StepOptions { path, loss_scaling })?;
     let mut loss = DetectionLoss::new(opts.nc);
-    // The opt-in one-kernel overlaps: their CPU twin stands for the CUDA kernel.
+    // The opt-in one-kernel overlaps and class sum: their CPU twins stand for the CUDA kernels.
     loss.assigner.fused_ciou = opts.device_paths.fused_ciou;
+    loss.fused_bce = opts.device_paths.fused_bce;
     let transfer = DeviceTransfer::new(&device, DType::F32)?;
     let mut readback = Readback::new(&device)?;
     let mut landed = Vec::new();

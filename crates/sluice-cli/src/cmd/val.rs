@@ -47,8 +47,8 @@ pub(crate) struct Args {
     end2end: bool,
     /// Device paths not yet verified on a device, turned on for this pass (off by default): `device_nms` (batched
     /// NMS kernels on the device, only the kept rows copied, instead of NMS on the post-process workers after the
-    /// device-side shrink), `gpu_timer` (the GPU's busy share from CUDA events) and `fused_ciou` (the validation
-    /// loss's assigner overlaps in one kernel) apply to validation.
+    /// device-side shrink), `gpu_timer` (the GPU's busy share from CUDA events), `fused_ciou` and `fused_bce`
+    /// (the validation loss's assigner overlaps and class sum in one kernel each) apply to validation.
     #[arg(long, value_name = "LIST", value_parser = sluice_train::train::parse_device_paths)]
     device_paths: Option<sluice_infer::DevicePaths>,
     /// Half-precision inference on a CUDA device (Ultralytics' `half`: the fused model in float16, the metrics

@@ -359,6 +359,28 @@ mod imp {
                 Ok(vec![sluice_kernels::iou::ciou_pairs(&gt.to_device(d)?, &pred.to_device(d)?)?])
             }));
         }
+        // The class loss's one-kernel sum and gradient (opt-in `fused_bce`) against its host twin: the same sum in
+        // another order (f64 block sums), the same gradient.
+        {
+            let (b, c, a) = (4usize, 80usize, 8400usize);
+            let x = rand_tensor(rng, &[b, c, a], -12.0, 4.0)?;
+            let p = sluice_model::ops::sigmoid(&x)?;
+            let label = rand_tensor(rng, &[b, a], 0.0, c as f32 - 0.01)?.floor()?.to_dtype(DType::U32)?;
+            let weight = rand_tensor(rng, &[b, a], 0.0, 1.0)?;
+            checks.push(compare("bce one-hot sum, one kernel (fused_bce) fwd+bwd", 1e-5, gpu, |d| {
+                let xv = var_on(&x, d)?;
+                let on = |t: &Tensor| t.to_device(d);
+                let s = sluice_kernels::loss::bce_with_logits_sum_one_hot_kernel(
+                    xv.as_tensor(),
+                    &on(&label)?,
+                    &on(&weight)?,
+                    &on(&p)?,
+                )?;
+                let g = (&s * 0.37)?.backward()?;
+                let dx = g.get(&xv).context("no gradient for the logits")?.clone();
+                Ok(vec![s, dx])
+            }));
+        }
         checks.push(compare("maxpool5 fwd+bwd", 1e-5, gpu, |d| {
             let xv = var_on(x, d)?;
             let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;

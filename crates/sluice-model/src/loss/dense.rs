@@ -183,13 +183,21 @@ pub fn padded_targets(targets: &[Target], images: usize, device: &Device) -> Res
     ))
 }
 
+/// What the dense loss is computed with: the assigner's parameters, the gains and whether the class loss's sum
+/// runs in one kernel ([`super::DetectionLoss::fused_bce`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DenseConfig<'a> {
+    pub(crate) assigner: &'a AssignerConfig,
+    pub(crate) gains: &'a super::LossGains,
+    pub(crate) fused_bce: bool,
+}
+
 /// The loss terms from the head's tensors: `bins` the softmax parts of the `(B, 4, 16, A)` DFL logits (the same
 /// parts decoded `pred_xyxy`), `raw_scores` `(B, nc, A)` class
 /// logits, `pred_xyxy` `(B, 4, A)` decoded boxes in grid units, `anchors` `(A, 2)` grid units, `strides` `(A, 1)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dense_loss(
-    cfg: &AssignerConfig,
-    gains: &super::LossGains,
+    DenseConfig { assigner: cfg, gains, fused_bce }: DenseConfig<'_>,
     bins: &ops::SoftmaxParts,
     raw_scores: &Tensor,
     pred_xyxy: &Tensor,
@@ -208,7 +216,12 @@ pub(crate) fn dense_loss(
     let tss = weight.sum_all()?.maximum(1.0)?;
 
     // Class loss: against the one-hot of the label times the target score.
-    let cls = ops::bce_with_logits_sum_one_hot(raw_scores, &asg.label, &weight, &probs)?.broadcast_div(&tss)?;
+    let cls = if fused_bce && raw_scores.dtype() == DType::F32 {
+        sluice_kernels::loss::bce_with_logits_sum_one_hot_kernel(raw_scores, &asg.label, &weight, &probs)?
+    } else {
+        ops::bce_with_logits_sum_one_hot(raw_scores, &asg.label, &weight, &probs)?
+    }
+    .broadcast_div(&tss)?;
 
     // Box loss over every anchor, weighted (0 off the foreground).
     let w = weight.flatten_all()?; // (B·A)
@@ -328,6 +341,14 @@ mod tests {
             assert_eq!(bits(&f.items), bits(&dense.items), "seed {seed}: items with fused_ciou");
             assert_eq!(bits(&f.assignment.score), bits(&d.score), "seed {seed}: scores with fused_ciou");
             assert_eq!(bits(&f.assignment.fg), bits(&d.fg), "seed {seed}: foreground with fused_ciou");
+            // The opt-in one-kernel class sum (`fused_bce`): the same sum in another order.
+            let mut one = DetectionLoss::new(nc);
+            one.fused_bce = true;
+            let o = one.compute_dense(&raw, DenseTargets { classes: &c, boxes: &b, mask: &k }).expect("fused bce");
+            let (oi, di): (Vec<f32>, Vec<f32>) =
+                (o.items.to_vec1().expect("items"), dense.items.to_vec1().expect("items"));
+            assert_eq!((oi[0], oi[2]), (di[0], di[2]), "seed {seed}: box and dfl with fused_bce");
+            assert!((oi[1] - di[1]).abs() <= 1e-5 * di[1].abs(), "seed {seed}: cls {} against {}", oi[1], di[1]);
             // The case must exercise the one-GT-per-anchor rule: count GTs whose candidate sets overlap.
             multi += targets.windows(2).filter(|w| w[0].image == w[1].image).count();
         }

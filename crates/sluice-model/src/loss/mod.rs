@@ -47,6 +47,10 @@ pub struct DetectionLoss {
     /// The one-to-many weight of an end-to-end model's loss (the one-to-one head gets `1 − w`); see
     /// [`DetectionLoss::set_epoch`].
     pub o2m_weight: f64,
+    /// The tensor loss (`dense`) sums the class loss in one kernel (`sluice_kernels::loss::
+    /// bce_with_logits_sum_one_hot_kernel`) instead of composed ops: the opt-in device path `fused_bce`. The host
+    /// loss ignores it.
+    pub fused_bce: bool,
 }
 
 /// One evaluation of the loss.
@@ -63,7 +67,7 @@ pub struct LossOutput {
 impl DetectionLoss {
     /// The loss for `nc` classes with Ultralytics' default gains and assigner.
     pub fn new(nc: usize) -> Self {
-        Self { nc, gains: LossGains::default(), assigner: AssignerConfig::default(), o2m_weight: 0.8 }
+        Self { nc, gains: LossGains::default(), assigner: AssignerConfig::default(), o2m_weight: 0.8, fused_bce: false }
     }
 
     /// Groups a batch's targets per image as assigner GT boxes; rows with an image index ≥ `batch` or a class
@@ -115,7 +119,8 @@ impl DetectionLoss {
         let bins = ops::SoftmaxParts::new(&raw.boxes.reshape((b, 4, REG_MAX, a))?, 2)?;
         let pred_xyxy = dist2bbox_xyxy(&bins.expectation()?, &anchors)?;
         let levels = raw.grids.map(|(h, w)| h * w);
-        dense::dense_loss(&self.assigner, &self.gains, &bins, &raw.scores, &pred_xyxy, &anchors, &strides, &levels, gt)
+        let cfg = dense::DenseConfig { assigner: &self.assigner, gains: &self.gains, fused_bce: self.fused_bce };
+        dense::dense_loss(cfg, &bins, &raw.scores, &pred_xyxy, &anchors, &strides, &levels, gt)
     }
 
     /// Computes the loss of the train-mode head outputs against the batch's targets (boxes in input pixels).

@@ -202,6 +202,7 @@ impl Trainer {
         let mut loss = DetectionLoss::new(nc);
         loss.gains = cfg.loss_gains();
         loss.assigner.fused_ciou = device.is_cuda() && opt_in.fused_ciou;
+        loss.fused_bce = device.is_cuda() && opt_in.fused_bce;
         Ok(Self {
             names: data.names.clone(),
             dense_loss: dense_on(&device, cfg.dense_loss) && !model.config().family.end2end(),
