@@ -12,7 +12,7 @@
 #   convs_torch.json the same layers with PyTorch (cuDNN heuristics, then cudnn.benchmark), ratios to Sluice's
 #   train/           `sluice train` yolov8n, 640, batch 32, 3 epochs on the slice 16 times over (1024 images, built on
 #                    the device; the steps below that name no set use the 64-image slice) with every opt-in device
-#                    path on (`--device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou,fused_bce`): telemetry.jsonl holds
+#                    path on (`--device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou,fused_bce,fused_pool`): telemetry.jsonl holds
 #                    images/s, step time, data wait and blocking device reads per batch (training and validation)
 #   ultralytics.json the same training with Ultralytics, when its wheel was carried and imports, then its `val`
 #                    (batch 32, warm) and `predict` (stream over the 1024 images) of its own best.pt, timed
@@ -194,7 +194,7 @@ if [ -f "$RES/convs.json" ]; then
 fi
 step train 140 "$S" train --data "$DATA_BIG" --model yolov8n --imgsz 640 --batch 32 --epochs "$EPOCHS" \
   --device cuda:0 --cache ram --workers 12 --project "$RES" --name train --exist-ok --json \
-  --device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou,fused_bce
+  --device-paths fused_step,cudnn_search,device_nms,gpu_timer,fused_ciou,fused_bce,fused_pool
 tail -n 3 "$RES/train.out" 2>/dev/null
 
 # Ultralytics, same settings, when its wheel was carried (installed without dependencies: the device's PyTorch,
@@ -310,6 +310,7 @@ paths = {
     "gpu_timer": ["train", "val_device_nms"],
     "fused_ciou": ["train", "val_device_nms", "smoke"],
     "fused_bce": ["train", "val_device_nms", "smoke"],
+    "fused_pool": ["train", "smoke"],
 }
 out = {}
 for path, steps in paths.items():

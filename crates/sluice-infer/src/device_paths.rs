@@ -2,8 +2,8 @@
 //! a GPU is never what a plain `--device 0` executes: each path here is off until a device run passes it, and its
 //! field's default then changes in the same commit as the figures in `docs/gpu-results.md`. The defaults are the
 //! verified paths: the optimizer step as composed candle ops, cudarc's heuristic cuDNN algorithm pick, NMS on the
-//! post-process workers after the device-side shrink, no CUDA-event timer, and the assigner's overlaps and the class
-//! loss's sum as composed candle ops. On the CPU none of them changes
+//! post-process workers after the device-side shrink, no CUDA-event timer, and the assigner's overlaps, the class
+//! loss's sum and the max-pools' window search as composed candle ops. On the CPU none of them changes
 //! what runs, except that [`DevicePaths::device_nms`] runs the kernels' host twin.
 
 use serde::{Deserialize, Serialize};
@@ -53,12 +53,15 @@ pub struct DevicePaths {
     /// The loss sums its class term (BCE with logits against one-hot targets) in one kernel pass each way
     /// (`sluice_kernels::loss::bce_with_logits_sum_one_hot_kernel`) instead of composed candle ops.
     pub fused_bce: bool,
+    /// SPPF's max-pools find each window's first maximum with one kernel (`sluice_kernels::pool::set_fused_pool`)
+    /// instead of composed candle ops (training; the same positions, so the same values and gradients).
+    pub fused_pool: bool,
 }
 
 impl DevicePaths {
     /// The names [`DevicePaths::enable`] takes, in order.
-    pub const NAMES: [&'static str; 6] =
-        ["fused_step", "cudnn_search", "device_nms", "gpu_timer", "fused_ciou", "fused_bce"];
+    pub const NAMES: [&'static str; 7] =
+        ["fused_step", "cudnn_search", "device_nms", "gpu_timer", "fused_ciou", "fused_bce", "fused_pool"];
 
     /// These paths with the one called `name` turned on (`cudnn_search`: the timed search), or an error listing
     /// the names.
@@ -70,6 +73,7 @@ impl DevicePaths {
             "gpu_timer" => self.gpu_timer = true,
             "fused_ciou" => self.fused_ciou = true,
             "fused_bce" => self.fused_bce = true,
+            "fused_pool" => self.fused_pool = true,
             other => return Err(format!("device path '{other}': expected one of {}", Self::NAMES.join(", "))),
         }
         Ok(self)
@@ -84,6 +88,7 @@ impl DevicePaths {
             self.gpu_timer,
             self.fused_ciou,
             self.fused_bce,
+            self.fused_pool,
         ];
         Self::NAMES.iter().zip(on).filter(|(_, on)| *on).map(|(n, _)| *n).collect()
     }
@@ -105,7 +110,7 @@ mod tests {
     #[test]
     fn every_default_is_the_verified_path() {
         let d = DevicePaths::default();
-        assert!(!d.fused_step && !d.device_nms && !d.gpu_timer && !d.fused_ciou && !d.fused_bce);
+        assert!(!d.fused_step && !d.device_nms && !d.gpu_timer && !d.fused_ciou && !d.fused_bce && !d.fused_pool);
         assert_eq!(d.cudnn_search, CudnnSearch::Cudarc);
         assert!(d.enabled().is_empty());
     }

@@ -12,7 +12,8 @@
 //!
 //! Custom ops on contiguous f32/f64 CPU storage, parallel over `(n, c)` planes with rayon. Elsewhere (a CUDA
 //! device) the pool is [`max_pool2d_same_gather`] when its gradient is needed (candle ops, the fused op's tie rule,
-//! a one-op backward) and candle's native pool otherwise; the upsample is the composed version. The composed pool
+//! a one-op backward; its window search one kernel on the opt-in device path `fused_pool`) and candle's native pool
+//! otherwise; the upsample is the composed version. The composed pool
 //! splits the gradient evenly between tied maxima (candle's `maximum` rule), so it matches the fused pool only where
 //! each window's maximum is unique.
 
@@ -20,6 +21,27 @@ use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, T
 use rayon::prelude::*;
 
 use crate::norm::{Elem, contiguous, fused_supported, nchw, with_cpu_slice};
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+/// The CUDA C source of the opt-in window search ([`set_fused_pool`]).
+pub const CUDA_SOURCE: &str = include_str!("pool/kernels.cu");
+
+/// Whether [`max_pool2d_same_gather`] finds its windows' maxima with one kernel (the opt-in device path
+/// `fused_pool`) instead of composed candle ops; process-wide, as the convolutions' algorithm search is.
+static FUSED_POOL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the one-kernel window search of [`max_pool2d_same_gather`] on or off for the process (the trainer's
+/// `fused_pool` device path; the step-cost ledger's `--device-paths fused_pool`).
+pub fn set_fused_pool(on: bool) {
+    FUSED_POOL.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the one-kernel window search is on.
+pub fn fused_pool() -> bool {
+    FUSED_POOL.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 const POOL_OP: &str = "max_pool2d_same";
 const UP_OP: &str = "upsample_nearest2x";
@@ -174,6 +196,11 @@ pub fn max_pool2d_same(x: &Tensor, k: usize) -> Result<Tensor> {
 /// where the chain of `maximum`s in [`max_pool2d_same_composed`] runs about ten passes per `maximum` and a
 /// zero-padded copy per shifted view. `k` odd, `x` NCHW with non-empty planes.
 pub fn max_pool2d_same_gather(x: &Tensor, k: usize) -> Result<Tensor> {
+    gather_with(x, k, fused_pool())
+}
+
+/// [`max_pool2d_same_gather`] with the window search in one op (`fused`) or composed.
+fn gather_with(x: &Tensor, k: usize, fused: bool) -> Result<Tensor> {
     if k.is_multiple_of(2) {
         candle_core::bail!("{POOL_OP}: kernel {k} must be odd");
     }
@@ -183,6 +210,10 @@ pub fn max_pool2d_same_gather(x: &Tensor, k: usize) -> Result<Tensor> {
     }
     if k == 1 {
         return Ok(x.clone());
+    }
+    if fused && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+        let flat = x.detach().contiguous()?.apply_op1_no_bwd(&PoolArgmax { k })?;
+        return x.reshape((b, c, h * w))?.gather(&flat, 2)?.reshape((b, c, h, w));
     }
     let p = k / 2;
     let padded = pad_neg_inf(&x.detach(), p)?; // (b, c, h + 2p, w + 2p)
@@ -202,6 +233,68 @@ pub fn max_pool2d_same_gather(x: &Tensor, k: usize) -> Result<Tensor> {
     let ix = dx.broadcast_add(&ramp.narrow(0, 0, w)?.reshape((1, 1, 1, w))?)?.affine(1.0, -(p as f64))?;
     let flat = (iy.affine(w as f64, 0.0)? + ix.clamp(0.0, last(w))?)?.to_dtype(DType::U32)?;
     x.reshape((b, c, h * w))?.gather(&flat.reshape((b, c, h * w))?, 2)?.reshape((b, c, h, w))
+}
+
+/// The window search of [`max_pool2d_same_gather`] as one op: `(B, C, H, W)` → `(B, C, H·W)` u32, the in-plane
+/// index of each window's first maximum in raster order with −∞ outside the plane (an all −∞ window keeps its
+/// top-left position, clamped into the plane), the index the composed search finds. One kernel on a CUDA device,
+/// its twin elsewhere.
+struct PoolArgmax {
+    k: usize,
+}
+
+/// The window search over one `h × w` plane into `idx`.
+fn plane_argmax(x: &[f32], h: usize, w: usize, k: usize, idx: &mut [u32]) {
+    let p = k as isize / 2;
+    let (hi, wi) = (h as isize, w as isize);
+    let at = |y: isize, xx: isize| {
+        if y >= 0 && y < hi && xx >= 0 && xx < wi { x[(y * wi + xx) as usize] } else { f32::NEG_INFINITY }
+    };
+    for (i, out) in idx.iter_mut().enumerate() {
+        let (oy, ox) = ((i / w) as isize, (i % w) as isize);
+        let (mut by, mut bx) = (oy - p, ox - p);
+        let mut best = at(by, bx);
+        for y in oy - p..=oy + p {
+            for xx in ox - p..=ox + p {
+                let v = at(y, xx);
+                if v > best {
+                    (best, by, bx) = (v, y, xx);
+                }
+            }
+        }
+        *out = (by.clamp(0, hi - 1) * wi + bx.clamp(0, wi - 1)) as u32;
+    }
+}
+
+impl CustomOp1 for PoolArgmax {
+    fn name(&self) -> &'static str {
+        "max_pool2d_same_argmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (b, c, h, w) = nchw(l.shape(), POOL_OP)?;
+        // f32 values hold every f16 / bf16 value exactly, so the comparisons are the half values' own.
+        let x: Vec<f32> = match s {
+            CpuStorage::F32(_) => contiguous::<f32>(s, l, POOL_OP, "input")?.to_vec(),
+            CpuStorage::F16(_) => contiguous::<half::f16>(s, l, POOL_OP, "input")?.iter().map(|v| v.to_f32()).collect(),
+            CpuStorage::BF16(_) => {
+                contiguous::<half::bf16>(s, l, POOL_OP, "input")?.iter().map(|v| v.to_f32()).collect()
+            }
+            _ => candle_core::bail!("{POOL_OP}: the window search takes f32, f16 or bf16"),
+        };
+        let hw = h * w;
+        let mut idx = vec![0u32; b * c * hw];
+        idx.par_chunks_mut(hw.max(1))
+            .zip(x.par_chunks(hw.max(1)))
+            .for_each(|(out, plane)| plane_argmax(plane, h, w, self.k, out));
+        Ok((CpuStorage::U32(idx), Shape::from((b, c, hw))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (b, c, h, w) = nchw(l.shape(), POOL_OP)?;
+        Ok((cuda::argmax(s, l, (b * c, h, w), self.k)?, Shape::from((b, c, h * w))))
+    }
 }
 
 /// The element-wise maximum of `ts` (at least one).
@@ -356,6 +449,51 @@ mod tests {
         assert!(max_pool2d_same(&x, 4).is_err());
         assert!(max_pool2d_same(&x.flatten_all().unwrap(), 5).is_err());
         assert!(upsample_nearest2x(&x.flatten_all().unwrap()).is_err());
+    }
+
+    /// The one-op window search (the opt-in `fused_pool`) against the composed one, through the same gather: on
+    /// small integers (ties everywhere, so another pick moves a gradient), planes of −∞ and a −∞ border, odd sizes,
+    /// k from 1 to 7, in f32 and the autocast dtypes: the same values and gradients.
+    #[test]
+    fn the_one_op_window_search_picks_the_composed_ones_positions() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) % n
+        };
+        for (b, c, h, w) in [(1, 1, 1, 1), (2, 3, 7, 5), (1, 2, 20, 20), (1, 1, 3, 9)] {
+            let n = b * c * h * w;
+            let mut v: Vec<f32> = (0..n).map(|_| next(4) as f32 - 2.0).collect();
+            if n > 40 {
+                // One whole plane of −∞ and a −∞ column in another.
+                v[..h * w].fill(f32::NEG_INFINITY);
+                for y in 0..h {
+                    v[h * w + y * w] = f32::NEG_INFINITY;
+                }
+            }
+            let wts: Vec<f32> = (0..n).map(|_| next(5) as f32).collect();
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let x0 = Tensor::from_vec(v.clone(), (b, c, h, w), &Device::Cpu).and_then(|t| t.to_dtype(dtype));
+                let wt = Tensor::from_vec(wts.clone(), (b, c, h, w), &Device::Cpu).and_then(|t| t.to_dtype(dtype));
+                let (x0, wt) = (x0.expect("x"), wt.expect("weights"));
+                for k in [1, 3, 5, 7] {
+                    let run = |fused: bool| {
+                        let x = candle_core::Var::from_tensor(&x0).expect("var");
+                        let y = gather_with(x.as_tensor(), k, fused).expect("pool");
+                        let g = y.mul(&wt).and_then(|t| t.sum_all()).and_then(|t| t.backward()).expect("backward");
+                        let dx = g.get(&x).expect("gradient").to_dtype(DType::F64).expect("f64");
+                        let y = y.to_dtype(DType::F64).expect("f64");
+                        (
+                            y.flatten_all().and_then(|t| t.to_vec1::<f64>()),
+                            dx.flatten_all().and_then(|t| t.to_vec1::<f64>()),
+                        )
+                    };
+                    let ((y1, g1), (y0, g0)) = (run(true), run(false));
+                    assert_eq!(y1.expect("y"), y0.expect("y"), "{b}x{c}x{h}x{w} k{k} {dtype:?}: values");
+                    assert_eq!(g1.expect("g"), g0.expect("g"), "{b}x{c}x{h}x{w} k{k} {dtype:?}: gradients");
+                }
+            }
+        }
     }
 
     #[test]

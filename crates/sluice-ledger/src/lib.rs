@@ -268,6 +268,7 @@ fn record_modelled(opts: &StepCostOptions) -> Result<Vec<OpRecord>> {
     // The opt-in one-kernel overlaps and class sum: their CPU twins stand for the CUDA kernels.
     loss.assigner.fused_ciou = opts.device_paths.fused_ciou;
     loss.fused_bce = opts.device_paths.fused_bce;
+    sluice_kernels::pool::set_fused_pool(opts.device_paths.fused_pool);
     let transfer = DeviceTransfer::new(&device, DType::F32)?;
     let mut readback = Readback::new(&device)?;
     let mut landed = Vec::new();

@@ -33,7 +33,7 @@ pub(crate) struct StepCostArgs {
     /// Labelled boxes per image of the synthetic batch.
     #[arg(long, default_value_t = 8)]
     boxes: usize,
-    /// Opt-in device paths to record instead of the verified defaults (`fused_step`, `device_nms`, `fused_ciou`, `fused_bce`).
+    /// Opt-in device paths to record instead of the verified defaults (`fused_step`, `device_nms`, `fused_ciou`, `fused_bce`, `fused_pool`).
     #[arg(long, value_name = "LIST", value_parser = parse_device_paths)]
     device_paths: Option<DevicePaths>,
     /// Compose the training BatchNorm+SiLU from candle's ops instead of its CUDA kernels (the step of the first

@@ -101,7 +101,7 @@ pub(crate) struct Args {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "MODE")]
     amp: Option<Amp>,
     /// Device paths not yet verified on a device, turned on for this run (off by default): a comma-separated list
-    /// of fused_step, cudnn_search, device_nms, gpu_timer, fused_ciou, fused_bce (`none`: the verified paths).
+    /// of fused_step, cudnn_search, device_nms, gpu_timer, fused_ciou, fused_bce, fused_pool (`none`: the verified paths).
     #[arg(long, value_name = "LIST", value_parser = parse_device_paths)]
     device_paths: Option<DevicePaths>,
     /// Run the device's loss path (the assigner and loss as tensor ops) on the CPU too, as a GPU runs it.

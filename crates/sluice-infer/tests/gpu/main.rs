@@ -386,6 +386,14 @@ mod imp {
             let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;
             with_grads(&[y], std::slice::from_ref(&r2), &[&xv])
         }));
+        // The same with the window search in one kernel (opt-in `fused_pool`); the CPU runs its fused pool as above.
+        pool::set_fused_pool(true);
+        checks.push(compare("maxpool5 fwd+bwd, window search in one kernel (fused_pool)", 1e-5, gpu, |d| {
+            let xv = var_on(x, d)?;
+            let y = pool::max_pool2d_same(xv.as_tensor(), 5)?;
+            with_grads(&[y], std::slice::from_ref(&r2), &[&xv])
+        }));
+        pool::set_fused_pool(false);
         // YOLO11/YOLO26's depthwise convolutions (cuDNN's grouped convolution with `cudnn`, the composed form
         // without), on an odd shape, against the CPU's fused op.
         for k in [3usize, 5] {

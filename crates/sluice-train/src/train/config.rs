@@ -160,7 +160,7 @@ pub struct TrainConfig {
     /// Off by default (Ultralytics' default is on) until a GPU run shows the half-precision step faster than f32.
     pub amp: Amp,
     /// The device paths beyond the ones a device run has verified, each off by default ([`DevicePaths`]: the keys
-    /// `fused_step`, `cudnn_search`, `device_nms`, `gpu_timer`, `fused_ciou`, `fused_bce`).
+    /// `fused_step`, `cudnn_search`, `device_nms`, `gpu_timer`, `fused_ciou`, `fused_bce`, `fused_pool`).
     #[serde(flatten)]
     pub device_paths: DevicePaths,
     /// The device's loss path (the task-aligned assigner and the loss as tensor ops on the padded targets table,

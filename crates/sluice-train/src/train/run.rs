@@ -180,6 +180,7 @@ impl Trainer {
         // skip stay on the device (no read per step), fused on request. Float16 needs loss scaling; bfloat16 not.
         let opt_in = cfg.device_paths;
         sluice_kernels::conv::search::set_algorithm_search(opt_in.cudnn_search.kernels(), cfg.deterministic);
+        sluice_kernels::pool::set_fused_pool(device.is_cuda() && opt_in.fused_pool);
         if !opt_in.enabled().is_empty() && device.is_cuda() {
             let line =
                 format!("device paths not yet verified on a device, on by request: {}", opt_in.enabled().join(", "));
