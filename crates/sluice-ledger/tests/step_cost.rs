@@ -4,18 +4,22 @@
 //! bytes moved by more than 2 % fails here and prints the ops that changed; a change that lowers it updates
 //! `tests/data/step_cost/` with
 //! `sluice bench step-cost --budget > crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_f32_sgd.json` and
-//! `sluice bench step-cost --budget --amp fp16 > crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_fp16_sgd.json`.
+//! `sluice bench step-cost --budget --amp fp16 > crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_fp16_sgd.json`;
+//! the f32 step on every opt-in device path of the step (the run a device check would verify) with
+//! `sluice bench step-cost --budget --device-paths fused_step,fused_ciou,fused_bce,fused_pool >
+//! crates/sluice-ledger/tests/data/step_cost/yolov8n_640_b32_f32_sgd_opt_in.json`.
 
 use candle_core::DType;
+use sluice_infer::DevicePaths;
 use sluice_ledger::{Budget, StepCostOptions, budget, budget_changes, record_step};
 
 /// The ledger records process-wide: one recording at a time.
 static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn keeps_to(committed: &str, amp: Option<DType>) -> Result<(), Box<dyn std::error::Error>> {
+fn keeps_to(committed: &str, amp: Option<DType>, device_paths: DevicePaths) -> Result<(), Box<dyn std::error::Error>> {
     let _one = RECORDING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let committed: Budget = serde_json::from_str(committed)?;
-    let opts = StepCostOptions { amp, ..StepCostOptions::new("yolov8n") };
+    let opts = StepCostOptions { amp, device_paths, ..StepCostOptions::new("yolov8n") };
     let records = record_step(&opts)?;
     let now = budget(&opts, &records);
     // The ledger models the device: a validation batch reads nothing back but its packed rows, a training step
@@ -37,10 +41,17 @@ fn keeps_to(committed: &str, amp: Option<DType>) -> Result<(), Box<dyn std::erro
 
 #[test]
 fn the_yolov8n_step_keeps_to_its_budget_of_launches_and_bytes() -> Result<(), Box<dyn std::error::Error>> {
-    keeps_to(include_str!("data/step_cost/yolov8n_640_b32_f32_sgd.json"), None)
+    keeps_to(include_str!("data/step_cost/yolov8n_640_b32_f32_sgd.json"), None, DevicePaths::default())
 }
 
 #[test]
 fn the_yolov8n_fp16_step_keeps_to_its_budget_of_launches_and_bytes() -> Result<(), Box<dyn std::error::Error>> {
-    keeps_to(include_str!("data/step_cost/yolov8n_640_b32_fp16_sgd.json"), Some(DType::F16))
+    keeps_to(include_str!("data/step_cost/yolov8n_640_b32_fp16_sgd.json"), Some(DType::F16), DevicePaths::default())
+}
+
+#[test]
+fn the_yolov8n_step_on_the_opt_in_device_paths_keeps_to_its_budget() -> Result<(), Box<dyn std::error::Error>> {
+    let paths =
+        DevicePaths { fused_step: true, fused_ciou: true, fused_bce: true, fused_pool: true, ..DevicePaths::default() };
+    keeps_to(include_str!("data/step_cost/yolov8n_640_b32_f32_sgd_opt_in.json"), None, paths)
 }
