@@ -6,6 +6,19 @@
 
 #define BCE_THREADS 256
 
+// The sum of every thread's `v` over the block, in a fixed tree order (the same bits every run).
+__device__ double block_sum(double* acc, double v) {
+    acc[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned int h = BCE_THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) {
+            acc[threadIdx.x] += acc[threadIdx.x + h];
+        }
+        __syncthreads();
+    }
+    return acc[0];
+}
+
 extern "C" __global__ void sluice_bce_onehot_partial(const float* x, const float* p, const unsigned int* label,
                                                      const float* weight, double* partial, unsigned int b,
                                                      unsigned int c, unsigned int a) {
@@ -27,16 +40,9 @@ extern "C" __global__ void sluice_bce_onehot_partial(const float* x, const float
         }
         s += t;
     }
-    acc[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned int h = BCE_THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) {
-            acc[threadIdx.x] += acc[threadIdx.x + h];
-        }
-        __syncthreads();
-    }
+    double total = block_sum(acc, s);
     if (threadIdx.x == 0) {
-        partial[blockIdx.x] = acc[0];
+        partial[blockIdx.x] = total;
     }
 }
 
@@ -47,16 +53,9 @@ extern "C" __global__ void sluice_bce_onehot_final(const double* partial, float*
     for (unsigned int i = threadIdx.x; i < blocks; i += BCE_THREADS) {
         s += partial[i];
     }
-    acc[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned int h = BCE_THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) {
-            acc[threadIdx.x] += acc[threadIdx.x + h];
-        }
-        __syncthreads();
-    }
+    double total = block_sum(acc, s);
     if (threadIdx.x == 0) {
-        out[0] = (float)acc[0];
+        out[0] = (float)total;
     }
 }
 
