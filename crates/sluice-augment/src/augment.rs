@@ -3,6 +3,7 @@
 //! their source images from the caller's [`ImageSource`], write into the next slot of the batch and append the
 //! sample's boxes to the batch's targets table.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -46,10 +47,13 @@ fn check_shape(batch: &Batch, id: SampleId, want_w: usize, want_h: usize) -> Res
 pub struct TrainAugment;
 
 impl TrainAugment {
-    fn run(recipe: &TrainRecipe, source: &dyn ImageSource, batch: &mut Batch) -> Result<()> {
-        let id = recipe.id();
-        let n = recipe.size as usize;
-        check_shape(batch, id, n, n)?;
+    /// Fetches `recipe`'s source images (its layout's, then its mixup partner's layout's, each in
+    /// [`crate::Layout::ids`] order) and hands them to `f`.
+    fn with_images<T>(
+        recipe: &TrainRecipe,
+        source: &dyn ImageSource,
+        f: impl FnOnce(&[&SourceImage], &[&SourceImage]) -> Result<T>,
+    ) -> Result<T> {
         let ids = recipe.geometry.layout.ids();
         let held = fetch(ids, source)?;
         let refs: [&SourceImage; 4] = [&held[0], &held[1], &held[2], &held[3]];
@@ -62,11 +66,20 @@ impl TrainAugment {
             (Some(m), Some(r)) => &r[..m.geometry.layout.ids().len()],
             _ => &[],
         };
-        let plan = TrainPlan::new(recipe, &refs[..ids.len()], mix_slice)?;
-        let (b, slot) = batch.push_slot(id).map_err(|source| AugmentError::Slot { id, source })?;
-        plan.render(slot)?;
-        plan.labels(|l| batch.targets.push(Target { image: b, class: l.class, bbox: l.bbox }));
-        Ok(())
+        f(&refs[..ids.len()], mix_slice)
+    }
+
+    fn run(recipe: &TrainRecipe, source: &dyn ImageSource, batch: &mut Batch) -> Result<()> {
+        let id = recipe.id();
+        let n = recipe.size as usize;
+        check_shape(batch, id, n, n)?;
+        Self::with_images(recipe, source, |images, mix| {
+            let plan = TrainPlan::new(recipe, images, mix)?;
+            let (b, slot) = batch.push_slot(id).map_err(|source| AugmentError::Slot { id, source })?;
+            plan.render(slot)?;
+            plan.labels(|l| batch.targets.push(Target { image: b, class: l.class, bbox: l.bbox }));
+            Ok(())
+        })
     }
 }
 
@@ -75,6 +88,17 @@ impl Augment for TrainAugment {
 
     fn apply(&self, recipe: &TrainRecipe, source: &dyn ImageSource, batch: &mut Batch) -> sluice_core::Result<()> {
         Ok(Self::run(recipe, source, batch)?)
+    }
+
+    /// The rows under the inverse transform of the output square ([`TrainPlan::source_rows`]): for Ultralytics'
+    /// default scale range about half of a mosaic's four images.
+    fn source_rows(
+        &self,
+        recipe: &TrainRecipe,
+        source: &dyn ImageSource,
+        f: &mut dyn FnMut(SampleId, Range<u32>),
+    ) -> sluice_core::Result<()> {
+        Ok(Self::with_images(recipe, source, |images, mix| TrainPlan::source_rows(recipe, images, mix, f))?)
     }
 }
 
@@ -151,5 +175,17 @@ impl Augment for ValLetterbox {
 
     fn apply(&self, recipe: &ValRecipe, source: &dyn ImageSource, batch: &mut Batch) -> sluice_core::Result<()> {
         Ok(Self::run(recipe, source, batch)?)
+    }
+
+    /// Every row: the letterbox resizes the whole image.
+    fn source_rows(
+        &self,
+        recipe: &ValRecipe,
+        source: &dyn ImageSource,
+        f: &mut dyn FnMut(SampleId, Range<u32>),
+    ) -> sluice_core::Result<()> {
+        let img = source.get(recipe.id)?;
+        f(recipe.id, 0..img.image.height());
+        Ok(())
     }
 }

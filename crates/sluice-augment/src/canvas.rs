@@ -3,6 +3,8 @@
 //! in memory (a `2 imgsz` square for a mosaic, an `imgsz` letterbox otherwise); the fused sampler only looks
 //! positions up in it.
 
+use std::ops::Range;
+
 use sluice_core::{BoxXyxy, Label, SampleId, SourceImage};
 
 use crate::error::{AugmentError, Result};
@@ -13,6 +15,7 @@ use crate::resample::{RUN, RUN_MAX_WIDTH, RunScratch, Sampler};
 /// One source image on the canvas.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tile<'a> {
+    id: SampleId,
     sampler: Sampler<'a>,
     /// Visible region in continuous canvas coordinates, `[x_min, x_max) x [y_min, y_max)` (pixel centres are at
     /// integers, so pixel columns `x0..x1` cover `[x0 - 0.5, x1 - 0.5)`).
@@ -187,6 +190,7 @@ fn tile<'a>(
     let (sx_lo, sx_hi) = bounds(src((x0 - padw) as f64, kx), src((x1 - 1 - padw) as f64, kx), sampler.max_x());
     let (sy_lo, sy_hi) = bounds(src((y0 - padh) as f64, ky), src((y1 - 1 - padh) as f64, ky), sampler.max_y());
     Ok(Some(Tile {
+        id,
         sampler,
         x_min: x0 as f32 - 0.5,
         x_max: x1 as f32 - 0.5,
@@ -279,6 +283,46 @@ impl<'a> Canvas<'a> {
                     tiles,
                     clip_labels: true,
                 })
+            }
+        }
+    }
+
+    /// Reports `(id, rows)` for each tile: the source rows [`Self::gather`] reads for output pixels `0..n` x
+    /// `0..n` mapped onto the canvas by `m` (output pixel -> canvas position; `affine` when its last row is
+    /// `(0, 0, 1)`). For an affine map the output square's preimage is the parallelogram of its four corners, so
+    /// the rows under its bounding box (widened by a canvas pixel against rounding), each with the row below for
+    /// the bilinear tap, hold every row read; a tile outside that box reads nothing. For a perspective map every
+    /// row of the tile's visible part is reported.
+    pub(crate) fn source_rows(&self, m: &[[f32; 3]; 3], affine: bool, n: u32, f: &mut dyn FnMut(SampleId, Range<u32>)) {
+        let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) =
+            (f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY);
+        if affine && n > 0 {
+            let at = |r: usize, x: f64, y: f64| f64::from(m[r][0]) * x + f64::from(m[r][1]) * y + f64::from(m[r][2]);
+            let last = f64::from(n - 1);
+            let corners = [(0.0, 0.0), (last, 0.0), (0.0, last), (last, last)];
+            let span = |r: usize| {
+                corners
+                    .iter()
+                    .map(|&(x, y)| at(r, x, y))
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)))
+            };
+            ((x_lo, x_hi), (y_lo, y_hi)) = (span(0), span(1));
+            (x_lo, x_hi, y_lo, y_hi) = (x_lo - 1.0, x_hi + 1.0, y_lo - 1.0, y_hi + 1.0);
+        }
+        for t in self.tiles.iter().flatten() {
+            let (tx_lo, tx_hi) = (x_lo.max(f64::from(t.x_min)), x_hi.min(f64::from(t.x_max)));
+            let (ty_lo, ty_hi) = (y_lo.max(f64::from(t.y_min)), y_hi.min(f64::from(t.y_max)));
+            // `f64::max`/`min` pass over a NaN bound (a degenerate map): the tile's whole visible part is reported.
+            if tx_lo >= tx_hi || ty_lo >= ty_hi {
+                continue;
+            }
+            // `sy` clamps into the tile's visible source rows, and is increasing in `cy`.
+            let (a, b) = (t.sy(ty_lo as f32), t.sy(ty_hi as f32));
+            let height = t.sampler.max_y() as u32 + 1;
+            let first = (a.floor() as u32).min(height);
+            let end = (b.floor() as u32).saturating_add(2).min(height);
+            if first < end {
+                f(t.id, first..end);
             }
         }
     }

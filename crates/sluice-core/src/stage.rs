@@ -2,6 +2,7 @@
 //! part by value), and writes into buffers the caller owns, so an implementation can be swapped by a feature or a
 //! config value and benchmarked alone. `Arc`/`Box` forward, and closures implement [`Decoder`] directly.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::batch::Batch;
@@ -75,6 +76,20 @@ pub trait Augment: Send + Sync {
 
     /// Writes one sample into `batch`.
     fn apply(&self, recipe: &Self::Recipe, source: &dyn ImageSource, batch: &mut Batch) -> Result<()>;
+
+    /// Reports through `f` the rows of each source image that [`Augment::apply`] of `recipe` reads, as `(id,
+    /// rows)` pairs (an image may come more than once), so that a source which reads lazily, such as a mapped
+    /// file, can start reading them before the sample is composed. A hint: `apply` reads what it needs whatever
+    /// was reported. The default reports nothing.
+    fn source_rows(
+        &self,
+        recipe: &Self::Recipe,
+        source: &dyn ImageSource,
+        f: &mut dyn FnMut(SampleId, Range<u32>),
+    ) -> Result<()> {
+        let _ = (recipe, source, f);
+        Ok(())
+    }
 }
 
 /// A filled host batch → a device batch.

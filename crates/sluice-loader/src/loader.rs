@@ -234,10 +234,12 @@ impl<R: Send + 'static> Core<R> {
         plan: impl Fn(u64, &mut Job<R>) -> BatchShape + Send + Sync + 'static,
     ) -> PipelineIter<Pooled<Batch>>
     where
-        A: Augment<Recipe = R> + 'static,
+        A: Augment<Recipe = R> + Clone + 'static,
     {
         let (source, jobs, pool) = (Arc::clone(&self.source), self.jobs.clone(), self.batches.clone());
         let (skips, strict) = (Arc::clone(&self.skips), self.cfg.strict);
+        // Only a mapped file reads lazily: with images in memory (or none cached) there is nothing to read ahead.
+        let hint = self.source.node_cache().is_some().then(|| augment.clone());
         Pipeline::from_iter("sampler", batches.start as u64..batches.end as u64)
             .stage("decode", self.cfg.workers, move |k: u64, ctx| {
                 let mut job = jobs.acquire(ctx.cancel())?;
@@ -255,6 +257,13 @@ impl<R: Send + 'static> Core<R> {
                         }
                     }
                 });
+                // The batch's rows start reading while earlier batches are augmented. A hint that fails is
+                // dropped: `apply` meets the same error and reports it.
+                if let Some(hint) = &hint {
+                    for (_, r) in recipes.iter() {
+                        let _ = hint.source_rows(r, held, &mut |id, rows| source.prefetch(id, rows));
+                    }
+                }
                 Ok(job)
             })
             .stage("augment", self.cfg.workers, move |mut job: Pooled<Job<R>>, ctx| {

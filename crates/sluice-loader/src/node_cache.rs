@@ -21,10 +21,12 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -119,6 +121,8 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 pub struct NodeCache {
     path: PathBuf,
     map: Arc<Mmap>,
+    /// Bytes asked to be read ahead so far ([`NodeCache::prefetch`]).
+    prefetched: AtomicU64,
     key: u64,
     samples: usize,
     images: usize,
@@ -267,7 +271,21 @@ impl NodeCache {
             )));
         }
         let (images, bytes) = (images as usize, bytes as usize);
-        Ok(Self { path: path.to_path_buf(), map: Arc::new(map), key, samples, images, bytes })
+        // No read-around on a page fault: the kernel would read up to the device's read-ahead window (often
+        // megabytes) around each faulted page, most of it rows of other images a random draw does not use; once the
+        // file no longer fits in the page cache that multiplies the bytes read per sample several times. The rows a
+        // sample uses are asked for ahead instead ([`NodeCache::prefetch`]). Advice only: an error changes nothing.
+        #[cfg(unix)]
+        let _ = map.advise(memmap2::Advice::Random);
+        Ok(Self {
+            path: path.to_path_buf(),
+            map: Arc::new(map),
+            prefetched: AtomicU64::new(0),
+            key,
+            samples,
+            images,
+            bytes,
+        })
     }
 
     /// The key of a node cache for `index` decoded to `imgsz` with Ultralytics' interpolation for training
@@ -341,6 +359,30 @@ impl NodeCache {
             what: "node cache",
             reason: format!("{}: sample {id}: {e}", self.path.display()),
         }))
+    }
+
+    /// Asks the kernel to start reading rows `rows` of sample `id` into the page cache (`madvise(MADV_WILLNEED)`,
+    /// which returns without waiting), so that the augmentation finds them there. Rows past the image and samples
+    /// the cache does not hold are ignored; a no-op where the platform has no such advice.
+    pub fn prefetch(&self, id: SampleId, rows: Range<u32>) {
+        let Some(e) = self.entry(id) else { return };
+        let end = rows.end.min(e.height);
+        if rows.start >= end {
+            return;
+        }
+        // `open` checked that the entry's bytes lie inside the map; the rows lie inside the entry's bytes.
+        let start = e.stride as usize * rows.start as usize;
+        let len = (e.stride as usize * end as usize).min(e.len as usize).saturating_sub(start);
+        self.prefetched.fetch_add(len as u64, Ordering::Relaxed);
+        #[cfg(unix)]
+        let _ = self.map.advise_range(memmap2::Advice::WillNeed, e.offset as usize + start, len);
+        #[cfg(not(unix))]
+        let _ = (start, len);
+    }
+
+    /// Bytes asked to be read ahead so far by [`NodeCache::prefetch`] (pages already in memory included).
+    pub fn prefetched_bytes(&self) -> u64 {
+        self.prefetched.load(Ordering::Relaxed)
     }
 
     /// The table entry of a present sample `id`.

@@ -103,6 +103,9 @@ pub struct SourceStats {
     pub node_cache_images: usize,
     /// Pixel bytes held in the node cache or the `cache: disk` file (count them once per machine).
     pub node_cache_bytes: usize,
+    /// Bytes of the node cache or `cache: disk` file asked to be read ahead: the rows each sample's augmentation
+    /// reads, requested when its batch is planned.
+    pub prefetch_bytes: u64,
     /// Seconds spent reading, summed over threads.
     pub read_s: f64,
     /// Seconds spent decoding and resizing, summed over threads.
@@ -258,6 +261,14 @@ impl DecodedSource {
         self.node.as_ref()
     }
 
+    /// Starts reading rows `rows` of sample `id` ahead of use where they come from a mapped file (the node
+    /// cache); nothing otherwise (a decoded image in memory has nothing to read).
+    pub fn prefetch(&self, id: SampleId, rows: std::ops::Range<u32>) {
+        if let Some(node) = &self.node {
+            node.prefetch(id, rows);
+        }
+    }
+
     /// The dataset index.
     pub fn index(&self) -> &SampleIndex {
         &self.index
@@ -274,6 +285,7 @@ impl DecodedSource {
             budget_bytes: self.budget,
             node_cache_images: self.node.as_ref().map_or(0, NodeCache::images),
             node_cache_bytes: self.node.as_ref().map_or(0, NodeCache::len),
+            prefetch_bytes: self.node.as_ref().map_or(0, NodeCache::prefetched_bytes),
             read_s: self.read_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             decode_s: self.decode_ns.load(Ordering::Relaxed) as f64 * 1e-9,
         }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use sluice_augment::Hyp;
-use sluice_core::ImageSource;
+use sluice_augment::{Hyp, TrainAugment};
+use sluice_core::{Augment, ImageSource};
 use sluice_dataset::synth::{SynthConfig, generate};
 use sluice_dataset::{DataConfig, IndexOptions, SampleIndex, Split};
 use sluice_loader::{
@@ -98,11 +98,31 @@ fn disk_batches_equal_ram_batches_and_read_the_map_in_place() {
     assert!(stats.hits >= 2 * 12, "{stats:?}");
     assert_eq!((stats.node_cache_images, stats.cached_images, stats.cached_bytes), (12, 0, 0));
     assert_eq!(stats.node_cache_bytes, 12 * (IMGSZ * IMGSZ * 3) as usize);
+    // Each batch asked for exactly the rows its samples' augmentation reads, and no whole images.
+    let (mut want, mut whole) = (0u64, 0u64);
+    for epoch in 0..2 {
+        for (_, recipe) in on_disk.recipes(epoch, 3) {
+            TrainAugment
+                .source_rows(&recipe, on_disk.source(), &mut |id, rows| {
+                    let img = on_disk.source().get(id).expect("image");
+                    let len = img.image.as_bytes().len();
+                    let (a, b) = (rows.start as usize * img.image.stride(), rows.end as usize * img.image.stride());
+                    want += (b.min(len) - a) as u64;
+                    whole += len as u64;
+                })
+                .expect("rows");
+        }
+    }
+    assert!(want > 0 && want < whole, "rows asked {want} of {whole} bytes");
+    assert_eq!(stats.prefetch_bytes, want, "bytes asked to be read ahead");
+    assert_eq!(ram.source().stats().prefetch_bytes, 0, "nothing to read ahead in memory");
 
     let ram_val = ValLoader::new(Arc::new(plain(&val, false, RAM_CACHE_BYTES)), config());
     let (src, _) = disk(&val, false, &val_path);
     let disk_val = ValLoader::new(Arc::new(src), config());
     assert_eq!(val_pass(&disk_val), val_pass(&ram_val), "validation: disk vs ram");
+    let val_bytes = (0..val.len() as u64).map(|id| disk_val.source().get(id).expect("image").image.as_bytes().len());
+    assert_eq!(disk_val.source().stats().prefetch_bytes, val_bytes.sum::<usize>() as u64, "each whole image once");
 
     // A folder named for the cache is made when missing.
     let elsewhere = disk_cache_path(&train, IMGSZ, true, Some(&dir.path().join("new/cache"))).expect("path");
