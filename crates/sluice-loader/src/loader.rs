@@ -15,6 +15,7 @@
 //! A sample whose image fails to read or decode is skipped and counted (the batch has one image fewer), with the
 //! first messages kept for the report; with `strict` the epoch stops with that error instead.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -170,6 +171,8 @@ struct Job<R> {
     failed: Vec<Error>,
     held: Held,
     ids: Vec<SampleId>,
+    /// The source rows the batch's samples read, as the augmentation reports them (kept only over a mapped file).
+    rows: Vec<(SampleId, Range<u32>)>,
 }
 
 impl<R> Job<R> {
@@ -181,6 +184,7 @@ impl<R> Job<R> {
             failed: Vec::new(),
             held: Held::default(),
             ids: Vec::with_capacity(8),
+            rows: Vec::new(),
         }
     }
 
@@ -245,7 +249,7 @@ impl<R: Send + 'static> Core<R> {
                 let mut job = jobs.acquire(ctx.cancel())?;
                 job.clear(k);
                 job.shape = plan(k, &mut job);
-                let Job { recipes, failed, held, ids, .. } = &mut *job;
+                let Job { recipes, failed, held, ids, rows, .. } = &mut *job;
                 recipes.retain(|(_, r)| {
                     ids.clear();
                     ids_of(r, ids);
@@ -257,11 +261,19 @@ impl<R: Send + 'static> Core<R> {
                         }
                     }
                 });
-                // The batch's rows start reading while earlier batches are augmented. A hint that fails is
-                // dropped: `apply` meets the same error and reports it.
+                // Over a mapped file, the batch's rows are all asked for at once (the reads run together), then
+                // waited for here, so the augmentation finds them in memory and the wait counts as reading. A hint
+                // that fails is dropped: `apply` meets the same error and reports it.
                 if let Some(hint) = &hint {
+                    rows.clear();
                     for (_, r) in recipes.iter() {
-                        let _ = hint.source_rows(r, held, &mut |id, rows| source.prefetch(id, rows));
+                        let _ = hint.source_rows(r, held, &mut |id, r| rows.push((id, r)));
+                    }
+                    for (id, r) in rows.iter() {
+                        source.prefetch(*id, r.clone());
+                    }
+                    for (id, r) in rows.iter() {
+                        source.fault_in(*id, r.clone());
                     }
                 }
                 Ok(job)

@@ -43,6 +43,8 @@ const ENTRY_LEN: usize = 40;
 const ABSENT: u64 = u64::MAX;
 const CRC_AT: usize = 48;
 const FILE_LEN_AT: usize = 56;
+/// Bytes between the reads of [`NodeCache::fault_in`]: the smallest page size of the platforms Sluice runs on.
+const PAGE: usize = 4096;
 
 /// One image of the node cache: a view into the mapped file.
 #[derive(Debug, Clone, Copy)]
@@ -365,19 +367,39 @@ impl NodeCache {
     /// which returns without waiting), so that the augmentation finds them there. Rows past the image and samples
     /// the cache does not hold are ignored; a no-op where the platform has no such advice.
     pub fn prefetch(&self, id: SampleId, rows: Range<u32>) {
-        let Some(e) = self.entry(id) else { return };
+        let Some((start, len)) = self.rows_span(id, rows) else { return };
+        self.prefetched.fetch_add(len as u64, Ordering::Relaxed);
+        #[cfg(unix)]
+        let _ = self.map.advise_range(memmap2::Advice::WillNeed, start, len);
+        #[cfg(not(unix))]
+        let _ = (start, len);
+    }
+
+    /// Where in the map rows `rows` of sample `id` lie, as (offset, length); `None` for an absent sample or no rows.
+    fn rows_span(&self, id: SampleId, rows: Range<u32>) -> Option<(usize, usize)> {
+        let e = self.entry(id)?;
         let end = rows.end.min(e.height);
         if rows.start >= end {
-            return;
+            return None;
         }
         // `open` checked that the entry's bytes lie inside the map; the rows lie inside the entry's bytes.
         let start = e.stride as usize * rows.start as usize;
         let len = (e.stride as usize * end as usize).min(e.len as usize).saturating_sub(start);
-        self.prefetched.fetch_add(len as u64, Ordering::Relaxed);
-        #[cfg(unix)]
-        let _ = self.map.advise_range(memmap2::Advice::WillNeed, e.offset as usize + start, len);
-        #[cfg(not(unix))]
-        let _ = (start, len);
+        Some((e.offset as usize + start, len))
+    }
+
+    /// Reads one byte of every page that holds rows `rows` of sample `id`: returns once they are in memory and
+    /// mapped into this process (after [`NodeCache::prefetch`], mostly a wait for reads already under way). Rows
+    /// past the image and samples the cache does not hold are ignored.
+    pub fn fault_in(&self, id: SampleId, rows: Range<u32>) {
+        let Some((start, len)) = self.rows_span(id, rows) else { return };
+        let bytes = &self.map[start..start + len];
+        for page in bytes.iter().step_by(PAGE) {
+            std::hint::black_box(*page);
+        }
+        if let Some(last) = bytes.last() {
+            std::hint::black_box(*last);
+        }
     }
 
     /// Bytes asked to be read ahead so far by [`NodeCache::prefetch`] (pages already in memory included).

@@ -269,6 +269,16 @@ impl DecodedSource {
         }
     }
 
+    /// Waits until rows `rows` of sample `id` are in memory and mapped, where they come from a mapped file, by
+    /// reading a byte of each page; the time counts as reading ([`SourceStats::read_s`]). Nothing otherwise.
+    pub fn fault_in(&self, id: SampleId, rows: std::ops::Range<u32>) {
+        if let Some(node) = &self.node {
+            let t0 = Instant::now();
+            node.fault_in(id, rows);
+            self.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
     /// The dataset index.
     pub fn index(&self) -> &SampleIndex {
         &self.index

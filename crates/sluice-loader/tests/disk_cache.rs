@@ -237,3 +237,29 @@ fn a_bad_image_is_absent_and_fails_as_without_a_cache() {
     assert!(cached.get(4).is_ok());
     assert_eq!((cached.stats().hits, cached.stats().misses), (1, 1));
 }
+
+#[test]
+fn reading_ahead_counts_only_rows_the_file_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (train, _) = dataset(dir.path());
+    let (src, _) = disk(&train, true, &cache_path(&train, true));
+    let node = src.node_cache().expect("node cache");
+    let stride = src.get(0).expect("sample 0").image.stride() as u64;
+    let asked = |f: &dyn Fn()| {
+        let before = node.prefetched_bytes();
+        f();
+        node.prefetched_bytes() - before
+    };
+    assert_eq!(asked(&|| node.prefetch(0, 10..20)), 10 * stride);
+    // Rows past the image are cut at its last row; empty ranges, and samples the file lacks, ask for nothing.
+    assert_eq!(asked(&|| node.prefetch(1, IMGSZ - 3..IMGSZ + 50)), 3 * stride);
+    assert_eq!(asked(&|| node.prefetch(2, 7..7)), 0);
+    assert_eq!(asked(&|| node.prefetch(2, IMGSZ + 1..IMGSZ + 9)), 0);
+    assert_eq!(asked(&|| node.prefetch(train.len() as u64, 0..4)), 0);
+    // Waiting for rows reads them in place, past the image and for absent samples too, without a fault.
+    for (id, rows) in [(0, 0..IMGSZ), (1, IMGSZ - 1..u32::MAX), (2, 5..5), (train.len() as u64, 0..4)] {
+        node.fault_in(id, rows.clone());
+        src.fault_in(id, rows);
+    }
+    assert_same_images(&plain(&train, true, 0), &src);
+}
