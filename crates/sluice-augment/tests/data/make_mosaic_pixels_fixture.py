@@ -11,24 +11,18 @@ rectangles), a mosaic centre, a scale and a translation, then runs Ultralytics' 
 exactly those draws (the call order of make_mosaic_fixture.py), and writes OUT.bin (the source images and each
 output, HWC u8, back to back) and OUT.json (sizes, offsets and parameters).
 """
-import json, math, os, sys
+import json
+import sys
 import random as pyrandom
 import numpy as np
 from ultralytics.data import augment
 from ultralytics.utils.instance import Instances
 
+from make_mosaic_fixture import Scripted  # beside this script: Ultralytics' `random`, scripted
+
 IMGSZ = int(sys.argv[2]) if len(sys.argv) > 2 else 48
 CASES = int(sys.argv[3]) if len(sys.argv) > 3 else 10
 OUT = sys.argv[1]
-
-class Scripted:
-    """Stands in for the `random` module inside ultralytics.data.augment: returns the queued draws in call order."""
-
-    def __init__(self, values): self.values = list(values)
-    def _next(self): return self.values.pop(0)
-    def uniform(self, a, b): return self._next()
-    def randint(self, a, b): return self._next()
-    def random(self): return self._next()
 
 class Stub:
     """The dataset interface Mosaic reads: four fixed images at the training size (one placeholder box)."""
